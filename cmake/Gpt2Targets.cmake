@@ -1,0 +1,80 @@
+# One library per folder, tests beside them through one helper each (STYLE.md).
+
+set(GPT2_WARNING_FLAGS -Wall -Wextra -Wno-unused-parameter)
+if(GPT2_WARNINGS_AS_ERRORS)
+  list(APPEND GPT2_WARNING_FLAGS -Werror)
+endif()
+
+# gpt2_library(NAME ALIAS SOURCES ... [PUBLIC_LIBS ...] [PRIVATE_LIBS ...])
+function(gpt2_library name)
+  cmake_parse_arguments(ARG "" "ALIAS" "SOURCES;PUBLIC_LIBS;PRIVATE_LIBS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SOURCES})
+  if(ARG_ALIAS)
+    add_library(${ARG_ALIAS} ALIAS ${name})
+  endif()
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
+  target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${GPT2_WARNING_FLAGS}>)
+  target_link_libraries(${name} PUBLIC ${ARG_PUBLIC_LIBS} PRIVATE ${ARG_PRIVATE_LIBS})
+  set_target_properties(${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+endfunction()
+
+function(gpt2_executable name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${GPT2_WARNING_FLAGS}>)
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS})
+endfunction()
+
+# Serial GoogleTest binary; each TEST becomes a CTest case.
+# gpt2_add_test(NAME SOURCES ... LIBS ... [LABELS ...])
+function(gpt2_add_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS;LABELS" ${ARGN})
+  gpt2_executable(${name} SOURCES ${ARG_SOURCES} LIBS ${ARG_LIBS} GTest::gtest_main)
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  # gtest_discover_tests flattens lists in PROPERTIES: escape the separators of the label list.
+  string(REPLACE ";" "\\;" labels "unit;${ARG_LABELS}")
+  gtest_discover_tests(${name} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+                       PROPERTIES LABELS "${labels}" ENVIRONMENT "GPT2_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
+                       DISCOVERY_TIMEOUT 60)
+endfunction()
+
+# MPI test: one binary run as NP ranks through mpiexec (HDF5's testpar pattern). The binary links
+# tests/mpi_gtest_main.cpp, which initialises MPI, silences ranks > 0 and reduces failures.
+# gpt2_add_mpi_test(NAME NP SOURCES ... LIBS ... [LABELS ...] [TIMEOUT s])
+function(gpt2_add_mpi_test name np)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  if(NOT TARGET ${name})
+    gpt2_executable(${name} SOURCES ${ARG_SOURCES} ${PROJECT_SOURCE_DIR}/tests/mpi_gtest_main.cpp
+                    LIBS ${ARG_LIBS} GTest::gtest MPI::MPI_C)
+    set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  endif()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 600)
+  endif()
+  add_test(NAME ${name}_np${np}
+           COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${GPT2_MPIEXEC_PREFLAGS}
+                   $<TARGET_FILE:${name}>
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(${name}_np${np} PROPERTIES PROCESSORS ${np} LABELS "mpi;${ARG_LABELS}"
+                       TIMEOUT ${ARG_TIMEOUT} ENVIRONMENT "GPT2_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+endfunction()
+
+# Test driven by a Python reference (transformers, tiktoken, h5py) from .venv.
+# gpt2_add_py_test(NAME SCRIPT [ARGS ...] [LABELS ...] [TIMEOUT s])
+function(gpt2_add_py_test name)
+  cmake_parse_arguments(ARG "" "SCRIPT;TIMEOUT" "ARGS;LABELS" ${ARGN})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 600)
+  endif()
+  add_test(NAME ${name} COMMAND ${GPT2_PYTHON} ${ARG_SCRIPT} ${ARG_ARGS}
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(${name} PROPERTIES LABELS "python;${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
+                       ENVIRONMENT "GPT2_SOURCE_DIR=${PROJECT_SOURCE_DIR};GPT2_BIN_DIR=${CMAKE_BINARY_DIR}/bin;GPT2_TEST_BIN_DIR=${CMAKE_BINARY_DIR}/tests;PYTHONDONTWRITEBYTECODE=1")
+endfunction()
+
+# Allow mpiexec as root (CI and the GPU machine run as root) and oversubscription on 2 cores.
+set(GPT2_MPIEXEC_PREFLAGS --oversubscribe ${MPIEXEC_PREFLAGS})
+if(DEFINED ENV{USER} AND "$ENV{USER}" STREQUAL "root" OR NOT DEFINED ENV{USER})
+  list(APPEND GPT2_MPIEXEC_PREFLAGS --allow-run-as-root)
+endif()
+include(GoogleTest OPTIONAL)

@@ -1,0 +1,219 @@
+// POSIX file-system helpers (see files.h for why not the standard library's).
+#include "src/base/files.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "src/base/errors.h"
+
+namespace gpt2::files {
+namespace {
+
+[[noreturn]] void fail(const std::string& path, const std::string& what, int err) {
+  throw UserError(path + ": " + what + ": " + std::strerror(err));
+}
+
+bool is_missing(int err) { return err == ENOENT || err == ENOTDIR; }
+
+// stat (or lstat) that returns false for a missing path and throws on any other failure.
+bool stat_path(const std::string& path, struct stat* st, bool follow) {
+  if ((follow ? ::stat(path.c_str(), st) : ::lstat(path.c_str(), st)) == 0) return true;
+  const int err = errno;
+  if (is_missing(err)) return false;
+  fail(path, "cannot stat", err);
+}
+
+std::string strip_trailing_slashes(const std::string& path) {
+  size_t end = path.size();
+  while (end > 1 && path[end - 1] == '/') --end;
+  return path.substr(0, end);
+}
+
+// nftw's callback takes no user data; the path that failed is passed out through this.
+thread_local std::string* g_remove_failed_path = nullptr;
+
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
+  if (::remove(path) == 0 || errno == ENOENT) return 0;
+  const int err = errno;
+  if (g_remove_failed_path != nullptr) *g_remove_failed_path = path;
+  errno = err;
+  return -1;
+}
+
+}  // namespace
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return stat_path(path, &st, true);
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st {};
+  return stat_path(path, &st, true) && S_ISDIR(st.st_mode);
+}
+
+bool is_regular_file(const std::string& path) {
+  struct stat st {};
+  return stat_path(path, &st, true) && S_ISREG(st.st_mode);
+}
+
+bool is_symlink(const std::string& path) {
+  struct stat st {};
+  return stat_path(path, &st, false) && S_ISLNK(st.st_mode);
+}
+
+int64_t file_size(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) fail(path, "cannot stat", errno);
+  return static_cast<int64_t>(st.st_size);
+}
+
+std::string parent_path(const std::string& path) {
+  const std::string p = strip_trailing_slashes(path);
+  const size_t slash = p.rfind('/');
+  if (slash == std::string::npos) return "";
+  size_t end = slash;
+  while (end > 0 && p[end - 1] == '/') --end;  // "a//b" -> "a"
+  return end == 0 ? "/" : p.substr(0, end);
+}
+
+std::string filename(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string extension(const std::string& path) {
+  const std::string name = filename(path);
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos || dot == 0 || name == "..") return "";
+  return name.substr(dot);
+}
+
+std::string join(const std::string& a, const std::string& b) {
+  if (a.empty() || (!b.empty() && b[0] == '/')) return b;
+  if (b.empty()) return a;
+  return a.back() == '/' ? a + b : a + "/" + b;
+}
+
+std::string real_path(const std::string& path) {
+  std::unique_ptr<char, decltype(&std::free)> resolved(::realpath(path.c_str(), nullptr), &std::free);
+  if (!resolved) fail(path, "cannot resolve path", errno);
+  return resolved.get();
+}
+
+std::string executable_path() {
+  std::string buf(256, '\0');
+  for (;;) {
+    const ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size());
+    if (n < 0) fail("/proc/self/exe", "cannot read link", errno);
+    if (static_cast<size_t>(n) < buf.size()) return buf.substr(0, static_cast<size_t>(n));
+    buf.resize(buf.size() * 2);  // possibly truncated: readlink does not say, so retry larger
+  }
+}
+
+std::vector<std::string> list_directory(const std::string& dir) {
+  std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), &::closedir);
+  if (!d) fail(dir, "cannot list directory", errno);
+  std::vector<std::string> names;
+  for (;;) {
+    errno = 0;  // readdir returns nullptr both at the end and on error
+    const struct dirent* e = ::readdir(d.get());
+    if (e == nullptr) {
+      if (errno != 0) fail(dir, "cannot list directory", errno);
+      break;
+    }
+    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    names.emplace_back(e->d_name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void create_directories(const std::string& dir) {
+  if (dir.empty()) throw UserError("cannot create a directory with an empty name");
+  // Each prefix ending before a '/', then the whole path. stat first, so an existing parent we
+  // may not write to (/home) is not an error; EEXIST after mkdir covers a concurrent creator.
+  for (size_t pos = 1; pos <= dir.size(); ++pos) {
+    if (pos != dir.size() && dir[pos] != '/') continue;
+    if (pos != dir.size() && dir[pos - 1] == '/') continue;  // "a//b"
+    const std::string prefix = dir.substr(0, pos);
+    struct stat st {};
+    if (::stat(prefix.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) throw UserError(prefix + ": cannot create directory: exists and is not a directory");
+      continue;
+    }
+    if (::mkdir(prefix.c_str(), 0777) != 0) {
+      const int err = errno;
+      if (err == EEXIST && ::stat(prefix.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) continue;
+      fail(prefix, "cannot create directory", err);
+    }
+  }
+}
+
+std::string make_temp_dir(const std::string& prefix) {
+  const char* env = std::getenv("TMPDIR");
+  const std::string base = env != nullptr && *env != '\0' ? env : "/tmp";
+  std::string tmpl = join(base, prefix + ".XXXXXX");
+  if (::mkdtemp(tmpl.data()) == nullptr) fail(tmpl, "cannot create temporary directory", errno);
+  return tmpl;
+}
+
+void remove_tree(const std::string& path) {
+  struct stat st {};
+  if (!stat_path(path, &st, false)) return;
+  std::string failed;
+  g_remove_failed_path = &failed;
+  // FTW_DEPTH: children before their directory; FTW_PHYS: never follow symlinks.
+  const int rc = ::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  const int err = errno;
+  g_remove_failed_path = nullptr;
+  if (rc != 0) fail(failed.empty() ? path : failed, "cannot remove", err);
+}
+
+bool remove_file(const std::string& path) {
+  if (::remove(path.c_str()) == 0) return true;
+  const int err = errno;
+  if (is_missing(err)) return false;
+  fail(path, "cannot remove", err);
+}
+
+void rename_file(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    const int err = errno;
+    throw UserError("cannot rename " + from + " to " + to + ": " + std::strerror(err));
+  }
+}
+
+std::string read_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, "cannot open", errno);
+  std::string out;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) out.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      fail(path, "cannot read", err);
+    }
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+}  // namespace gpt2::files

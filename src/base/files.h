@@ -1,0 +1,56 @@
+#pragma once
+// File-system helpers on plain POSIX calls. Why not the C++17 std-filesystem library: pip
+// LibTorch (libtorch_cpu.so) exports its own copies of those symbols, which interpose on
+// libstdc++'s at run time, so any such call in a torch-linked binary segfaults. This project uses
+// none of it (a ctest lint enforces that); use these instead. Errors are gpt2::UserError naming the
+// path(s) and strerror(errno). Paths are plain strings; nothing here follows symlinks unless it says so.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gpt2::files {
+
+// ---- queries. A missing path (ENOENT, ENOTDIR) gives false; any other stat failure (EACCES,
+// ELOOP, ...) throws rather than pretending the path is absent.
+bool exists(const std::string& path);           // follows symlinks: a dangling link does not exist
+bool is_directory(const std::string& path);     // follows symlinks
+bool is_regular_file(const std::string& path);  // follows symlinks
+bool is_symlink(const std::string& path);       // the entry itself (lstat)
+int64_t file_size(const std::string& path);     // follows symlinks; throws if missing
+
+// ---- path strings (lexical, no file-system access)
+// Everything before the last component, like dirname(1), but "" (not ".") when there is no '/';
+// trailing slashes are ignored: parent_path("a/b/") == "a", parent_path("/a") == "/".
+std::string parent_path(const std::string& path);
+// The text after the last '/': filename("a/b.txt") == "b.txt", filename("a/") == "".
+std::string filename(const std::string& path);
+// filename()'s suffix from its last '.', "" when none or when the name starts with its only '.':
+// extension("x/a.b.dat") == ".dat", extension(".hidden") == "".
+std::string extension(const std::string& path);
+// a + "/" + b without doubling the '/'; b when a is empty or b is absolute.
+std::string join(const std::string& a, const std::string& b);
+// Absolute path with symlinks, "." and ".." resolved (realpath(3)); the path must exist.
+std::string real_path(const std::string& path);
+// The running binary (/proc/self/exe).
+std::string executable_path();
+
+// ---- directories
+// Entry names of `dir` (not paths), sorted, without "." and "..".
+std::vector<std::string> list_directory(const std::string& dir);
+// mkdir -p (mode 0777 before umask); fine if `dir` already is a directory.
+void create_directories(const std::string& dir);
+// A new empty directory $TMPDIR/<prefix>.XXXXXX (/tmp when TMPDIR is unset); returns its path.
+std::string make_temp_dir(const std::string& prefix);
+// rm -rf: removes `path` and, for a directory, everything under it, never following symlinks
+// (a link is removed, not its target). A missing path is not an error.
+void remove_tree(const std::string& path);
+
+// ---- files
+// Removes a file or empty directory; returns false when it did not exist.
+bool remove_file(const std::string& path);
+// rename(2): atomic replace of `to` on one file system (the tmp + rename write pattern).
+void rename_file(const std::string& from, const std::string& to);
+// The whole file as bytes.
+std::string read_file(const std::string& path);
+
+}  // namespace gpt2::files

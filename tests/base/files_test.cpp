@@ -1,0 +1,239 @@
+// Tests for src/base/files.h: queries, path strings, directories, and that errors are
+// gpt2::UserError naming the path. (The same helpers under a loaded libtorch: tests/model.)
+#include "src/base/files.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "src/base/errors.h"
+#include "tests/test_util.h"
+
+namespace gpt2::files {
+namespace {
+
+using test::TempDir;
+
+void write(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out << bytes;
+  ASSERT_TRUE(out.good()) << path;
+}
+
+// The message of the gpt2::UserError `fn` throws; fails the test (and returns "") otherwise.
+template <typename Fn>
+std::string user_error(Fn&& fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected gpt2::UserError, got: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected gpt2::UserError, nothing thrown";
+  return "";
+}
+
+#define EXPECT_HAS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "message: " << (haystack)
+
+TEST(Files, PathStrings) {
+  EXPECT_EQ(parent_path("a/b/c.txt"), "a/b");
+  EXPECT_EQ(parent_path("a/b/"), "a");
+  EXPECT_EQ(parent_path("a//b"), "a");
+  EXPECT_EQ(parent_path("/a"), "/");
+  EXPECT_EQ(parent_path("/"), "/");
+  EXPECT_EQ(parent_path("name"), "");
+  EXPECT_EQ(parent_path(""), "");
+
+  EXPECT_EQ(filename("a/b.txt"), "b.txt");
+  EXPECT_EQ(filename("b.txt"), "b.txt");
+  EXPECT_EQ(filename("a/"), "");
+
+  EXPECT_EQ(extension("x/a.b.dat"), ".dat");
+  EXPECT_EQ(extension("x.d/file"), "");
+  EXPECT_EQ(extension(".hidden"), "");
+  EXPECT_EQ(extension(".."), "");
+  EXPECT_EQ(extension("a."), ".");
+
+  EXPECT_EQ(join("a", "b"), "a/b");
+  EXPECT_EQ(join("a/", "b"), "a/b");
+  EXPECT_EQ(join("", "b"), "b");
+  EXPECT_EQ(join("a", ""), "a");
+  EXPECT_EQ(join("a", "/abs"), "/abs");
+}
+
+TEST(Files, Queries) {
+  TempDir dir;
+  write(dir.file("f"), "12345");
+  ASSERT_EQ(::symlink(dir.file("f").c_str(), dir.file("link").c_str()), 0);
+  ASSERT_EQ(::symlink(dir.file("gone").c_str(), dir.file("dangling").c_str()), 0);
+
+  EXPECT_TRUE(exists(dir.path()));
+  EXPECT_TRUE(is_directory(dir.path()));
+  EXPECT_FALSE(is_regular_file(dir.path()));
+
+  EXPECT_TRUE(exists(dir.file("f")));
+  EXPECT_TRUE(is_regular_file(dir.file("f")));
+  EXPECT_FALSE(is_directory(dir.file("f")));
+  EXPECT_FALSE(is_symlink(dir.file("f")));
+  EXPECT_EQ(file_size(dir.file("f")), 5);
+
+  EXPECT_TRUE(is_symlink(dir.file("link")));
+  EXPECT_TRUE(is_regular_file(dir.file("link")));  // follows the link
+  EXPECT_EQ(file_size(dir.file("link")), 5);
+
+  EXPECT_TRUE(is_symlink(dir.file("dangling")));
+  EXPECT_FALSE(exists(dir.file("dangling")));
+
+  EXPECT_FALSE(exists(dir.file("missing")));
+  EXPECT_FALSE(exists(dir.file("f/under_a_file")));  // ENOTDIR counts as missing
+  EXPECT_FALSE(exists(""));
+  EXPECT_FALSE(is_directory(dir.file("missing")));
+  EXPECT_FALSE(is_symlink(dir.file("missing")));
+  EXPECT_HAS(user_error([&] { file_size(dir.file("missing")); }), dir.file("missing") + ": cannot stat: No such file");
+}
+
+TEST(Files, CreateDirectories) {
+  TempDir dir;
+  const std::string deep = dir.file("a/b//c/");
+  create_directories(deep);
+  EXPECT_TRUE(is_directory(dir.file("a/b/c")));
+  create_directories(deep);  // already there: fine
+  create_directories(dir.path());
+
+  write(dir.file("file"), "x");
+  EXPECT_EQ(user_error([&] { create_directories(dir.file("file/sub")); }),
+            dir.file("file") + ": cannot create directory: exists and is not a directory");
+  EXPECT_HAS(user_error([&] { create_directories(""); }), "empty name");
+
+  ASSERT_EQ(::chmod(dir.file("a").c_str(), 0500), 0);
+  if (::geteuid() != 0) {  // root ignores the mode
+    EXPECT_EQ(user_error([&] { create_directories(dir.file("a/new/x")); }),
+              dir.file("a/new") + ": cannot create directory: Permission denied");
+  }
+  ASSERT_EQ(::chmod(dir.file("a").c_str(), 0700), 0);
+}
+
+TEST(Files, ListDirectoryIsSortedWithoutDots) {
+  TempDir dir;
+  write(dir.file("b"), "");
+  write(dir.file("a"), "");
+  write(dir.file(".hidden"), "");
+  create_directories(dir.file("c"));
+  EXPECT_EQ(list_directory(dir.path()), (std::vector<std::string>{".hidden", "a", "b", "c"}));
+  EXPECT_TRUE(list_directory(dir.file("c")).empty());
+  EXPECT_HAS(user_error([&] { list_directory(dir.file("nope")); }),
+             dir.file("nope") + ": cannot list directory: No such file");
+  EXPECT_HAS(user_error([&] { list_directory(dir.file("a")); }), dir.file("a") + ": cannot list directory: Not a directory");
+}
+
+TEST(Files, RemoveTreeDoesNotFollowSymlinks) {
+  TempDir outside;
+  write(outside.file("keep"), "precious");
+  TempDir dir;
+  create_directories(dir.file("t/sub/deeper"));
+  write(dir.file("t/sub/deeper/f"), "x");
+  write(dir.file("t/g"), "y");
+  ASSERT_EQ(::symlink(outside.path().c_str(), dir.file("t/sub/to_outside").c_str()), 0);
+  ASSERT_EQ(::symlink(outside.file("keep").c_str(), dir.file("t/keep_link").c_str()), 0);
+
+  remove_tree(dir.file("t"));
+  EXPECT_FALSE(exists(dir.file("t")));
+  EXPECT_EQ(read_file(outside.file("keep")), "precious");
+
+  remove_tree(dir.file("t"));  // missing: nothing to do
+  write(dir.file("plain"), "z");
+  remove_tree(dir.file("plain"));  // a file is a tree of one
+  EXPECT_FALSE(exists(dir.file("plain")));
+  ASSERT_EQ(::symlink(outside.path().c_str(), dir.file("top_link").c_str()), 0);
+  remove_tree(dir.file("top_link"));  // the link goes, its target stays
+  EXPECT_FALSE(is_symlink(dir.file("top_link")));
+  EXPECT_TRUE(is_regular_file(outside.file("keep")));
+
+  if (::geteuid() != 0) {
+    create_directories(dir.file("locked/inner"));
+    write(dir.file("locked/inner/f"), "x");
+    ASSERT_EQ(::chmod(dir.file("locked/inner").c_str(), 0500), 0);
+    EXPECT_EQ(user_error([&] { remove_tree(dir.file("locked")); }),
+              dir.file("locked/inner/f") + ": cannot remove: Permission denied");
+    ASSERT_EQ(::chmod(dir.file("locked/inner").c_str(), 0700), 0);
+  }
+}
+
+TEST(Files, RemoveFile) {
+  TempDir dir;
+  write(dir.file("f"), "x");
+  EXPECT_TRUE(remove_file(dir.file("f")));
+  EXPECT_FALSE(remove_file(dir.file("f")));
+  create_directories(dir.file("d/e"));
+  EXPECT_HAS(user_error([&] { remove_file(dir.file("d")); }), dir.file("d") + ": cannot remove: ");
+}
+
+TEST(Files, RenameFile) {
+  TempDir dir;
+  write(dir.file("tmp"), "new");
+  write(dir.file("dst"), "old");
+  rename_file(dir.file("tmp"), dir.file("dst"));
+  EXPECT_EQ(read_file(dir.file("dst")), "new");
+  EXPECT_FALSE(exists(dir.file("tmp")));
+  EXPECT_EQ(user_error([&] { rename_file(dir.file("tmp"), dir.file("dst")); }),
+            "cannot rename " + dir.file("tmp") + " to " + dir.file("dst") + ": No such file or directory");
+}
+
+TEST(Files, ReadFile) {
+  TempDir dir;
+  std::string bytes(200000, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7);
+  write(dir.file("bin"), bytes);
+  EXPECT_EQ(read_file(dir.file("bin")), bytes);
+  write(dir.file("empty"), "");
+  EXPECT_EQ(read_file(dir.file("empty")), "");
+  EXPECT_EQ(user_error([&] { read_file(dir.file("nope")); }),
+            dir.file("nope") + ": cannot open: No such file or directory");
+  EXPECT_EQ(user_error([&] { read_file(dir.path()); }), dir.path() + ": cannot read: Is a directory");
+}
+
+TEST(Files, MakeTempDirIsFreshEachTime) {
+  const std::string a = make_temp_dir("gpt2_files_test");
+  const std::string b = make_temp_dir("gpt2_files_test");
+  EXPECT_NE(a, b);
+  EXPECT_TRUE(is_directory(a));
+  EXPECT_TRUE(list_directory(a).empty());
+  EXPECT_EQ(filename(a).rfind("gpt2_files_test.", 0), 0u) << a;
+  remove_tree(a);
+  remove_tree(b);
+  EXPECT_FALSE(exists(a));
+
+  TempDir outer;
+  const char* old = std::getenv("TMPDIR");
+  const std::string saved = old != nullptr ? old : "";
+  ASSERT_EQ(::setenv("TMPDIR", outer.path().c_str(), 1), 0);
+  const std::string c = make_temp_dir("x");
+  if (old != nullptr) {
+    ::setenv("TMPDIR", saved.c_str(), 1);
+  } else {
+    ::unsetenv("TMPDIR");
+  }
+  EXPECT_EQ(parent_path(c), outer.path());
+  EXPECT_HAS(user_error([&] { make_temp_dir("no/such/dir/x"); }), "cannot create temporary directory");
+}
+
+TEST(Files, ExecutableAndRealPath) {
+  const std::string exe = executable_path();
+  EXPECT_EQ(filename(exe), "gpt2_base_tests");
+  EXPECT_TRUE(is_regular_file(exe));
+  TempDir dir;
+  create_directories(dir.file("a/b"));
+  EXPECT_EQ(real_path(dir.file("a/b/../b/.")), real_path(dir.path()) + "/a/b");
+  EXPECT_HAS(user_error([&] { real_path(dir.file("nope")); }), dir.file("nope") + ": cannot resolve path");
+}
+
+}  // namespace
+}  // namespace gpt2::files
