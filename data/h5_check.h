@@ -1,0 +1,94 @@
+#pragma once
+// HDF5 helpers: the H5_CHECK macro, an RAII owner for hid_t, and a guard that stops HDF5 from
+// printing its error stack so our own message (which quotes the innermost HDF5 error) is the one
+// the user sees. Uses the HDF5 C API only (1.10 and later).
+// defines: H5_CHECK, H5_ID, gpt2::data::H5Id, H5ErrorSilencer, h5_error_detail
+#include <hdf5.h>
+
+#include <string>
+#include <utility>
+
+#include "src/base/errors.h"
+
+namespace gpt2::data {
+
+// The most specific message on HDF5's current error stack ("" when it is empty), e.g.
+// "truncated file: eof = 800, sb_eof = 4144". Why: HDF5's own messages say what is damaged.
+inline std::string h5_error_detail() {
+  std::string detail;
+  auto visit = [](unsigned n, const H5E_error2_t* err, void* data) -> herr_t {
+    auto* out = static_cast<std::string*>(data);
+    if (n == 0 && err != nullptr && err->desc != nullptr) *out = err->desc;
+    return 0;
+  };
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, visit, &detail);
+  return detail;
+}
+
+[[noreturn]] inline void h5_throw(const char* call, const char* file, int line) {
+  const std::string detail = h5_error_detail();
+  ::gpt2::throw_call_error(call, detail.empty() ? "negative result" : detail, file, line);
+}
+
+// Calls `call` (a herr_t/htri_t/hid_t expression) and throws gpt2::Error naming it when negative.
+#define H5_CHECK(call)                                                        \
+  do {                                                                        \
+    if ((call) < 0) ::gpt2::data::h5_throw(#call, __FILE__, __LINE__);        \
+  } while (0)
+
+// Like H5_CHECK, but yields the (non-negative) id or value: hid_t f = H5_ID(H5Fopen(...)).
+inline hid_t h5_checked(hid_t id, const char* call, const char* file, int line) {
+  if (id < 0) h5_throw(call, file, line);
+  return id;
+}
+#define H5_ID(call) ::gpt2::data::h5_checked((call), #call, __FILE__, __LINE__)
+
+// Owns one HDF5 id and closes it with the matching H5?close. Move-only.
+class H5Id {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  H5Id() = default;
+  H5Id(hid_t id, Closer close) : id_(id), close_(close) {}
+  H5Id(const H5Id&) = delete;
+  H5Id& operator=(const H5Id&) = delete;
+  H5Id(H5Id&& o) noexcept : id_(std::exchange(o.id_, H5I_INVALID_HID)), close_(o.close_) {}
+  H5Id& operator=(H5Id&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = std::exchange(o.id_, H5I_INVALID_HID);
+      close_ = o.close_;
+    }
+    return *this;
+  }
+  ~H5Id() { reset(); }
+
+  hid_t get() const { return id_; }
+  explicit operator bool() const { return id_ >= 0; }
+  hid_t release() { return std::exchange(id_, H5I_INVALID_HID); }  // caller closes it now
+  void reset() {
+    if (id_ >= 0 && close_ != nullptr) close_(id_);  // errors on close are not actionable
+    id_ = H5I_INVALID_HID;
+  }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  Closer close_ = nullptr;
+};
+
+// While alive, HDF5 records errors without printing them (restores the previous handler after).
+class H5ErrorSilencer {
+ public:
+  H5ErrorSilencer() {
+    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~H5ErrorSilencer() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
+  H5ErrorSilencer(const H5ErrorSilencer&) = delete;
+  H5ErrorSilencer& operator=(const H5ErrorSilencer&) = delete;
+
+ private:
+  H5E_auto2_t func_ = nullptr;
+  void* data_ = nullptr;
+};
+
+}  // namespace gpt2::data
