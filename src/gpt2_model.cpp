@@ -1,0 +1,195 @@
+// GPT-2 model (see gpt2_model.h). HF GPT2LMHeadModel is the behavioural reference.
+#include "src/gpt2_model.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <string>
+
+#include "src/base/errors.h"
+
+namespace gpt2 {
+namespace {
+
+constexpr double kLayerNormEps = 1e-5;  // HF layer_norm_epsilon
+constexpr double kInitStd = 0.02;       // HF initializer_range
+constexpr int64_t kIgnoreIndex = -1;    // targets equal to this do not count in the loss
+
+torch::nn::LayerNorm make_layer_norm(int64_t n_embd) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({n_embd}).eps(kLayerNormEps));
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+void require_positive(int64_t value, const char* key) {
+  if (value <= 0) {
+    throw UserError(std::string(key) + " must be positive, got " + std::to_string(value));
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// GPT2Config
+
+int64_t GPT2Config::padded_vocab_size() const {
+  return (vocab_size + kVocabPadMultiple - 1) / kVocabPadMultiple * kVocabPadMultiple;
+}
+
+int64_t GPT2Config::num_parameters(bool count_padding) const {
+  const int64_t c = n_embd;
+  const int64_t per_block = 2 * c                  // ln_1
+                            + c * 3 * c + 3 * c    // attn.c_attn
+                            + c * c + c            // attn.c_proj
+                            + 2 * c                // ln_2
+                            + c * 4 * c + 4 * c    // mlp.c_fc
+                            + 4 * c * c + c;       // mlp.c_proj
+  const int64_t vocab_rows = count_padding ? padded_vocab_size() : vocab_size;
+  return vocab_rows * c + block_size * c + n_layer * per_block + 2 * c;
+}
+
+void GPT2Config::validate() const {
+  require_positive(n_layer, "model.n_layer");
+  require_positive(n_head, "model.n_head");
+  require_positive(n_embd, "model.n_embd");
+  require_positive(vocab_size, "model.vocab_size");
+  require_positive(block_size, "model.block_size");
+  if (n_embd % n_head != 0) {
+    throw UserError("model.n_embd (" + std::to_string(n_embd) + ") must be divisible by model.n_head (" +
+                    std::to_string(n_head) + "); e.g. n_embd = 64 * n_head");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Modules
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPT2Config& cfg) : n_head_(cfg.n_head) {
+  c_attn = register_module("c_attn", torch::nn::Linear(cfg.n_embd, 3 * cfg.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(cfg.n_embd, cfg.n_embd));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  const int64_t hs = C / n_head_;
+  // One fused matmul for q, k and v; the splits below are views, no copies.
+  auto qkv = c_attn(x).split(C, /*dim=*/2);                          // 3 x (B, T, C)
+  auto q = qkv[0].view({B, T, n_head_, hs}).transpose(1, 2);         // (B, nh, T, hs)
+  auto k = qkv[1].view({B, T, n_head_, hs}).transpose(1, 2);         // (B, nh, T, hs)
+  auto v = qkv[2].view({B, T, n_head_, hs}).transpose(1, 2);         // (B, nh, T, hs)
+  // Scale defaults to 1/sqrt(hs), as HF (scale_attn_weights=True). SDPA picks flash/efficient
+  // kernels on GPU; the strided q/k/v (last dim contiguous) are accepted without a copy.
+  auto y = torch::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                               /*is_causal=*/true);  // (B, nh, T, hs)
+  y = y.transpose(1, 2).contiguous().view({B, T, C});               // (B, T, C)
+  return c_proj(y);
+}
+
+MLPImpl::MLPImpl(const GPT2Config& cfg) {
+  c_fc = register_module("c_fc", torch::nn::Linear(cfg.n_embd, 4 * cfg.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(4 * cfg.n_embd, cfg.n_embd));
+}
+
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+  // HF "gelu_new" is the tanh approximation.
+  return c_proj(torch::gelu(c_fc(x), "tanh"));  // (B, T, 4C) -> (B, T, C)
+}
+
+BlockImpl::BlockImpl(const GPT2Config& cfg) {
+  ln_1 = register_module("ln_1", make_layer_norm(cfg.n_embd));
+  attn = register_module("attn", CausalSelfAttention(cfg));
+  ln_2 = register_module("ln_2", make_layer_norm(cfg.n_embd));
+  mlp = register_module("mlp", MLP(cfg));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  auto h = x + attn(ln_1(x));   // (B, T, C)
+  return h + mlp(ln_2(h));      // (B, T, C)
+}
+
+TransformerImpl::TransformerImpl(const GPT2Config& cfg) {
+  wte = register_module("wte", torch::nn::Embedding(cfg.padded_vocab_size(), cfg.n_embd));
+  wpe = register_module("wpe", torch::nn::Embedding(cfg.block_size, cfg.n_embd));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < cfg.n_layer; ++i) {
+    blocks.emplace_back(cfg);
+    h->push_back(blocks.back());
+  }
+  ln_f = register_module("ln_f", make_layer_norm(cfg.n_embd));
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPT2
+
+GPT2Impl::GPT2Impl(const GPT2Config& cfg) : cfg_(cfg) {
+  cfg_.validate();
+  transformer_ = register_module("transformer", Transformer(cfg_));
+  // Keep the padding rows at zero from the start, whatever init follows.
+  torch::NoGradGuard no_grad;
+  transformer_->wte->weight.narrow(0, cfg_.vocab_size, cfg_.padded_vocab_size() - cfg_.vocab_size)
+      .zero_();
+}
+
+torch::Tensor GPT2Impl::forward(const torch::Tensor& idx) {
+  TORCH_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong,
+              "GPT2::forward expects (B, T) int64 token ids, got ", idx.sizes(), " ", idx.scalar_type());
+  const int64_t T = idx.size(1);
+  if (T > cfg_.block_size) {
+    throw UserError("sequence length " + std::to_string(T) + " exceeds model.block_size (" +
+                    std::to_string(cfg_.block_size) + ")");
+  }
+  auto& tr = *transformer_;
+  auto pos = torch::arange(T, idx.options());                       // (T)
+  auto x = tr.wte(idx) + tr.wpe(pos);                               // (B, T, C)
+  for (auto& block : tr.blocks) x = block(x);                       // (B, T, C)
+  x = tr.ln_f(x);                                                   // (B, T, C)
+  // Full padded matrix for a GEMM-friendly N; padding columns are dropped by a free view.
+  auto logits = torch::nn::functional::linear(x, tr.wte->weight);  // (B, T, Vp)
+  return logits.narrow(-1, 0, cfg_.vocab_size);                     // (B, T, V) view
+}
+
+torch::Tensor GPT2Impl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
+  TORCH_CHECK(targets.sizes() == idx.sizes(), "GPT2::loss: targets ", targets.sizes(),
+              " must match idx ", idx.sizes());
+  auto logits = forward(idx);                                        // (B, T, V), rows stride Vp
+  // (B*T, V): still a view (row stride Vp). Low precision is upcast; the cast also compacts rows.
+  auto flat = logits.reshape({-1, cfg_.vocab_size});
+  if (flat.scalar_type() == torch::kBFloat16 || flat.scalar_type() == torch::kHalf) {
+    flat = flat.to(torch::kFloat);
+  }
+  return torch::nn::functional::cross_entropy(
+      flat, targets.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));
+}
+
+void GPT2Impl::init_weights(uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const double residual_std = kInitStd / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer));
+  for (auto& item : named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    torch::Tensor& p = item.value();
+    if (ends_with(name, ".bias")) {
+      p.zero_();
+    } else if (name.find(".ln_") != std::string::npos) {
+      p.fill_(1.0);  // LayerNorm weight (ln_1, ln_2, ln_f)
+    } else {
+      const bool residual = ends_with(name, "attn.c_proj.weight") || ends_with(name, "mlp.c_proj.weight");
+      auto draw = torch::empty(p.sizes(), torch::kFloat);
+      draw.normal_(0.0, residual ? residual_std : kInitStd, gen);
+      p.copy_(draw);
+    }
+  }
+  auto& wte = transformer_->wte->weight;
+  wte.narrow(0, cfg_.vocab_size, cfg_.padded_vocab_size() - cfg_.vocab_size).zero_();
+}
+
+int64_t GPT2Impl::num_parameters(bool count_padding) const {
+  int64_t n = 0;
+  for (const auto& p : parameters(/*recurse=*/true)) n += p.numel();
+  if (!count_padding) n -= (cfg_.padded_vocab_size() - cfg_.vocab_size) * cfg_.n_embd;
+  return n;
+}
+
+}  // namespace gpt2

@@ -1,0 +1,110 @@
+#pragma once
+// GPT-2 language model, architecturally identical to Hugging Face's GPT2LMHeadModel (pre-LN blocks,
+// learned positions, tanh GELU, LayerNorm eps 1e-5, lm head tied to wte, no dropout).
+// Contract: named_parameters() are exactly HF's names ("transformer.h.0.attn.c_attn.weight", ...),
+// forward() returns logits over the real vocab only, loss() is mean cross-entropy in >= fp32.
+// Works in fp32, fp64 and under CUDA autocast (bf16/fp16). See Note [Weight layout] for import.
+#include <torch/nn.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "src/model_config.h"
+
+namespace gpt2 {
+
+// Note [Weight layout]
+// Our projections are torch::nn::Linear, whose weight is (out_features, in_features). HF GPT-2 uses
+// Conv1D, whose weight is (in_features, out_features): c_attn, c_proj and c_fc weights are therefore
+// TRANSPOSED relative to HF checkpoints (hf_import.h transposes both ways). wte has
+// padded_vocab_size() rows so the lm-head matmul has a GPU-friendly shape; rows >= vocab_size are
+// kept at zero, never looked up (ids must be < vocab_size) and never predicted (logits are narrowed).
+
+// GPT2Config (the [model] section: n_layer, n_head, n_embd, vocab_size, block_size) is declared
+// in model_config.h so config code needs no torch; its methods are defined in gpt2_model.cpp.
+
+// Causal multi-head self-attention with one fused qkv projection.
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const GPT2Config& cfg);
+  torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
+
+  torch::nn::Linear c_attn{nullptr};  // C -> 3C (q, k, v concatenated along the output)
+  torch::nn::Linear c_proj{nullptr};  // C -> C, residual projection
+
+ private:
+  int64_t n_head_;
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  explicit MLPImpl(const GPT2Config& cfg);
+  torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
+
+  torch::nn::Linear c_fc{nullptr};    // C -> 4C
+  torch::nn::Linear c_proj{nullptr};  // 4C -> C, residual projection
+};
+TORCH_MODULE(MLP);
+
+// Pre-LN transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GPT2Config& cfg);
+  torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
+
+  torch::nn::LayerNorm ln_1{nullptr};
+  CausalSelfAttention attn{nullptr};
+  torch::nn::LayerNorm ln_2{nullptr};
+  MLP mlp{nullptr};
+};
+TORCH_MODULE(Block);
+
+// The "transformer" submodule: exists so parameter names carry HF's "transformer." prefix.
+class TransformerImpl : public torch::nn::Module {
+ public:
+  explicit TransformerImpl(const GPT2Config& cfg);
+
+  torch::nn::Embedding wte{nullptr};  // (padded_vocab_size, C); also the lm head (tied)
+  torch::nn::Embedding wpe{nullptr};  // (block_size, C)
+  torch::nn::ModuleList h{nullptr};   // n_layer Blocks
+  torch::nn::LayerNorm ln_f{nullptr};
+  std::vector<Block> blocks;          // the same modules as h, typed
+};
+TORCH_MODULE(Transformer);
+
+class GPT2Impl : public torch::nn::Module {
+ public:
+  // Validates cfg. Parameters start with LibTorch's default init: call init_weights() for GPT-2's
+  // init, or load weights (hf_import.h). Allocates on CPU in fp32; move with ->to(device, dtype).
+  explicit GPT2Impl(const GPT2Config& cfg);
+
+  // idx: (B, T) int64 token ids in [0, vocab_size), T <= block_size.
+  // Returns logits (B, T, vocab_size): a view narrowed from the padded (B, T, padded_vocab) product,
+  // so it is not contiguous; call .contiguous() if needed.
+  torch::Tensor forward(const torch::Tensor& idx);
+
+  // Mean cross-entropy over the real vocab; targets (B, T) int64, -1 = ignored position. Computed in
+  // fp32 when the logits are bf16/fp16 (autocast), else in the logits' dtype (fp32/fp64).
+  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
+
+  // GPT-2 init: Linear/Embedding weights N(0, 0.02); residual projections (attn.c_proj, mlp.c_proj)
+  // N(0, 0.02/sqrt(2*n_layer)); biases 0; LayerNorm weight 1, bias 0; padded wte rows 0.
+  // Draws from a private CPU generator seeded with `seed` (fp32, then copied to each parameter's
+  // device and dtype): same values on any device, and the global torch RNG is neither read nor
+  // advanced.
+  void init_weights(uint64_t seed);
+
+  // Number of parameter elements; without padding it equals HF's count at the same vocab_size.
+  int64_t num_parameters(bool count_padding = false) const;
+
+  const GPT2Config& config() const { return cfg_; }
+  Transformer& transformer() { return transformer_; }
+
+ private:
+  GPT2Config cfg_;
+  Transformer transformer_{nullptr};
+};
+TORCH_MODULE(GPT2);
+
+}  // namespace gpt2

@@ -1,0 +1,392 @@
+// GPT2 model, sampling and HF state-dict tests (CPU). HF logits parity lives in
+// tests/python/test_hf_parity.py, which drives hf_logits_probe.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "src/base/errors.h"
+#include "src/generate.h"
+#include "src/gpt2_model.h"
+#include "src/hf_import.h"
+
+namespace gpt2 {
+namespace {
+
+GPT2Config tiny_config(int64_t vocab = 100) {
+  GPT2Config cfg;
+  cfg.n_layer = 2;
+  cfg.n_head = 2;
+  cfg.n_embd = 16;
+  cfg.vocab_size = vocab;
+  cfg.block_size = 16;
+  return cfg;
+}
+
+// Randomises every parameter (LN and biases included) so no term of the model is trivial.
+void randomise(GPT2& model, uint64_t seed, double std = 0.3) {
+  torch::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  for (auto& p : model->parameters()) {
+    p.copy_(torch::empty(p.sizes(), torch::kFloat).normal_(0.0, std, gen));
+  }
+  const auto& cfg = model->config();
+  model->transformer()->wte->weight.narrow(0, cfg.vocab_size, cfg.padded_vocab_size() - cfg.vocab_size).zero_();
+}
+
+template <typename F>
+std::string user_error_message(F&& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "<no UserError thrown>";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Config
+
+TEST(ModelConfig, PaddedVocab) {
+  GPT2Config cfg;
+  EXPECT_EQ(cfg.padded_vocab_size(), 50304);
+  cfg.vocab_size = 64;
+  EXPECT_EQ(cfg.padded_vocab_size(), 64);
+  cfg.vocab_size = 65;
+  EXPECT_EQ(cfg.padded_vocab_size(), 128);
+}
+
+TEST(ModelConfig, ValidateNamesKey) {
+  GPT2Config cfg;
+  EXPECT_NO_THROW(cfg.validate());
+  cfg.n_embd = 100;  // not divisible by 12 heads
+  EXPECT_NE(user_error_message([&] { cfg.validate(); }).find("model.n_embd"), std::string::npos);
+  cfg = GPT2Config();
+  cfg.n_layer = 0;
+  EXPECT_NE(user_error_message([&] { cfg.validate(); }).find("model.n_layer"), std::string::npos);
+  cfg = GPT2Config();
+  cfg.vocab_size = -1;
+  EXPECT_NE(user_error_message([&] { cfg.validate(); }).find("model.vocab_size"), std::string::npos);
+  cfg = GPT2Config();
+  cfg.block_size = 0;
+  EXPECT_NE(user_error_message([&] { cfg.validate(); }).find("model.block_size"), std::string::npos);
+  cfg = GPT2Config();
+  cfg.n_head = 0;
+  EXPECT_NE(user_error_message([&] { GPT2 m(cfg); }).find("model.n_head"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameter counts
+
+GPT2Config sized(int64_t n_layer, int64_t n_head, int64_t n_embd) {
+  GPT2Config cfg;
+  cfg.n_layer = n_layer;
+  cfg.n_head = n_head;
+  cfg.n_embd = n_embd;
+  return cfg;
+}
+
+TEST(ModelParamCount, HandKnownHfValues) {
+  // What HF's GPT2LMHeadModel.num_parameters() reports for the released sizes (vocab 50257).
+  EXPECT_EQ(sized(12, 12, 768).num_parameters(), 124'439'808);
+  EXPECT_EQ(sized(24, 16, 1024).num_parameters(), 354'823'168);
+  EXPECT_EQ(sized(36, 20, 1280).num_parameters(), 774'030'080);
+  EXPECT_EQ(sized(48, 25, 1600).num_parameters(), 1'557'611'200);
+  EXPECT_EQ(sized(12, 12, 768).num_parameters(/*count_padding=*/true), 124'439'808 + 47 * 768);
+}
+
+TEST(ModelParamCount, ModelMatchesConfig) {
+  // The analytic count must describe the real modules (124M built for real: ~0.5 GB).
+  for (const GPT2Config& cfg : {tiny_config(), tiny_config(50257), sized(12, 12, 768)}) {
+    GPT2 model(cfg);
+    EXPECT_EQ(model->num_parameters(), cfg.num_parameters());
+    EXPECT_EQ(model->num_parameters(true), cfg.num_parameters(true));
+  }
+  GPT2 gpt2_small(sized(12, 12, 768));
+  EXPECT_EQ(gpt2_small->num_parameters(), 124'439'808);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Structure
+
+TEST(ModelStructure, NamedParametersMatchHf) {
+  GPT2 model(tiny_config());
+  std::vector<std::string> expected = {"transformer.wte.weight", "transformer.wpe.weight"};
+  for (int i = 0; i < 2; ++i) {
+    const std::string h = "transformer.h." + std::to_string(i) + ".";
+    for (const char* s : {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+                          "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+                          "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"}) {
+      expected.push_back(h + s);
+    }
+  }
+  expected.push_back("transformer.ln_f.weight");
+  expected.push_back("transformer.ln_f.bias");
+  std::vector<std::string> got;
+  for (const auto& item : model->named_parameters()) got.push_back(item.key());
+  EXPECT_EQ(got, expected);  // also proves there is no lm_head parameter (tied)
+  EXPECT_TRUE(model->named_buffers().is_empty());
+}
+
+TEST(ModelStructure, ShapesAndTiedHead) {
+  const GPT2Config cfg = tiny_config(100);
+  GPT2 model(cfg);
+  auto& tr = *model->transformer();
+  EXPECT_EQ(tr.wte->weight.sizes(), torch::IntArrayRef({128, 16}));  // padded rows
+  EXPECT_EQ(tr.blocks[0]->attn->c_attn->weight.sizes(), torch::IntArrayRef({48, 16}));  // Linear (out, in)
+  EXPECT_EQ(tr.blocks[0]->mlp->c_fc->weight.sizes(), torch::IntArrayRef({64, 16}));
+  model->init_weights(1);
+  auto idx = torch::randint(cfg.vocab_size, {3, 7}, torch::kLong);
+  auto logits = model->forward(idx);
+  EXPECT_EQ(logits.sizes(), torch::IntArrayRef({3, 7, 100}));  // padding never returned
+  // Padded rows are neither looked up nor predicted, so they get no gradient (stay 0 under AdamW).
+  auto loss = model->loss(idx, idx);
+  loss.backward();
+  EXPECT_TRUE(tr.wte->weight.grad().narrow(0, 100, 28).abs().max().item<double>() == 0.0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Init
+
+TEST(ModelInit, GptTwoInitDeterministicAndGlobalRngUntouched) {
+  GPT2Config cfg = tiny_config(100);
+  cfg.n_embd = 64;
+  cfg.n_head = 4;
+  GPT2 a(cfg), b(cfg);
+  torch::manual_seed(123);
+  const auto expected_next = torch::rand({4});
+  torch::manual_seed(123);
+  a->init_weights(42);
+  EXPECT_TRUE(torch::equal(torch::rand({4}), expected_next)) << "init_weights advanced the global RNG";
+  torch::manual_seed(999);
+  b->init_weights(42);
+  auto pa = a->parameters(), pb = b->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i]));
+  b->init_weights(43);
+  EXPECT_FALSE(torch::equal(a->transformer()->wpe->weight, b->transformer()->wpe->weight));
+
+  auto& tr = *a->transformer();
+  EXPECT_EQ(tr.wte->weight.narrow(0, 100, 28).abs().max().item<double>(), 0.0);
+  EXPECT_NEAR(tr.wte->weight.narrow(0, 0, 100).std().item<double>(), 0.02, 0.002);
+  EXPECT_NEAR(tr.blocks[0]->attn->c_attn->weight.std().item<double>(), 0.02, 0.002);
+  EXPECT_NEAR(tr.blocks[1]->mlp->c_proj->weight.std().item<double>(), 0.02 / std::sqrt(4.0), 0.001);
+  EXPECT_NEAR(tr.blocks[1]->attn->c_proj->weight.std().item<double>(), 0.02 / std::sqrt(4.0), 0.001);
+  EXPECT_EQ(tr.blocks[0]->mlp->c_fc->bias.abs().max().item<double>(), 0.0);
+  EXPECT_TRUE(torch::equal(tr.ln_f->weight, torch::ones({64})));
+  EXPECT_EQ(tr.ln_f->bias.abs().max().item<double>(), 0.0);
+}
+
+TEST(ModelInit, LossAtInitIsLogVocab) {
+  GPT2Config cfg;
+  cfg.n_layer = 2;
+  cfg.n_head = 4;
+  cfg.n_embd = 64;
+  cfg.block_size = 64;
+  GPT2 model(cfg);
+  model->init_weights(0);
+  torch::NoGradGuard no_grad;
+  auto idx = torch::randint(cfg.vocab_size, {4, 64}, torch::kLong);
+  auto targets = torch::randint(cfg.vocab_size, {4, 64}, torch::kLong);
+  const double loss = model->loss(idx, targets).item<double>();
+  EXPECT_NEAR(loss, std::log(50257.0), 0.1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Correctness of the computation
+
+TEST(ModelMath, GradientsMatchFiniteDifferencesFp64) {
+  GPT2Config cfg = tiny_config(13);  // padded to 64 rows
+  cfg.n_embd = 8;
+  cfg.block_size = 8;
+  GPT2 model(cfg);
+  randomise(model, 5);
+  model->to(torch::kDouble);
+  torch::manual_seed(0);
+  auto idx = torch::randint(cfg.vocab_size, {2, 6}, torch::kLong);
+  auto targets = torch::randint(cfg.vocab_size, {2, 6}, torch::kLong);
+  targets[1][2] = -1;  // an ignored position takes part too
+
+  auto loss = model->loss(idx, targets);
+  loss.backward();
+
+  torch::NoGradGuard no_grad;
+  const double eps = 1e-6;
+  int checked = 0;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  for (auto& item : model->named_parameters()) {
+    torch::Tensor p = item.value();
+    auto flat = p.view({-1});
+    auto grad = p.grad().view({-1});
+    std::vector<int64_t> picks;
+    if (item.key() == "transformer.wte.weight") {
+      // Rows of tokens in the batch (embedding + head paths) and a row only the head touches.
+      const int64_t tok = idx[0][0].item<int64_t>();
+      picks = {tok * cfg.n_embd + 3, idx[1][4].item<int64_t>() * cfg.n_embd, 12 * cfg.n_embd + 7};
+    } else {
+      for (int k = 0; k < 2; ++k) picks.push_back(torch::randint(flat.numel(), {1}, gen).item<int64_t>());
+    }
+    for (int64_t i : picks) {
+      const double orig = flat[i].item<double>();
+      flat[i] = orig + eps;
+      const double up = model->loss(idx, targets).item<double>();
+      flat[i] = orig - eps;
+      const double down = model->loss(idx, targets).item<double>();
+      flat[i] = orig;
+      const double fd = (up - down) / (2 * eps);
+      const double g = grad[i].item<double>();
+      EXPECT_NEAR(g, fd, 1e-5 * std::max(std::abs(g), std::abs(fd)) + 1e-9)
+          << item.key() << "[" << i << "]";
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 30);
+}
+
+TEST(ModelMath, CausalityLaterTokensNeverChangeEarlierLogits) {
+  const GPT2Config cfg = tiny_config(100);
+  GPT2 model(cfg);
+  randomise(model, 3);
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(1);
+  auto idx = torch::randint(cfg.vocab_size, {2, 16}, torch::kLong);
+  auto base = model->forward(idx);
+  for (int64_t t : {0, 5, 14}) {
+    auto changed = idx.clone();
+    changed.narrow(1, t + 1, 16 - t - 1).copy_(torch::randint(cfg.vocab_size, {2, 16 - t - 1}, torch::kLong));
+    auto out = model->forward(changed);
+    EXPECT_TRUE(torch::allclose(out.narrow(1, 0, t + 1), base.narrow(1, 0, t + 1), 1e-6, 1e-6)) << "t=" << t;
+    EXPECT_FALSE(torch::allclose(out.narrow(1, t + 1, 1), base.narrow(1, t + 1, 1))) << "t=" << t;
+  }
+}
+
+TEST(ModelMath, RejectsTooLongSequence) {
+  GPT2 model(tiny_config());
+  auto idx = torch::zeros({1, 17}, torch::kLong);
+  EXPECT_NE(user_error_message([&] { model->forward(idx); }).find("model.block_size"), std::string::npos);
+}
+
+TEST(ModelTrain, OverfitsOneBatchWithAdamW) {
+  torch::set_num_threads(1);
+  GPT2Config cfg = tiny_config(64);
+  cfg.n_embd = 32;
+  GPT2 model(cfg);
+  model->init_weights(0);
+  torch::manual_seed(0);
+  auto idx = torch::randint(cfg.vocab_size, {4, 16}, torch::kLong);
+  auto targets = torch::randint(cfg.vocab_size, {4, 16}, torch::kLong);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(3e-3).weight_decay(0.0));
+  double loss = 0;
+  int step = 0;
+  for (; step < 400; ++step) {
+    opt.zero_grad();
+    auto l = model->loss(idx, targets);
+    l.backward();
+    opt.step();
+    loss = l.item<double>();
+    if (loss < 0.05) break;
+  }
+  EXPECT_LT(loss, 0.05) << "after " << step << " steps";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sampling
+
+TEST(ModelGenerate, IdsInVocabAndDeterministic) {
+  const GPT2Config cfg = tiny_config(100);  // 28 padding rows whose logit would be 0
+  GPT2 model(cfg);
+  randomise(model, 9);
+  // Push every real logit below zero, so a padded (zero) logit would win if it were ever exposed.
+  {
+    torch::NoGradGuard no_grad;
+    auto& tr = *model->transformer();
+    tr.ln_f->weight.zero_();
+    tr.ln_f->bias.fill_(1.0);
+    tr.wte->weight.narrow(0, 0, 100).uniform_(-2.0, -1.0);
+  }
+  const std::vector<int64_t> prompt(20, 7);  // longer than block_size: the context is cropped
+  for (double temperature : {0.0, 1.0, 5.0}) {
+    for (int64_t top_k : {0, 1, 10, 1000}) {
+      auto out = sample_tokens(model, prompt, 12, temperature, top_k, 5);
+      ASSERT_EQ(out.size(), 32u);
+      EXPECT_TRUE(std::equal(prompt.begin(), prompt.end(), out.begin()));
+      for (int64_t id : out) EXPECT_TRUE(id >= 0 && id < 100) << id;
+      EXPECT_EQ(out, sample_tokens(model, prompt, 12, temperature, top_k, 5));
+    }
+  }
+}
+
+TEST(ModelGenerate, GreedyFollowsArgmaxAndTopOneIsGreedy) {
+  const GPT2Config cfg = tiny_config(100);
+  GPT2 model(cfg);
+  randomise(model, 4);
+  const std::vector<int64_t> prompt = {1, 2, 3};
+  auto greedy = sample_tokens(model, prompt, 6, 0.0, 0, 0);
+  EXPECT_EQ(greedy, sample_tokens(model, prompt, 6, 1.0, 1, 77));
+  torch::NoGradGuard no_grad;
+  for (size_t n = prompt.size(); n < greedy.size(); ++n) {
+    auto idx = torch::tensor(std::vector<int64_t>(greedy.begin(), greedy.begin() + n)).view({1, -1});
+    EXPECT_EQ(model->forward(idx)[0][n - 1].argmax().item<int64_t>(), greedy[n]);
+  }
+}
+
+TEST(ModelGenerate, RejectsBadArguments) {
+  GPT2 model(tiny_config(100));
+  EXPECT_NE(user_error_message([&] { sample_tokens(model, {}, 1, 1.0, 0, 0); }).find("prompt"), std::string::npos);
+  EXPECT_NE(user_error_message([&] { sample_tokens(model, {100}, 1, 1.0, 0, 0); }).find("100"), std::string::npos);
+  EXPECT_NE(user_error_message([&] { sample_tokens(model, {1}, 1, -1.0, 0, 0); }).find("temperature"), std::string::npos);
+  EXPECT_NE(user_error_message([&] { sample_tokens(model, {1}, 1, 1.0, -2, 0); }).find("top_k"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// HF state dict mapping (file-level parity with transformers is in tests/python)
+
+TEST(ModelHfImport, StateDictRoundTripAndNamedErrors) {
+  const GPT2Config cfg = tiny_config(100);
+  GPT2 src(cfg), dst(cfg);
+  randomise(src, 21);
+  NamedTensors sd = hf_state_dict(src);
+  ASSERT_EQ(sd.size(), src->named_parameters().size());
+  EXPECT_EQ(sd[0].first, "transformer.wte.weight");
+  EXPECT_EQ(sd[0].second.sizes(), torch::IntArrayRef({100, 16}));  // HF vocab rows only
+  for (const auto& [name, t] : sd) {
+    if (name == "transformer.h.0.attn.c_attn.weight") {
+      EXPECT_EQ(t.sizes(), torch::IntArrayRef({16, 48}));  // HF Conv1D (in, out)
+    }
+  }
+
+  // Without the prefix, with HF's extra keys: still loads, bit-exact.
+  NamedTensors hf_style;
+  for (const auto& [name, t] : sd) hf_style.emplace_back(name.substr(std::string("transformer.").size()), t);
+  hf_style.emplace_back("lm_head.weight", sd[0].second);
+  hf_style.emplace_back("h.0.attn.bias", torch::ones({1, 1, 16, 16}));
+  dst->init_weights(0);
+  {
+    torch::NoGradGuard no_grad;
+    dst->transformer()->wte->weight.fill_(3.0);  // padding rows must come back zero
+  }
+  load_hf_state_dict(dst, hf_style, "mem");
+  auto ps = src->parameters(), pd = dst->parameters();
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(torch::equal(ps[i], pd[i])) << i;
+
+  NamedTensors missing(sd.begin(), sd.end() - 1);
+  EXPECT_NE(user_error_message([&] { load_hf_state_dict(dst, missing, "ckpt.safetensors"); })
+                .find("missing tensor 'transformer.ln_f.bias'"),
+            std::string::npos);
+  NamedTensors wrong = sd;
+  for (auto& [name, t] : wrong) {
+    if (name == "transformer.h.1.mlp.c_fc.weight") t = t.t().contiguous();  // our layout, not HF's
+  }
+  const std::string msg = user_error_message([&] { load_hf_state_dict(dst, wrong, "ckpt.safetensors"); });
+  EXPECT_NE(msg.find("ckpt.safetensors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("transformer.h.1.mlp.c_fc.weight"), std::string::npos) << msg;
+  NamedTensors extra = sd;
+  extra.emplace_back("transformer.h.2.ln_1.weight", torch::ones({16}));
+  EXPECT_NE(user_error_message([&] { load_hf_state_dict(dst, extra, "x"); }).find("unexpected tensor 'transformer.h.2.ln_1.weight'"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace gpt2
