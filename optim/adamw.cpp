@@ -1,0 +1,69 @@
+#include "optim/adamw.h"
+
+#include <ATen/ATen.h>
+
+namespace gpt2::optim {
+
+AdamW::AdamW(std::vector<Group> groups, AdamWOptions options) : options_(options) {
+  for (auto& g : groups) {
+    GroupState s;
+    s.weight_decay = g.weight_decay;
+    for (auto& p : g.params) {
+      s.params.push_back(p);
+      s.exp_avg.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+      s.exp_avg_sq.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+      // The fused kernel reads the step count from a tensor on the param's device.
+      s.step.push_back(at::zeros({}, p.options().dtype(at::kFloat)));
+    }
+    groups_.push_back(std::move(s));
+  }
+}
+
+void AdamW::step(double lr) {
+  at::NoGradGuard no_grad;
+  for (auto& g : groups_) {
+    std::vector<at::Tensor> params, grads, m, v, steps;
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      if (!g.params[i].grad().defined()) continue;
+      params.push_back(g.params[i]);
+      grads.push_back(g.params[i].grad());
+      m.push_back(g.exp_avg[i]);
+      v.push_back(g.exp_avg_sq[i]);
+      steps.push_back(g.step[i]);
+    }
+    if (params.empty()) continue;
+    at::_foreach_add_(steps, 1);
+    at::_fused_adamw_(params, grads, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, options_.beta1,
+                      options_.beta2, g.weight_decay, options_.eps, /*amsgrad=*/false,
+                      /*maximize=*/false);
+  }
+  ++steps_taken_;
+}
+
+void AdamW::zero_grad() {
+  for (auto& g : groups_)
+    for (auto& p : g.params)
+      if (p.grad().defined()) p.mutable_grad().zero_();
+}
+
+int64_t AdamW::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& g : groups_)
+    for (size_t i = 0; i < g.params.size(); ++i)
+      bytes += g.exp_avg[i].nbytes() + g.exp_avg_sq[i].nbytes() + g.step[i].nbytes();
+  return bytes;
+}
+
+std::vector<torch::Tensor> AdamW::params() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& g : groups_) out.insert(out.end(), g.params.begin(), g.params.end());
+  return out;
+}
+
+std::vector<AdamW::Group> decay_groups(const std::vector<torch::Tensor>& params, double weight_decay) {
+  AdamW::Group decay{{}, weight_decay}, no_decay{{}, 0.0};
+  for (const auto& p : params) (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
+  return {decay, no_decay};
+}
+
+}  // namespace gpt2::optim

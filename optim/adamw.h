@@ -1,0 +1,51 @@
+#pragma once
+// AdamW (decoupled weight decay, Loshchilov & Hutter) over groups of parameters, each with its own
+// weight decay; the update is ATen's fused multi-tensor kernel (CPU and CUDA), the same arithmetic
+// as torch.optim.AdamW(fused=True). Moments are fp32-or-param-dtype tensors shaped like the params.
+#include <torch/types.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace gpt2::optim {
+
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+};
+
+class AdamW {
+ public:
+  struct Group {
+    std::vector<torch::Tensor> params;
+    double weight_decay = 0;
+  };
+
+  AdamW(std::vector<Group> groups, AdamWOptions options);
+
+  // One update with learning rate `lr` from each param's .grad(); params without a grad are skipped.
+  void step(double lr);
+  // Zeroes gradients in place (keeps the storage: gradient buckets view into it).
+  void zero_grad();
+
+  int64_t steps_taken() const { return steps_taken_; }
+  // Bytes of optimizer state (both moments and step counters) held by this rank.
+  int64_t state_bytes() const;
+  std::vector<torch::Tensor> params() const;
+
+ private:
+  struct GroupState {
+    std::vector<torch::Tensor> params, exp_avg, exp_avg_sq, step;
+    double weight_decay = 0;
+  };
+  std::vector<GroupState> groups_;
+  AdamWOptions options_;
+  int64_t steps_taken_ = 0;
+};
+
+// GPT-2's split: weight decay on 2-D tensors (matmul weights, embeddings), none on biases and
+// LayerNorm parameters.
+std::vector<AdamW::Group> decay_groups(const std::vector<torch::Tensor>& params, double weight_decay);
+
+}  // namespace gpt2::optim

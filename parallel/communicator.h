@@ -1,0 +1,55 @@
+#pragma once
+// Collectives over a group of ranks, on whole contiguous tensors, asynchronous.
+// Contract: every call returns a Work at once; the result is ready after Work::wait(). All ranks of
+// the group must issue the same collectives in the same order (Note [Collective order]). Two
+// backends: MPI for CPU tensors (non-blocking MPI collectives, wait() blocks the host) and NCCL for
+// CUDA tensors (its own stream; wait() makes the caller's current stream wait, the host does not).
+#include <mpi.h>
+#include <torch/types.h>
+
+#include <memory>
+#include <string>
+
+namespace gpt2::parallel {
+
+enum class ReduceOp { kSum, kAvg, kMax };
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Makes the result visible to the caller (see the contract above). Throws gpt2::Error on failure.
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual std::string backend() const = 0;  // "mpi" | "nccl"
+
+  // In place over `tensor` (contiguous).
+  virtual std::unique_ptr<Work> all_reduce(torch::Tensor tensor, ReduceOp op) = 0;
+  // `input` has world_size * n elements, `output` n: output = op over ranks of input chunk `rank`.
+  virtual std::unique_ptr<Work> reduce_scatter(torch::Tensor output, torch::Tensor input, ReduceOp op) = 0;
+  // `input` n elements, `output` world_size * n: chunk r of output = rank r's input.
+  virtual std::unique_ptr<Work> all_gather(torch::Tensor output, torch::Tensor input) = 0;
+  virtual std::unique_ptr<Work> broadcast(torch::Tensor tensor, int root) = 0;
+  virtual void barrier() = 0;
+};
+
+// MPI backend over `comm` (not owned; must outlive the communicator). CPU tensors of fp32, fp64,
+// int32, int64 and uint8.
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
+
+// NCCL backend for CUDA tensors on `device`, bootstrapped over `comm` (rank 0's unique id by
+// MPI_Bcast). Collectives time out after `timeout_seconds`: the communicator is then aborted and
+// the error surfaces in wait() and in the log, so a dead peer never hangs the job.
+// Throws gpt2::Error when this build has no NCCL.
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, int device, double timeout_seconds);
+
+// NCCL for CUDA devices, MPI for the CPU.
+std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, const torch::Device& device,
+                                                double timeout_seconds);
+
+}  // namespace gpt2::parallel

@@ -1,0 +1,211 @@
+// NCCL backend of Communicator (CUDA tensors). Collectives run on the communicator's own stream,
+// ordered after the caller's current stream by an event; a watchdog thread polls for NCCL's
+// asynchronous errors and for collectives that outlive the timeout, and then aborts the
+// communicator and ends the process, so mpirun takes the whole job down instead of hanging.
+#ifdef GPT2_WITH_NCCL
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "parallel/communicator.h"
+#include "parallel/cuda_check.h"
+#include "parallel/mpi_check.h"
+#include "src/base/log.h"
+
+namespace gpt2::parallel {
+
+std::string nccl_version_string();  // nccl_info.cu
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ncclDataType_t nccl_type(const torch::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return ncclFloat32;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kHalf: return ncclFloat16;
+    case at::kDouble: return ncclFloat64;
+    case at::kInt: return ncclInt32;
+    case at::kLong: return ncclInt64;
+    case at::kByte: return ncclUint8;
+    default:
+      throw Error(std::string("NCCL communicator: unsupported dtype ") + std::string(c10::toString(t.scalar_type())));
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kMax: return ncclMax;
+  }
+  return ncclSum;
+}
+
+class NcclWork : public Work {
+ public:
+  NcclWork(std::shared_ptr<at::cuda::CUDAEvent> done, const std::atomic<bool>* failed)
+      : done_(std::move(done)), failed_(failed) {}
+  void wait() override {
+    if (failed_->load()) throw Error("NCCL communicator was aborted (see the error above)");
+    done_->block(at::cuda::getCurrentCUDAStream());  // the caller's stream waits; the host does not
+  }
+
+ private:
+  std::shared_ptr<at::cuda::CUDAEvent> done_;
+  const std::atomic<bool>* failed_;
+};
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(MPI_Comm comm, int device, double timeout_seconds)
+      : device_(static_cast<c10::DeviceIndex>(device)),
+        timeout_(timeout_seconds),
+        stream_(at::cuda::getStreamFromPool(/*isHighPriority=*/true, device_)) {
+    MPI_CHECK(MPI_Comm_rank(comm, &rank_));
+    MPI_CHECK(MPI_Comm_size(comm, &world_size_));
+    ncclUniqueId id;
+    if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm));
+    c10::cuda::CUDAGuard guard(device_);
+    NCCL_CHECK(ncclCommInitRank(&comm_, world_size_, id, rank_));
+    log::info("NCCL ", nccl_version_string(), ": communicator of ", world_size_, " ranks on cuda:", device);
+    watchdog_ = std::thread([this] { watch(); });
+  }
+
+  ~NcclCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    watchdog_.join();
+    if (!failed_.load()) {
+      ncclCommDestroy(comm_);
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  std::string backend() const override { return "nccl"; }
+
+  std::unique_ptr<Work> all_reduce(torch::Tensor t, ReduceOp op) override {
+    return enqueue("all_reduce", {t}, [&](cudaStream_t s) {
+      NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), nccl_op(op), comm_, s));
+    });
+  }
+  std::unique_ptr<Work> reduce_scatter(torch::Tensor out, torch::Tensor in, ReduceOp op) override {
+    GPT2_ASSERT(in.numel() == out.numel() * world_size_, "reduce_scatter: input must be world_size x output");
+    return enqueue("reduce_scatter", {out, in}, [&](cudaStream_t s) {
+      NCCL_CHECK(ncclReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), nccl_type(in), nccl_op(op), comm_, s));
+    });
+  }
+  std::unique_ptr<Work> all_gather(torch::Tensor out, torch::Tensor in) override {
+    GPT2_ASSERT(out.numel() == in.numel() * world_size_, "all_gather: output must be world_size x input");
+    return enqueue("all_gather", {out, in}, [&](cudaStream_t s) {
+      NCCL_CHECK(ncclAllGather(in.data_ptr(), out.data_ptr(), in.numel(), nccl_type(in), comm_, s));
+    });
+  }
+  std::unique_ptr<Work> broadcast(torch::Tensor t, int root) override {
+    return enqueue("broadcast", {t}, [&](cudaStream_t s) {
+      NCCL_CHECK(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), root, comm_, s));
+    });
+  }
+  void barrier() override {
+    auto one = torch::ones({1}, torch::TensorOptions().device(torch::kCUDA, device_));
+    all_reduce(one, ReduceOp::kSum)->wait();
+    CUDA_CHECK(cudaStreamSynchronize(at::cuda::getCurrentCUDAStream(device_).stream()));
+  }
+
+ private:
+  struct Pending {
+    std::shared_ptr<at::cuda::CUDAEvent> done;
+    Clock::time_point start;
+    const char* what;
+  };
+
+  template <typename Launch>
+  std::unique_ptr<Work> enqueue(const char* what, std::initializer_list<torch::Tensor> tensors, Launch launch) {
+    if (failed_.load()) throw Error(std::string("NCCL ") + what + ": communicator was aborted");
+    for (const auto& t : tensors) {
+      if (!t.is_cuda() || !t.is_contiguous()) throw Error(std::string("NCCL ") + what + ": needs contiguous CUDA tensors");
+    }
+    c10::cuda::CUDAGuard guard(device_);
+    // The collective must see everything the caller's stream wrote into its inputs.
+    at::cuda::CUDAEvent ready;
+    ready.record(at::cuda::getCurrentCUDAStream(device_));
+    ready.block(stream_);
+    // The allocator must not hand these blocks out again until the comm stream is done with them.
+    for (const auto& t : tensors) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
+    launch(stream_.stream());
+    auto done = std::make_shared<at::cuda::CUDAEvent>();
+    done->record(stream_);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      pending_.push_back({done, Clock::now(), what});
+    }
+    return std::make_unique<NcclWork>(done, &failed_);
+  }
+
+  // Watchdog: every 100 ms, retire finished collectives, check NCCL's async error and the oldest
+  // collective's age. On failure: abort the communicator, log, and end the process (mpirun then
+  // ends the other ranks).
+  void watch() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      wake_.wait_for(lock, std::chrono::milliseconds(100));
+      while (!pending_.empty() && pending_.front().done->query()) pending_.pop_front();
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      std::string problem;
+      if (async != ncclSuccess && async != ncclInProgress) {
+        problem = std::string("NCCL asynchronous error: ") + ncclGetErrorString(async);
+      } else if (!pending_.empty()) {
+        const double age = std::chrono::duration<double>(Clock::now() - pending_.front().start).count();
+        if (age > timeout_) {
+          problem = std::string("NCCL ") + pending_.front().what + " did not finish within " +
+                    std::to_string(static_cast<int>(timeout_)) + " s (parallel.timeout_s): a peer rank died or hangs";
+        }
+      }
+      if (!problem.empty()) {
+        failed_.store(true);
+        log::error(problem, "; aborting the communicator and this rank");
+        ncclCommAbort(comm_);
+        log::flush();
+        std::_Exit(1);
+      }
+    }
+  }
+
+  c10::DeviceIndex device_;
+  double timeout_;
+  at::cuda::CUDAStream stream_;
+  ncclComm_t comm_ = nullptr;
+  int rank_ = 0;
+  int world_size_ = 1;
+  std::atomic<bool> failed_{false};
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::deque<Pending> pending_;
+  std::thread watchdog_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, int device, double timeout_seconds) {
+  return std::make_unique<NcclCommunicator>(comm, device, timeout_seconds);
+}
+
+}  // namespace gpt2::parallel
+#endif  // GPT2_WITH_NCCL

@@ -1,0 +1,105 @@
+// AdamW, the LR schedule and clipping against hand-computed float64 references.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "optim/adamw.h"
+#include "optim/grad_clip.h"
+#include "optim/lr_schedule.h"
+
+namespace gpt2::optim {
+namespace {
+
+// Decoupled AdamW written out element by element in double (Loshchilov & Hutter, Algorithm 2).
+struct ReferenceAdamW {
+  std::vector<double> p, m, v;
+  double b1, b2, eps, wd;
+  int t = 0;
+  void step(const std::vector<double>& g, double lr) {
+    ++t;
+    for (size_t i = 0; i < p.size(); ++i) {
+      m[i] = b1 * m[i] + (1 - b1) * g[i];
+      v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+      const double mhat = m[i] / (1 - std::pow(b1, t));
+      const double vhat = v[i] / (1 - std::pow(b2, t));
+      p[i] -= lr * wd * p[i];
+      p[i] -= lr * mhat / (std::sqrt(vhat) + eps);
+    }
+  }
+};
+
+TEST(AdamW, MatchesFloat64ReferenceOverSteps) {
+  torch::manual_seed(0);
+  auto w = torch::randn({4, 5}, torch::kFloat64).set_requires_grad(true);  // decayed
+  auto b = torch::randn({5}, torch::kFloat64).set_requires_grad(true);     // not decayed
+  auto groups = decay_groups({w, b}, 0.1);
+  ASSERT_EQ(groups[0].params.size(), 1u);
+  ASSERT_EQ(groups[1].params.size(), 1u);
+  AdamW opt(groups, {0.9, 0.95, 1e-8});
+  auto to_vec = [](const torch::Tensor& t) {
+    auto c = t.detach().contiguous();
+    return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+  };
+  ReferenceAdamW rw{to_vec(w), std::vector<double>(20), std::vector<double>(20), 0.9, 0.95, 1e-8, 0.1};
+  ReferenceAdamW rb{to_vec(b), std::vector<double>(5), std::vector<double>(5), 0.9, 0.95, 1e-8, 0.0};
+  for (int s = 0; s < 5; ++s) {
+    const double lr = 1e-2 * (s + 1);
+    auto gw = torch::randn({4, 5}, torch::kFloat64), gb = torch::randn({5}, torch::kFloat64);
+    w.mutable_grad() = gw.clone();
+    b.mutable_grad() = gb.clone();
+    opt.step(lr);
+    rw.step(to_vec(gw), lr);
+    rb.step(to_vec(gb), lr);
+  }
+  auto pw = to_vec(w), pb = to_vec(b);
+  for (size_t i = 0; i < pw.size(); ++i) EXPECT_NEAR(pw[i], rw.p[i], 1e-12) << i;
+  for (size_t i = 0; i < pb.size(); ++i) EXPECT_NEAR(pb[i], rb.p[i], 1e-12) << i;
+  EXPECT_EQ(opt.steps_taken(), 5);
+  // Two moments of 25 doubles plus two fp32 step counters.
+  EXPECT_EQ(opt.state_bytes(), 2 * 25 * 8 + 2 * 4);
+}
+
+TEST(AdamW, ZeroGradKeepsStorage) {
+  auto w = torch::ones({3}).set_requires_grad(true);
+  w.mutable_grad() = torch::full({3}, 2.0);
+  const void* storage = w.grad().data_ptr();
+  AdamW opt(decay_groups({w}, 0.0), {});
+  opt.zero_grad();
+  EXPECT_EQ(w.grad().data_ptr(), storage);
+  EXPECT_EQ(w.grad().abs().sum().item<float>(), 0.0f);
+}
+
+TEST(WarmupCosine, HandComputedValues) {
+  WarmupCosine s{1.0, 0.1, 10, 110};
+  EXPECT_DOUBLE_EQ(s.at(0), 0.1);     // (0 + 1) / 10
+  EXPECT_DOUBLE_EQ(s.at(9), 1.0);     // end of warmup
+  EXPECT_DOUBLE_EQ(s.at(10), 1.0);    // cosine starts at the peak
+  EXPECT_NEAR(s.at(60), 0.55, 1e-12); // half way: min + (max - min) / 2
+  EXPECT_NEAR(s.at(35), 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 0.25)), 1e-12);
+  EXPECT_DOUBLE_EQ(s.at(110), 0.1);
+  EXPECT_DOUBLE_EQ(s.at(500), 0.1);
+  WarmupCosine no_warmup{1.0, 0.0, 0, 4};
+  EXPECT_DOUBLE_EQ(no_warmup.at(0), 1.0);
+  EXPECT_NEAR(no_warmup.at(2), 0.5, 1e-12);
+}
+
+TEST(GradClip, NormAndScaling) {
+  auto a = torch::zeros({2}, torch::kFloat64).set_requires_grad(true);
+  auto b = torch::zeros({1}, torch::kFloat64).set_requires_grad(true);
+  auto c = torch::zeros({1}, torch::kFloat64).set_requires_grad(true);  // no grad: counts as 0
+  a.mutable_grad() = torch::tensor({3.0, 0.0}, torch::kFloat64);
+  b.mutable_grad() = torch::tensor({4.0}, torch::kFloat64);
+  auto norm = clip_grad_norm({a, b, c}, 1.0);
+  EXPECT_NEAR(norm.item<double>(), 5.0, 1e-6);
+  EXPECT_NEAR(a.grad()[0].item<double>(), 3.0 / (5.0 + 1e-6), 1e-9);
+  EXPECT_NEAR(b.grad()[0].item<double>(), 4.0 / (5.0 + 1e-6), 1e-9);
+  EXPECT_NEAR(global_grad_norm({a, b}).item<double>(), 1.0, 1e-6);
+  // Below the threshold nothing changes.
+  auto before = a.grad().clone();
+  clip_grad_norm({a, b}, 10.0);
+  EXPECT_TRUE(torch::equal(before, a.grad()));
+}
+
+}  // namespace
+}  // namespace gpt2::optim
