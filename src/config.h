@@ -1,0 +1,104 @@
+#pragma once
+// The run configuration: one struct of nested sections, read from an INI file whose
+// `[section] key = value` lines become options `section.key`, overridable on the command line as
+// `--section.key=value`. parse_config() validates everything in one place and throws
+// gpt2::UserError naming the key for unknown keys, bad values and inconsistent combinations.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/model_config.h"
+
+namespace gpt2 {
+
+struct DataConfig {
+  std::string train;                           // token file(s): path, comma list or glob
+  std::string val;                             // may be empty: no eval
+  std::string tokenizer_dir = "data/tokenizer/gpt2";  // for samples
+};
+
+struct TrainConfig {
+  int64_t micro_batch = 8;        // sequences per rank per micro-step
+  int64_t seq_len = 1024;         // tokens per sequence (<= model.block_size)
+  int64_t batch_tokens = 524288;  // tokens per optimizer step over all ranks (2^19, GPT-2 paper's 0.5M)
+  int64_t max_steps = 1000;
+  double lr = 6e-4;               // peak learning rate after warmup
+  double min_lr = 6e-5;           // cosine floor (10% of lr, as in the GPT-3 paper)
+  int64_t warmup_steps = 100;
+  double weight_decay = 0.1;      // 2-D weights only (matmuls, embeddings)
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;         // global L2 norm; 0 = off
+  uint64_t seed = 1337;
+  int64_t eval_every = 250;       // 0 = only at the end
+  int64_t eval_steps = 20;        // val micro-batches per eval
+  int64_t sample_every = 0;       // 0 = only at the end
+  int64_t sample_tokens = 64;     // tokens per sample
+  std::string device = "auto";    // auto | cpu | cuda
+};
+
+struct PrecisionConfig {
+  std::string dtype = "bf16";     // bf16 | fp16 | fp32 (bf16/fp16 fall back to fp32 on CPU, with a warning)
+};
+
+struct ParallelConfig {
+  double bucket_mb = 25;          // gradient bucket size (PyTorch DDP's default)
+  int64_t zero_stage = 0;         // 0 | 1 | 2
+  std::string offload = "none";   // none | optimizer
+};
+
+struct MemoryConfig {
+  std::string activation_checkpointing = "none";  // none | full | every_k=K
+};
+
+struct CheckpointConfig {
+  std::string dir = "runs/checkpoints";
+  int64_t every = 0;              // steps between saves; 0 = off
+  int64_t keep = 3;
+  std::string resume = "auto";    // auto | none | PATH
+};
+
+struct LogConfig {
+  std::string metrics = "runs/metrics.jsonl";  // one JSON object per logged step; empty = none
+  int64_t every = 10;             // steps between metric lines
+  double peak_tflops = 0;         // MFU denominator; 0 = 989 on CUDA (H100/H200 dense bf16), none on CPU
+};
+
+struct ProfileConfig {
+  int64_t steps = 0;              // >0: trace this many steps
+  std::string dir = "runs/profile";
+};
+
+struct Config {
+  GPT2Config model;
+  DataConfig data;
+  TrainConfig train;
+  PrecisionConfig precision;
+  ParallelConfig parallel;
+  MemoryConfig memory;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+  ProfileConfig profile;
+  std::string config_file;        // where it came from ("" = defaults + command line)
+
+  // Checks everything that does not depend on the world size.
+  void validate() const;
+  // Gradient-accumulation micro-steps per optimizer step for `world_size` ranks; throws
+  // gpt2::UserError naming train.batch_tokens when it does not divide.
+  int64_t grad_accum_steps(int world_size) const;
+  // The resolved settings as `section.key = value` lines, for the start-of-run table.
+  std::vector<std::pair<std::string, std::string>> table() const;
+};
+
+// What parse_config() found on the command line besides the options.
+struct ParseResult {
+  Config config;
+  bool help = false;
+  std::string help_text;
+};
+
+// Parses `--config FILE` and `--section.key=value` overrides (command line wins over the file).
+ParseResult parse_config(int argc, const char* const argv[]);
+
+}  // namespace gpt2

@@ -1,0 +1,303 @@
+// The training loop, top to bottom. Phases say which ranks take part.
+//
+// Note [Collective order]: every rank runs the same sequence of collectives (gradient reduction,
+// loss and norm reductions, eval reductions) in the same order, so no rank can wait on a peer that
+// took another branch. Branches that only rank 0 takes (logging, samples, metrics file) contain no
+// collectives.
+//
+// Note [Batch layout]: optimizer step s reads global samples [s·G, (s+1)·G), G = global batch in
+// sequences, numbered micro-step-major, then rank, then row (data/batch_sampler.h). N ranks with
+// A micro-steps therefore see exactly what one rank with N·A micro-steps sees.
+#include "src/trainer.h"
+
+#include <torch/torch.h>
+#include <ATen/autocast_mode.h>
+
+#include <chrono>
+#include <cmath>
+#include <optional>
+
+#include "data/batch_sampler.h"
+#include "data/bpe_tokenizer.h"
+#include "data/token_file.h"
+#include "data/unicode_tables.h"
+#include "optim/adamw.h"
+#include "optim/grad_clip.h"
+#include "optim/lr_schedule.h"
+#include "src/base/errors.h"
+#include "src/base/log.h"
+#include "src/generate.h"
+#include "src/metrics.h"
+
+namespace gpt2 {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+torch::Device pick_device(const std::string& want, int local_rank) {
+  const bool have_cuda = torch::cuda::is_available();
+  if (want == "cuda" && !have_cuda) throw UserError("train.device = cuda: no CUDA device is visible");
+  if (want == "cpu" || !have_cuda) return torch::Device(torch::kCPU);
+  const int count = static_cast<int>(torch::cuda::device_count());
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % count));
+}
+
+// bf16 autocast for the forward pass on CUDA (parameters stay fp32 masters); a no-op elsewhere.
+class AutocastScope {
+ public:
+  AutocastScope(bool enabled, at::ScalarType dtype) : enabled_(enabled) {
+    if (!enabled_) return;
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastScope() {
+    if (!enabled_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+  }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  bool enabled_;
+};
+
+// Reads rows of seq_len + 1 tokens from a token file into (inputs, targets) on the device.
+class BatchReader {
+ public:
+  BatchReader(const data::TokenFile& file, int64_t rows, int64_t seq_len, int64_t vocab_size,
+              torch::Device device)
+      : file_(file), rows_(rows), seq_len_(seq_len), vocab_size_(vocab_size), device_(device),
+        host_(torch::empty({rows, seq_len + 1}, torch::kInt64)) {}
+
+  // `start_of_row(i)` gives the first token of row i.
+  template <typename StartOf>
+  std::pair<torch::Tensor, torch::Tensor> read(StartOf start_of_row) {
+    int64_t* buf = host_.data_ptr<int64_t>();
+    for (int64_t i = 0; i < rows_; ++i) {
+      const int64_t start = start_of_row(i);
+      int64_t* row = buf + i * (seq_len_ + 1);
+      file_.read(start, seq_len_ + 1, row);
+      for (int64_t j = 0; j <= seq_len_; ++j) {
+        if (row[j] < 0 || row[j] >= vocab_size_) {
+          throw UserError(file_.info().path + ": token id " + std::to_string(row[j]) + " at position " +
+                          std::to_string(start + j) + " is outside model.vocab_size = " +
+                          std::to_string(vocab_size_));
+        }
+      }
+    }
+    auto x = host_.narrow(1, 0, seq_len_).to(device_);  // (B, T)
+    auto y = host_.narrow(1, 1, seq_len_).to(device_);  // (B, T)
+    return {x, y};
+  }
+
+ private:
+  const data::TokenFile& file_;
+  int64_t rows_, seq_len_, vocab_size_;
+  torch::Device device_;
+  torch::Tensor host_;
+};
+
+std::string format_duration(double seconds) {
+  const auto s = static_cast<int64_t>(std::max(0.0, seconds));
+  if (s >= 3600) return log::format("%lldh%02lldm", (long long)(s / 3600), (long long)(s % 3600 / 60));
+  if (s >= 60) return log::format("%lldm%02llds", (long long)(s / 60), (long long)(s % 60));
+  return log::format("%llds", (long long)s);
+}
+
+void log_settings(const Config& cfg, const parallel::RankEnv& env, torch::Device device,
+                  int64_t accum, int64_t num_params) {
+  log::info("gpt2-train: ", env.world_size(), " rank(s), device ", device.str(), ", ",
+            num_params, " parameters (", num_params / 1e6, "M with vocab padding)");
+  for (const auto& [key, value] : cfg.table()) log::info(log::format("  %-34s %s", key.c_str(), value.c_str()));
+  log::info(log::format("  %-34s %lld", "(derived) grad_accum_steps", (long long)accum));
+}
+
+}  // namespace
+
+TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
+  const int rank = env.rank(), world = env.world_size();
+  const auto& tc = cfg.train;
+
+  // ---- set-up (all ranks) -------------------------------------------------------------------
+  const torch::Device device = pick_device(tc.device, env.local_rank());
+  const int cuda_index = device.is_cuda() ? device.index() : -1;
+  if (device.is_cuda()) torch::cuda::manual_seed_all(tc.seed);
+  bool autocast = false;
+  at::ScalarType autocast_dtype = at::kBFloat16;
+  if (cfg.precision.dtype != "fp32") {
+    if (device.is_cuda()) {
+      autocast = true;
+      autocast_dtype = cfg.precision.dtype == "bf16" ? at::kBFloat16 : at::kHalf;
+    } else {
+      log::warn("precision.dtype = ", cfg.precision.dtype, " runs as fp32 on CPU");
+    }
+  }
+  const int64_t accum = cfg.grad_accum_steps(world);
+  const int64_t mb = tc.micro_batch, T = tc.seq_len;
+
+  // Same seed on every rank: identical initial weights without a broadcast.
+  GPT2 model(cfg.model);
+  model->init_weights(tc.seed);
+  model->to(device);
+  const int64_t num_params = model->num_parameters(/*count_padding=*/true);
+  log_settings(cfg, env, device, accum, num_params);
+
+  std::vector<torch::Tensor> params = model->parameters();
+  optim::AdamW optimizer(optim::decay_groups(params, tc.weight_decay), {tc.beta1, tc.beta2, tc.eps});
+  const optim::WarmupCosine schedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps};
+
+  const auto train_file = data::TokenFile::open(cfg.data.train, cfg.model.vocab_size);
+  const data::BatchSampler sampler(train_file.size(), T, tc.seed);
+  BatchReader train_reader(train_file, mb, T, cfg.model.vocab_size, device);
+  std::optional<data::TokenFile> val_file;
+  std::optional<BatchReader> val_reader;
+  if (!cfg.data.val.empty()) {
+    val_file.emplace(data::TokenFile::open(cfg.data.val, cfg.model.vocab_size));
+    val_reader.emplace(*val_file, mb, T, cfg.model.vocab_size, device);
+  }
+  log::info("data: train ", cfg.data.train, " (", train_file.size(), " tokens, ", sampler.num_windows(),
+            " windows/epoch)", val_file ? ", val " + cfg.data.val + " (" + std::to_string(val_file->size()) + " tokens)" : "");
+
+  std::optional<data::Gpt2Tokenizer> tokenizer;
+  if (env.is_main() && tc.sample_tokens > 0) tokenizer.emplace(data::Gpt2Tokenizer::load(cfg.data.tokenizer_dir));
+  MetricsWriter metrics = env.is_main() && !cfg.log.metrics.empty() ? MetricsWriter(cfg.log.metrics) : MetricsWriter();
+  const double peak_flops =
+      cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops * 1e12 : (device.is_cuda() ? 989e12 : 0.0);
+  const double flops_tok = flops_per_token(cfg.model, num_params, T);
+  const int64_t tokens_per_step = tc.batch_tokens;
+
+  // Mean val loss over eval_steps micro-batches of every rank (all ranks; one reduction).
+  auto evaluate = [&]() -> double {
+    torch::NoGradGuard no_grad;
+    model->eval();
+    const int64_t val_windows = (val_file->size() - 1) / T;
+    auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
+    for (int64_t e = 0; e < tc.eval_steps; ++e) {
+      auto [x, y] = val_reader->read([&](int64_t row) {
+        const int64_t g = data::global_sample_index(0, e, rank, row, mb, world, tc.eval_steps);
+        return (g % val_windows) * T;  // sequential windows, the same every eval
+      });
+      AutocastScope cast(autocast, autocast_dtype);
+      loss_sum += model->loss(x, y).to(torch::kFloat64);
+    }
+    model->train();
+    return env.all_reduce_sum(loss_sum.item<double>() / tc.eval_steps) / world;
+  };
+
+  auto sample = [&](int64_t step) {
+    const auto ids = sample_tokens(model, {tokenizer->eot_token()}, tc.sample_tokens, 1.0, 200, tc.seed + step);
+    std::vector<int32_t> as32(ids.begin() + 1, ids.end());
+    log::info("sample at step ", step, ":\n", data::unicode::to_valid_utf8(tokenizer->decode(as32)));
+  };
+
+  TrainResult result;
+  auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  torch::Tensor grad_norm;
+  auto window_start = Clock::now();
+  const auto run_start = Clock::now();
+  int64_t window_steps = 0;
+  double timed_seconds = 0;
+  int64_t timed_steps = 0;
+  reset_peak_memory(cuda_index);
+
+  for (int64_t step = 0; step < tc.max_steps; ++step) {
+    const bool last_step = step == tc.max_steps - 1;
+
+    // ---- eval (all ranks: one reduction) ------------------------------------------------------
+    const auto pause_start = Clock::now();  // eval and sample time stays out of the step timing
+    if (val_reader && ((tc.eval_every > 0 && step % tc.eval_every == 0) || last_step)) {
+      const double val_loss = evaluate();
+      result.val_losses.emplace_back(step, val_loss);
+      log::info(log::format("step %lld/%lld | val loss %.4f", (long long)step, (long long)tc.max_steps, val_loss));
+      metrics.write({{"step", std::to_string(step)}, {"val_loss", json_number(val_loss)}});
+    }
+
+    // ---- sample (rank 0 only; no collectives) -------------------------------------------------
+    if (tokenizer && tc.sample_every > 0 && step > 0 && step % tc.sample_every == 0) sample(step);
+    window_start += Clock::now() - pause_start;
+
+    // ---- micro-steps: forward + backward (all ranks) -------------------------------------------
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      auto [x, y] = train_reader.read([&](int64_t row) {
+        return sampler.window_start(data::global_sample_index(step, micro, rank, row, mb, world, accum));
+      });
+      torch::Tensor loss;
+      {
+        AutocastScope cast(autocast, autocast_dtype);
+        loss = model->loss(x, y);  // (,) fp32, mean over this micro-batch
+      }
+      // Scale so the accumulated gradient is the mean over the global batch.
+      (loss / static_cast<double>(accum * world)).backward();
+      loss_sum += loss.detach();
+    }
+
+    // ---- gradient reduction (all ranks) -------------------------------------------------------
+    // One rank: nothing to reduce. Data parallelism adds the bucketed all-reduce here.
+
+    // ---- clip and step (all ranks) ------------------------------------------------------------
+    grad_norm = optim::clip_grad_norm(params, tc.grad_clip);
+    const double lr = schedule.at(step);
+    optimizer.step(lr);
+    optimizer.zero_grad();
+
+    // ---- log (reduction on all ranks, printing on rank 0) --------------------------------------
+    ++window_steps;
+    const bool log_now = step % cfg.log.every == 0 || last_step;
+    if (log_now) {
+      // The only host synchronisation of a step: reading the loss and norm back.
+      const double local_loss = loss_sum.item<double>() / static_cast<double>(accum);
+      const double step_loss = env.all_reduce_sum(local_loss) / world;
+      const double norm = grad_norm.item<double>();
+      if (device.is_cuda()) torch::cuda::synchronize(cuda_index);
+      const double elapsed = seconds_since(window_start);
+      const double ms_per_step = 1000.0 * elapsed / static_cast<double>(window_steps);
+      const double tok_per_sec = static_cast<double>(tokens_per_step) * window_steps / elapsed;
+      const double mfu = peak_flops > 0 ? tok_per_sec * flops_tok / (peak_flops * world) : 0.0;
+      const double mem = peak_memory_gib(cuda_index);
+      if (step > 0) {  // step 0 carries one-time warm-up
+        timed_seconds += elapsed;
+        timed_steps += window_steps;
+      }
+      const double eta = seconds_since(run_start) / static_cast<double>(step + 1) * (tc.max_steps - step - 1);
+      log::info(log::format("step %lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | mfu %.1f%% | mem %.2f GiB | eta %s",
+                            (long long)step, (long long)tc.max_steps, step_loss, lr, norm, ms_per_step,
+                            tok_per_sec, 100.0 * mfu, mem, format_duration(eta).c_str()));
+      metrics.write({{"step", std::to_string(step)},
+                     {"loss", json_number(step_loss)},
+                     {"lr", json_number(lr)},
+                     {"grad_norm", json_number(norm)},
+                     {"tokens_per_sec", json_number(tok_per_sec)},
+                     {"ms_per_step", json_number(ms_per_step)},
+                     {"mfu", json_number(mfu)},
+                     {"peak_mem_gib", json_number(mem)},
+                     {"tokens", std::to_string((step + 1) * tokens_per_step)}});
+      if (!std::isfinite(step_loss)) throw Error("training loss is not finite at step " + std::to_string(step));
+      result.losses.resize(step + 1, std::nan(""));
+      result.losses[step] = step_loss;
+      window_start = Clock::now();
+      window_steps = 0;
+    }
+    loss_sum.zero_();
+  }
+
+  // ---- summary (rank 0 prints) ------------------------------------------------------------------
+  result.tokens_per_sec = timed_steps > 0 ? static_cast<double>(tokens_per_step) * timed_steps / timed_seconds : 0.0;
+  result.peak_mem_gib = peak_memory_gib(cuda_index);
+  if (tokenizer) sample(tc.max_steps);
+  const std::string val_text =
+      result.val_losses.empty() ? "" : log::format(" | val loss %.4f -> %.4f", result.val_losses.front().second,
+                                                   result.val_losses.back().second);
+  log::info(log::format("done: %lld steps in %s | %.0f tok/s | peak mem %.2f GiB", (long long)tc.max_steps,
+                        format_duration(seconds_since(run_start)).c_str(), result.tokens_per_sec,
+                        result.peak_mem_gib) + val_text);
+  result.model = model;
+  return result;
+}
+
+}  // namespace gpt2

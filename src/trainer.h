@@ -1,0 +1,24 @@
+#pragma once
+// The training job: builds the model, data and optimizer from a Config, runs the loop (eval,
+// sample, micro-steps, clip, step, log) and returns what it measured. Every rank calls train();
+// collectives inside happen in the same order on all ranks (Note [Collective order] in trainer.cpp).
+#include <cstdint>
+#include <vector>
+
+#include "parallel/rank_env.h"
+#include "src/config.h"
+#include "src/gpt2_model.h"
+
+namespace gpt2 {
+
+struct TrainResult {
+  std::vector<double> losses;      // training loss of every step (mean over the global batch)
+  std::vector<std::pair<int64_t, double>> val_losses;  // (step, val loss) of every eval
+  double tokens_per_sec = 0;       // over the steps after the first (which includes warm-up)
+  double peak_mem_gib = 0;
+  GPT2 model{nullptr};             // the trained model (on the training device)
+};
+
+TrainResult train(const Config& cfg, const parallel::RankEnv& env);
+
+}  // namespace gpt2

@@ -1,0 +1,98 @@
+"""gpt2-train end to end on CPU: a learnable token stream written independently with h5py, the
+loss must fall, metrics.jsonl must carry DESIGN.md's fields, and bad input must exit 2 naming the
+key or file. Run by CTest (env GPT2_BIN_DIR, GPT2_SOURCE_DIR)."""
+import json, os, subprocess, sys, tempfile
+import h5py, numpy as np
+
+BIN = os.path.join(os.environ.get("GPT2_BIN_DIR", "build/bin"), "gpt2-train")
+SRC = os.environ.get("GPT2_SOURCE_DIR", ".")
+failures = []
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond: failures.append(what)
+
+def token_file(path, tokens, vocab=50257, fmt="gpt2-tokens"):
+    with h5py.File(path, "w") as f:
+        f.create_dataset("tokens", data=np.asarray(tokens, dtype=np.uint16))  # contiguous, no filters
+        f.attrs["format"] = fmt; f.attrs["format_version"] = 1
+        f.attrs["vocab_size"] = vocab; f.attrs["eot_token"] = 50256; f.attrs["tokenizer"] = "gpt2"
+
+def override(args, extra):
+    """args with each --key=value of extra replacing the same key (options may appear only once)."""
+    keys = {e.split("=")[0] for e in extra}
+    return [a for a in args if a.split("=")[0] not in keys] + extra
+
+def run(args, timeout=600):
+    p = subprocess.run([BIN] + args, capture_output=True, text=True, errors="replace", timeout=timeout, cwd=SRC)
+    return p.returncode, p.stdout + p.stderr
+
+with tempfile.TemporaryDirectory() as d:
+    rng = np.random.default_rng(0)
+    # A stream with structure: repeated random "sentences" over 200 ids; easily learnable.
+    sentences = [rng.integers(0, 200, size=rng.integers(5, 12)) for _ in range(40)]
+    def stream(n):
+        out = []
+        while len(out) < n:
+            out.extend(sentences[rng.integers(0, len(sentences))]); out.append(50256)
+        return out[:n]
+    train, val = os.path.join(d, "train.h5"), os.path.join(d, "val.h5")
+    token_file(train, stream(60000)); token_file(val, stream(8000))
+    metrics = os.path.join(d, "m.jsonl")
+    base = ["--model.n_layer=2", "--model.n_head=2", "--model.n_embd=64", "--model.block_size=64",
+            f"--data.train={train}", f"--data.val={val}", "--train.micro_batch=8", "--train.seq_len=32",
+            "--train.batch_tokens=512", "--train.lr=3e-3", "--train.min_lr=3e-4", "--train.warmup_steps=5",
+            "--train.eval_every=40", "--train.eval_steps=4", "--train.sample_tokens=8", "--train.device=cpu",
+            "--precision.dtype=fp32", "--log.every=10", f"--log.metrics={metrics}"]
+
+    rc, out = run(base + ["--train.max_steps=120"])
+    check(rc == 0, f"tiny training exits 0 (rc={rc})")
+    if rc != 0: print(out[-3000:])
+    lines = [json.loads(l) for l in open(metrics)] if os.path.exists(metrics) else []
+    steps = [l for l in lines if "loss" in l]
+    evals = [l for l in lines if "val_loss" in l]
+    need = {"step", "loss", "lr", "grad_norm", "tokens_per_sec", "ms_per_step", "mfu", "peak_mem_gib"}
+    check(len(steps) >= 12 and all(need <= set(l) for l in steps), f"metrics lines carry {sorted(need)}")
+    check(len(evals) == 4 and evals[-1]["step"] == 119, f"val_loss at steps 0,40,80,119: {[e['step'] for e in evals]}")
+    if steps and evals:
+        check(abs(steps[0]["loss"] - np.log(50257)) < 0.3, f"initial loss {steps[0]['loss']:.3f} ~ ln(50257)")
+        check(evals[-1]["val_loss"] < evals[0]["val_loss"] - 5.0,
+              f"val loss falls by > 5 nats: {evals[0]['val_loss']:.3f} -> {evals[-1]['val_loss']:.3f}")
+        check(steps[-1]["tokens_per_sec"] > 0 and steps[-1]["peak_mem_gib"] > 0, "speed and memory reported")
+    check("sample at step 120" in out, "a sample is printed at the end")
+    check("train.batch_tokens" in out and "[rank 0/1]" in out, "settings table and rank prefix in the log")
+
+    # Same run twice gives the same losses (seeded init and data order).
+    m2 = os.path.join(d, "m2.jsonl")
+    rc2, _ = run(override(base, [f"--log.metrics={m2}", "--train.max_steps=20"]))
+    m3 = os.path.join(d, "m3.jsonl")
+    rc3, _ = run(override(base, [f"--log.metrics={m3}", "--train.max_steps=20"]))
+    l2 = [l.get("loss") for l in map(json.loads, open(m2))] if rc2 == 0 else [1]
+    l3 = [l.get("loss") for l in map(json.loads, open(m3))] if rc3 == 0 else [2]
+    check(l2 == l3, "two runs with one seed log identical losses")
+
+    # Bad input: exit code 2 and a message naming the key or file.
+    cases = [
+        (base + ["--train.nope=1"], "train.nope"),
+        (base + ["--train.lr=abc"], "train.lr"),
+        (base + ["--model.n_embd=65"], "model.n_embd"),
+        (base + ["--train.batch_tokens=500"], "train.batch_tokens"),
+        (override(base, ["--data.train=/nonexistent/train.h5"]), "/nonexistent/train.h5"),
+        (base + ["--config", "/nonexistent/cfg.ini"], "/nonexistent/cfg.ini"),
+    ]
+    bad_ids = os.path.join(d, "bad_ids.h5")
+    token_file(bad_ids, [1, 2, 3] * 100 + [600] + [4] * 100)
+    cases.append((override(base, [f"--data.train={bad_ids}", "--model.vocab_size=512"]), "bad_ids.h5"))
+    wrong_fmt = os.path.join(d, "wrong_fmt.h5")
+    token_file(wrong_fmt, [1] * 1000, fmt="something-else")
+    cases.append((override(base, [f"--data.train={wrong_fmt}"]), "wrong_fmt.h5"))
+    not_h5 = os.path.join(d, "not_h5.h5")
+    open(not_h5, "w").write("hello")
+    cases.append((override(base, [f"--data.train={not_h5}"]), "not_h5.h5"))
+    for args, needle in cases:
+        rc, out = run(override(args, ["--train.max_steps=50"]), timeout=300)
+        check(rc == 2 and needle in out, f"exit 2 naming {needle!r} (rc={rc})")
+        if not (rc == 2 and needle in out): print(out[-1500:])
+
+print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failure(s)")
+sys.exit(1 if failures else 0)

@@ -1,0 +1,98 @@
+// Config parsing: INI + overrides, and errors that name the key.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "src/base/errors.h"
+#include "src/config.h"
+
+namespace gpt2 {
+namespace {
+
+std::string write_ini(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+ParseResult parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "gpt2-train");
+  std::vector<const char*> argv;
+  for (auto& a : args) argv.push_back(a.c_str());
+  return parse_config(static_cast<int>(argv.size()), argv.data());
+}
+
+// The error message of parse(args); fails the test when it parses.
+std::string error_of(std::vector<std::string> args) {
+  try {
+    parse(std::move(args));
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a UserError";
+  return "";
+}
+
+const char* kIni =
+    "# comment\n[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nblock_size = 64\n"
+    "[data]\ntrain = a.h5\n[train]\nmicro_batch = 4\nseq_len = 16\nbatch_tokens = 128\nlr = 1e-3\nmin_lr = 1e-4\n";
+
+TEST(Config, ReadsIniAndCommandLineWins) {
+  const auto ini = write_ini("ok.ini", kIni);
+  auto r = parse({"--config", ini, "--train.lr=2e-3", "--model.n_layer=3"});
+  EXPECT_EQ(r.config.model.n_layer, 3);        // command line over file
+  EXPECT_EQ(r.config.model.n_embd, 32);        // file over default
+  EXPECT_EQ(r.config.model.vocab_size, 50257); // default
+  EXPECT_DOUBLE_EQ(r.config.train.lr, 2e-3);
+  EXPECT_EQ(r.config.data.train, "a.h5");
+  EXPECT_EQ(r.config.grad_accum_steps(1), 2);  // 128 / (4 * 16)
+  EXPECT_EQ(r.config.grad_accum_steps(2), 1);
+}
+
+TEST(Config, HelpListsKeysWithDefaults) {
+  auto r = parse({"--help"});
+  EXPECT_TRUE(r.help);
+  EXPECT_NE(r.help_text.find("train.batch_tokens"), std::string::npos);
+  EXPECT_NE(r.help_text.find("524288"), std::string::npos);
+}
+
+TEST(Config, ErrorsNameTheKey) {
+  const auto ini = write_ini("base.ini", kIni);
+  EXPECT_NE(error_of({"--config", ini, "--train.nope=1"}).find("train.nope"), std::string::npos);
+  EXPECT_NE(error_of({"--config", write_ini("unk.ini", std::string(kIni) + "[train]\nfoo = 1\n")}).find("train.foo"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--config", ini, "--train.lr=fast"}).find("train.lr"), std::string::npos);
+  EXPECT_NE(error_of({"--config", ini, "--model.n_embd=33"}).find("model.n_embd"), std::string::npos);
+  EXPECT_NE(error_of({"--config", ini, "--train.seq_len=65"}).find("train.seq_len"), std::string::npos);
+  EXPECT_NE(error_of({"--config", ini, "--train.batch_tokens=100"}).find("train.batch_tokens"), std::string::npos);
+  EXPECT_NE(error_of({"--config", ini, "--precision.dtype=fp8"}).find("precision.dtype"), std::string::npos);
+  EXPECT_NE(error_of({"--config", ini, "--train.min_lr=1"}).find("train.min_lr"), std::string::npos);
+  EXPECT_NE(error_of({"--config", "/nonexistent/x.ini"}).find("/nonexistent/x.ini"), std::string::npos);
+  EXPECT_NE(error_of({"--model.n_layer=2"}).find("data.train"), std::string::npos);
+  EXPECT_NE(error_of({"--config", ini, "stray"}).find("stray"), std::string::npos);
+}
+
+TEST(Config, BatchThatDoesNotDivideAcrossRanksNamesTheKey) {
+  auto r = parse({"--config", write_ini("div.ini", kIni)});
+  try {
+    r.config.grad_accum_steps(3);
+    FAIL() << "expected a UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("train.batch_tokens"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("x 3"), std::string::npos);
+  }
+}
+
+TEST(Config, TableShowsResolvedValues) {
+  auto r = parse({"--config", write_ini("t.ini", kIni), "--train.seed=7"});
+  bool found = false;
+  for (const auto& [k, v] : r.config.table())
+    if (k == "train.seed") found = v == "7";
+  EXPECT_TRUE(found);
+}
+
+}  // namespace
+}  // namespace gpt2
