@@ -7,7 +7,7 @@ set -uo pipefail
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
 steps="${STEPS:-50}"
 t0=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPT2_BUILD_TESTS=OFF >"$out/configure.log" 2>&1 \
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPT2_PYTHON=$(command -v python3) >"$out/configure.log" 2>&1 \
   || { tail -40 "$out/configure.log"; exit 1; }
 grep -E "gpt2-dist:|LibTorch" "$out/configure.log"
 cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; }
@@ -24,7 +24,7 @@ for name, n in (("train", 20_000_000), ("val", 1_000_000)):
         f.attrs.update(format="gpt2-tokens", format_version=1, vocab_size=50257, eot_token=50256, tokenizer="gpt2")
 PY
 
-build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --data.train="$out/tok/train.h5" --data.val= \
+build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --data.train="$out/tok/train.h5" --data.val=none \
   --train.micro_batch=32 --train.batch_tokens=32768 --train.max_steps="$steps" --train.warmup_steps=10 \
   --train.sample_tokens=0 --log.every=10 --log.metrics="$out/metrics.jsonl" 2>&1 | tee "$out/train.log"
 python3 - "$out/metrics.jsonl" <<'PY'
@@ -39,4 +39,6 @@ PY
 peer=.device-deps/torch_peer.py
 python3 "$peer" --B 32 --steps 20 2>&1 | grep RESULT
 python3 "$peer" --B 32 --steps 20 --compile 2>&1 | grep RESULT
+# The same unit tests CI runs on CPU, here on the GPU machine's build.
+(cd build-gpu && ctest -L unit -j 8 --timeout 300 2>&1 | tail -4)
 echo "total: $(( $(date +%s) - t0 )) s"

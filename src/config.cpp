@@ -42,7 +42,7 @@ OptionList bind_options(Config& c) {
   o.add("model.vocab_size", &c.model.vocab_size, "vocabulary (padded to a multiple of 64 inside)");
   o.add("model.block_size", &c.model.block_size, "longest context");
   o.add("data.train", &c.data.train, "training token file(s): path, comma list or glob");
-  o.add("data.val", &c.data.val, "validation token file(s); empty = no eval");
+  o.add("data.val", &c.data.val, "validation token file(s); none = no eval");
   o.add("data.tokenizer_dir", &c.data.tokenizer_dir, "GPT-2 encoder.json + vocab.bpe (for samples)");
   o.add("train.micro_batch", &c.train.micro_batch, "sequences per rank per micro-step");
   o.add("train.seq_len", &c.train.seq_len, "tokens per sequence");
@@ -213,6 +213,7 @@ ParseResult parse_config(int argc, const char* const argv[]) {
   } catch (const po::error& e) {
     throw UserError(std::string("config: ") + e.what());
   }
+  if (cfg.data.val == "none") cfg.data.val.clear();
   cfg.validate();
   return result;
 }

@@ -13,7 +13,7 @@ namespace gpt2 {
 
 struct DataConfig {
   std::string train;                           // token file(s): path, comma list or glob
-  std::string val;                             // may be empty: no eval
+  std::string val;                             // "" or "none": no eval
   std::string tokenizer_dir = "data/tokenizer/gpt2";  // for samples
 };
 

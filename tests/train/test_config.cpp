@@ -52,6 +52,11 @@ TEST(Config, ReadsIniAndCommandLineWins) {
   EXPECT_EQ(r.config.grad_accum_steps(2), 1);
 }
 
+TEST(Config, ValNoneMeansNoEval) {
+  auto r = parse({"--config", write_ini("none.ini", kIni), "--data.val=none"});
+  EXPECT_TRUE(r.config.data.val.empty());
+}
+
 TEST(Config, HelpListsKeysWithDefaults) {
   auto r = parse({"--help"});
   EXPECT_TRUE(r.help);
