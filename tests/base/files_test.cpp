@@ -18,30 +18,8 @@ namespace gpt2::files {
 namespace {
 
 using test::TempDir;
-
-void write(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out << bytes;
-  ASSERT_TRUE(out.good()) << path;
-}
-
-// The message of the gpt2::UserError `fn` throws; fails the test (and returns "") otherwise.
-template <typename Fn>
-std::string user_error(Fn&& fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected gpt2::UserError, got: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected gpt2::UserError, nothing thrown";
-  return "";
-}
-
-#define EXPECT_HAS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "message: " << (haystack)
+using test::user_error;
+const auto& write = test::write_file;
 
 TEST(Files, PathStrings) {
   EXPECT_EQ(parent_path("a/b/c.txt"), "a/b");

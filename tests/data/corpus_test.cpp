@@ -7,15 +7,14 @@
 #include <unistd.h>
 
 #include "src/base/files.h"
-#include "tests/data/test_util.h"
 #include "tests/test_util.h"
 
 namespace gpt2::data {
 namespace {
 
 using gpt2::test::TempDir;
-using testing::user_error;
-using testing::write_file;
+using test::user_error;
+using test::write_file;
 
 std::vector<std::string> docs_of(std::string_view text, const std::optional<std::string>& sep) {
   std::vector<std::string> out;
@@ -88,13 +87,13 @@ TEST(Corpus, InputErrors) {
 
 TEST(Corpus, ParallelTokenizationMatchesSerial) {
   TempDir dir;
-  const std::string fortunes = testing::read_file(testing::golden_dir() + "/fortunes_computers.txt");
+  const std::string fortunes = test::read_file(test::golden_dir() + "/fortunes_computers.txt");
   // A long single document too, so it is cut into segments and tokenized in parallel.
   std::string big;
   while (big.size() < 3 * 1024 * 1024) big += fortunes;
   write_file(dir.file("f.txt"), fortunes);
   write_file(dir.file("big.txt"), big);
-  const auto tok = Gpt2Tokenizer::load(testing::tokenizer_dir());
+  const auto tok = Gpt2Tokenizer::load(test::tokenizer_dir());
   const Corpus per_fortune = Corpus::load({dir.file("f.txt")}, std::string("%"));
   const auto serial = tokenize_documents(tok, per_fortune, 1);
   EXPECT_EQ(tokenize_documents(tok, per_fortune, 4), serial);

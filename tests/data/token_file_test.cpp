@@ -11,15 +11,14 @@
 
 #include "data/h5_check.h"
 #include "src/base/files.h"
-#include "tests/data/test_util.h"
 #include "tests/test_util.h"
 
 namespace gpt2::data {
 namespace {
 
 using gpt2::test::TempDir;
-using testing::user_error;
-using testing::write_file;
+using test::user_error;
+using test::write_file;
 
 std::vector<int64_t> read_all(const TokenFile& f) {
   std::vector<int64_t> out(static_cast<size_t>(f.size()));

@@ -10,17 +10,16 @@
 #include "data/unicode_tables.h"
 #include "src/base/files.h"
 #include "src/base/json.h"
-#include "tests/data/test_util.h"
 #include "tests/test_util.h"
 
 namespace gpt2::data {
 namespace {
 
 using gpt2::test::TempDir;
-using testing::read_file;
-using testing::tokenizer_dir;
-using testing::user_error;
-using testing::write_file;
+using test::read_file;
+using test::tokenizer_dir;
+using test::user_error;
+using test::write_file;
 
 class TokenizerTest : public ::testing::Test {
  protected:
@@ -47,8 +46,8 @@ TEST_F(TokenizerTest, Sizes) {
 // the special token; our encode() does not (encode_ordinary semantics), so the test splits there.
 TEST_F(TokenizerTest, GoldenFiles) {
   int checked = 0;
-  for (const std::string& name : files::list_directory(testing::golden_dir())) {
-    const std::string path = files::join(testing::golden_dir(), name);
+  for (const std::string& name : files::list_directory(test::golden_dir())) {
+    const std::string path = files::join(test::golden_dir(), name);
     if (files::extension(name) != ".txt") continue;
     const std::string text = read_file(path);
     std::vector<int32_t> ids;
@@ -113,7 +112,7 @@ TEST_F(TokenizerTest, LongPiecesMatchShortPath) {
 }
 
 TEST_F(TokenizerTest, ConcurrentEncodeIsConsistent) {
-  const std::string text = read_file(testing::golden_dir() + "/fortunes_computers.txt");
+  const std::string text = read_file(test::golden_dir() + "/fortunes_computers.txt");
   const auto want = tok().encode(text);
   std::vector<std::vector<int32_t>> got(4);
   std::vector<std::thread> threads;

@@ -12,6 +12,7 @@
 #include "src/generate.h"
 #include "src/gpt2_model.h"
 #include "src/hf_import.h"
+#include "tests/test_util.h"
 
 namespace gpt2 {
 namespace {
@@ -37,15 +38,7 @@ void randomise(GPT2& model, uint64_t seed, double std = 0.3) {
   model->transformer()->wte->weight.narrow(0, cfg.vocab_size, cfg.padded_vocab_size() - cfg.vocab_size).zero_();
 }
 
-template <typename F>
-std::string user_error_message(F&& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "<no UserError thrown>";
-}
+using test::user_error;
 
 // ---------------------------------------------------------------------------------------------
 // Config
@@ -63,19 +56,19 @@ TEST(ModelConfig, ValidateNamesKey) {
   GPT2Config cfg;
   EXPECT_NO_THROW(cfg.validate());
   cfg.n_embd = 100;  // not divisible by 12 heads
-  EXPECT_NE(user_error_message([&] { cfg.validate(); }).find("model.n_embd"), std::string::npos);
+  EXPECT_HAS(user_error([&] { cfg.validate(); }), "model.n_embd");
   cfg = GPT2Config();
   cfg.n_layer = 0;
-  EXPECT_NE(user_error_message([&] { cfg.validate(); }).find("model.n_layer"), std::string::npos);
+  EXPECT_HAS(user_error([&] { cfg.validate(); }), "model.n_layer");
   cfg = GPT2Config();
   cfg.vocab_size = -1;
-  EXPECT_NE(user_error_message([&] { cfg.validate(); }).find("model.vocab_size"), std::string::npos);
+  EXPECT_HAS(user_error([&] { cfg.validate(); }), "model.vocab_size");
   cfg = GPT2Config();
   cfg.block_size = 0;
-  EXPECT_NE(user_error_message([&] { cfg.validate(); }).find("model.block_size"), std::string::npos);
+  EXPECT_HAS(user_error([&] { cfg.validate(); }), "model.block_size");
   cfg = GPT2Config();
   cfg.n_head = 0;
-  EXPECT_NE(user_error_message([&] { GPT2 m(cfg); }).find("model.n_head"), std::string::npos);
+  EXPECT_HAS(user_error([&] { GPT2 m(cfg); }), "model.n_head");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -265,7 +258,7 @@ TEST(ModelMath, CausalityLaterTokensNeverChangeEarlierLogits) {
 TEST(ModelMath, RejectsTooLongSequence) {
   GPT2 model(tiny_config());
   auto idx = torch::zeros({1, 17}, torch::kLong);
-  EXPECT_NE(user_error_message([&] { model->forward(idx); }).find("model.block_size"), std::string::npos);
+  EXPECT_HAS(user_error([&] { model->forward(idx); }), "model.block_size");
 }
 
 TEST(ModelTrain, OverfitsOneBatchWithAdamW) {
@@ -334,10 +327,10 @@ TEST(ModelGenerate, GreedyFollowsArgmaxAndTopOneIsGreedy) {
 
 TEST(ModelGenerate, RejectsBadArguments) {
   GPT2 model(tiny_config(100));
-  EXPECT_NE(user_error_message([&] { sample_tokens(model, {}, 1, 1.0, 0, 0); }).find("prompt"), std::string::npos);
-  EXPECT_NE(user_error_message([&] { sample_tokens(model, {100}, 1, 1.0, 0, 0); }).find("100"), std::string::npos);
-  EXPECT_NE(user_error_message([&] { sample_tokens(model, {1}, 1, -1.0, 0, 0); }).find("temperature"), std::string::npos);
-  EXPECT_NE(user_error_message([&] { sample_tokens(model, {1}, 1, 1.0, -2, 0); }).find("top_k"), std::string::npos);
+  EXPECT_HAS(user_error([&] { sample_tokens(model, {}, 1, 1.0, 0, 0); }), "prompt");
+  EXPECT_HAS(user_error([&] { sample_tokens(model, {100}, 1, 1.0, 0, 0); }), "100");
+  EXPECT_HAS(user_error([&] { sample_tokens(model, {1}, 1, -1.0, 0, 0); }), "temperature");
+  EXPECT_HAS(user_error([&] { sample_tokens(model, {1}, 1, 1.0, -2, 0); }), "top_k");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -372,19 +365,19 @@ TEST(ModelHfImport, StateDictRoundTripAndNamedErrors) {
   for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(torch::equal(ps[i], pd[i])) << i;
 
   NamedTensors missing(sd.begin(), sd.end() - 1);
-  EXPECT_NE(user_error_message([&] { load_hf_state_dict(dst, missing, "ckpt.safetensors"); })
+  EXPECT_NE(user_error([&] { load_hf_state_dict(dst, missing, "ckpt.safetensors"); })
                 .find("missing tensor 'transformer.ln_f.bias'"),
             std::string::npos);
   NamedTensors wrong = sd;
   for (auto& [name, t] : wrong) {
     if (name == "transformer.h.1.mlp.c_fc.weight") t = t.t().contiguous();  // our layout, not HF's
   }
-  const std::string msg = user_error_message([&] { load_hf_state_dict(dst, wrong, "ckpt.safetensors"); });
+  const std::string msg = user_error([&] { load_hf_state_dict(dst, wrong, "ckpt.safetensors"); });
   EXPECT_NE(msg.find("ckpt.safetensors"), std::string::npos) << msg;
   EXPECT_NE(msg.find("transformer.h.1.mlp.c_fc.weight"), std::string::npos) << msg;
   NamedTensors extra = sd;
   extra.emplace_back("transformer.h.2.ln_1.weight", torch::ones({16}));
-  EXPECT_NE(user_error_message([&] { load_hf_state_dict(dst, extra, "x"); }).find("unexpected tensor 'transformer.h.2.ln_1.weight'"),
+  EXPECT_NE(user_error([&] { load_hf_state_dict(dst, extra, "x"); }).find("unexpected tensor 'transformer.h.2.ln_1.weight'"),
             std::string::npos);
 }
 

@@ -8,6 +8,7 @@
 
 #include "src/base/errors.h"
 #include "src/config.h"
+#include "tests/test_util.h"
 
 namespace gpt2 {
 namespace {
@@ -27,13 +28,7 @@ ParseResult parse(std::vector<std::string> args) {
 
 // The error message of parse(args); fails the test when it parses.
 std::string error_of(std::vector<std::string> args) {
-  try {
-    parse(std::move(args));
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a UserError";
-  return "";
+  return test::user_error([&] { parse(std::move(args)); });
 }
 
 const char* kIni =
