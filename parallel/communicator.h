@@ -48,7 +48,7 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
 // Throws gpt2::Error when this build has no NCCL.
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, int device, double timeout_seconds);
 
-// NCCL for CUDA devices, MPI for the CPU.
+// NCCL for CUDA devices when the group has several ranks, MPI otherwise.
 std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, const torch::Device& device,
                                                 double timeout_seconds);
 

@@ -95,7 +95,7 @@ void GradBuckets::launch_ready_buckets() {
 
 void GradBuckets::launch(int b) {
   if (observer_) observer_("launch", b, params_pending_);
-  buckets_[b].work = comm_.all_reduce(buckets_[b].buffer, ReduceOp::kSum);
+  if (comm_.world_size() > 1) buckets_[b].work = comm_.all_reduce(buckets_[b].buffer, ReduceOp::kSum);
 }
 
 void GradBuckets::finish() {
@@ -104,7 +104,7 @@ void GradBuckets::finish() {
   // index order, so every rank issues the same sequence.
   while (next_to_launch_ < num_buckets()) launch(next_to_launch_++);
   for (auto& b : buckets_) {
-    b.work->wait();
+    if (b.work) b.work->wait();
     b.work.reset();
   }
   reduce_ = false;

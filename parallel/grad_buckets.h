@@ -6,6 +6,7 @@
 // it ready; when a bucket is complete it is all-reduced (summed) at once on the communicator while
 // backward goes on. Buckets are launched strictly in index order on every rank (Note [Collective
 // order]); finish() launches what is left (parameters that got no gradient) and waits for all.
+// With one rank nothing is reduced; the buckets still give every gradient one contiguous home.
 #include <torch/types.h>
 
 #include <cstdint>

@@ -127,7 +127,10 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm, int, double) {
 
 std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, const torch::Device& device,
                                                 double timeout_seconds) {
-  if (device.is_cuda()) return make_nccl_communicator(comm, device.index(), timeout_seconds);
+  int size = 1;
+  MPI_CHECK(MPI_Comm_size(comm, &size));
+  // One rank has nothing to reduce: no NCCL communicator (and no watchdog thread) for it.
+  if (device.is_cuda() && size > 1) return make_nccl_communicator(comm, device.index(), timeout_seconds);
   return make_mpi_communicator(comm);
 }
 

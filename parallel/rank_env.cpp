@@ -14,42 +14,48 @@ std::string mpi_error_string(int code) {
   return std::string(text, len);
 }
 
-RankEnv::RankEnv(int* argc, char*** argv) {
+MpiSession::MpiSession(int* argc, char*** argv) {
   int initialized = 0;
   MPI_CHECK(MPI_Initialized(&initialized));
-  if (!initialized) {
-    // FUNNELED: only the main thread calls MPI (the prefetcher and comm threads don't).
-    int provided = 0;
-    MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
-    finalize_ = true;
-  }
+  if (initialized) return;
+  // FUNNELED: only the main thread calls MPI (backward hooks on CPU run on the calling thread;
+  // the NCCL watchdog and data threads never call MPI).
+  int provided = 0;
+  MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  finalize_ = true;
   // Errors come back as codes so MPI_CHECK can name the call instead of MPI aborting silently.
   MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
-  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
-  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size_));
+}
+
+MpiSession::~MpiSession() {
+  if (finalize_) MPI_Finalize();
+}
+
+RankEnv::RankEnv(MPI_Comm comm) : comm_(comm) {
+  MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  MPI_CHECK(MPI_Comm_size(comm_, &world_size_));
   MPI_Comm node;
-  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
   MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
   MPI_CHECK(MPI_Comm_size(node, &local_size_));
   MPI_CHECK(MPI_Comm_free(&node));
 }
 
-RankEnv::~RankEnv() {
-  if (finalize_) MPI_Finalize();
-}
-
-void RankEnv::barrier() const { MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
+void RankEnv::barrier() const { MPI_CHECK(MPI_Barrier(comm_)); }
 
 double RankEnv::all_reduce_sum(double value) const {
   double out = 0;
-  MPI_CHECK(MPI_Allreduce(&value, &out, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+  MPI_CHECK(MPI_Allreduce(&value, &out, 1, MPI_DOUBLE, MPI_SUM, comm_));
   return out;
 }
 
-void RankEnv::abort(int code) const {
+void RankEnv::abort(int code) {
   log::flush();
-  if (world_size_ > 1) MPI_Abort(MPI_COMM_WORLD, code);
-  if (finalize_) MPI_Finalize();  // one rank: a clean exit keeps mpirun's report to the exit code
+  int world = 1, finalized = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();  // one rank: a clean exit keeps mpirun's report to the exit code
   std::exit(code);
 }
 

@@ -66,12 +66,13 @@ OptionList bind_options(Config& c) {
   o.add("parallel.bucket_mb", &c.parallel.bucket_mb, "gradient bucket size in MiB");
   o.add("parallel.zero_stage", &c.parallel.zero_stage, "0 | 1 | 2");
   o.add("parallel.offload", &c.parallel.offload, "none | optimizer");
+  o.add("parallel.timeout_s", &c.parallel.timeout_s, "seconds before a stuck collective ends the job");
   o.add("memory.activation_checkpointing", &c.memory.activation_checkpointing, "none | full | every_k=K");
   o.add("checkpoint.dir", &c.checkpoint.dir, "checkpoint directory");
   o.add("checkpoint.every", &c.checkpoint.every, "steps between checkpoints; 0 = off");
   o.add("checkpoint.keep", &c.checkpoint.keep, "checkpoints kept");
   o.add("checkpoint.resume", &c.checkpoint.resume, "auto | none | PATH");
-  o.add("log.metrics", &c.log.metrics, "metrics.jsonl path; empty = none");
+  o.add("log.metrics", &c.log.metrics, "metrics.jsonl path; none = no file");
   o.add("log.every", &c.log.every, "steps between metric lines");
   o.add("log.peak_tflops", &c.log.peak_tflops, "MFU denominator in TFLOP/s; 0 = 989 on CUDA");
   o.add("profile.steps", &c.profile.steps, "steps to trace; 0 = off");
@@ -125,6 +126,7 @@ void Config::validate() const {
   require(parallel.zero_stage >= 0 && parallel.zero_stage <= 2, "parallel.zero_stage",
           parallel.zero_stage, "must be 0, 1 or 2");
   require_one_of("parallel.offload", parallel.offload, {"none", "optimizer"});
+  require(parallel.timeout_s > 0, "parallel.timeout_s", parallel.timeout_s, "must be positive");
   require(checkpoint.every >= 0, "checkpoint.every", checkpoint.every, "must be >= 0");
   require(checkpoint.keep > 0, "checkpoint.keep", checkpoint.keep, "must be positive");
   require(log.every > 0, "log.every", log.every, "must be positive");
@@ -213,7 +215,10 @@ ParseResult parse_config(int argc, const char* const argv[]) {
   } catch (const po::error& e) {
     throw UserError(std::string("config: ") + e.what());
   }
-  if (cfg.data.val == "none") cfg.data.val.clear();
+  // "none" spells an empty value (an option cannot be given an empty argument).
+  for (std::string* optional : {&cfg.data.val, &cfg.log.metrics}) {
+    if (*optional == "none") optional->clear();
+  }
   cfg.validate();
   return result;
 }

@@ -46,6 +46,7 @@ struct ParallelConfig {
   double bucket_mb = 25;          // gradient bucket size (PyTorch DDP's default)
   int64_t zero_stage = 0;         // 0 | 1 | 2
   std::string offload = "none";   // none | optimizer
+  double timeout_s = 30;          // a collective older than this ends the job (dead or hung peer)
 };
 
 struct MemoryConfig {
@@ -60,7 +61,7 @@ struct CheckpointConfig {
 };
 
 struct LogConfig {
-  std::string metrics = "runs/metrics.jsonl";  // one JSON object per logged step; empty = none
+  std::string metrics = "runs/metrics.jsonl";  // one JSON object per logged step; "none" = no file
   int64_t every = 10;             // steps between metric lines
   double peak_tflops = 0;         // MFU denominator; 0 = 989 on CUDA (H100/H200 dense bf16), none on CPU
 };

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <exception>
 #include <iostream>
+#include <memory>
 
 #include "parallel/rank_env.h"
 #include "src/base/errors.h"
@@ -13,9 +14,11 @@
 
 int main(int argc, char** argv) {
   using namespace gpt2;
+  std::unique_ptr<parallel::MpiSession> mpi;
   std::unique_ptr<parallel::RankEnv> env;
   try {
-    env = std::make_unique<parallel::RankEnv>(&argc, &argv);
+    mpi = std::make_unique<parallel::MpiSession>(&argc, &argv);
+    env = std::make_unique<parallel::RankEnv>(MPI_COMM_WORLD);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt2-train: cannot start MPI: %s\n", e.what());
     return kExitFailure;
@@ -40,10 +43,10 @@ int main(int argc, char** argv) {
     train(parsed.config, *env);
   } catch (const UserError& e) {
     log::error(e.what());
-    env->abort(kExitUsage);
+    parallel::RankEnv::abort(kExitUsage);
   } catch (const std::exception& e) {
     log::error(e.what());
-    env->abort(kExitFailure);
+    parallel::RankEnv::abort(kExitFailure);
   }
   return kExitOk;
 }

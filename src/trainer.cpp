@@ -14,6 +14,7 @@
 #include <ATen/autocast_mode.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <optional>
 
@@ -24,6 +25,8 @@
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
+#include "parallel/communicator.h"
+#include "parallel/grad_buckets.h"
 #include "src/base/errors.h"
 #include "src/base/log.h"
 #include "src/generate.h"
@@ -103,6 +106,17 @@ class BatchReader {
   torch::Tensor host_;
 };
 
+// Test hook: GPT2_FAULT_AT=RANK:STEP makes that rank throw at the start of that step, so tests
+// can check that one failing rank ends the whole job (see tests/python/test_parallel_faults.py).
+int64_t fault_step_for(int rank) {
+  const char* spec = std::getenv("GPT2_FAULT_AT");
+  if (spec == nullptr) return -1;
+  int fault_rank = -1;
+  long long fault_step = -1;
+  if (std::sscanf(spec, "%d:%lld", &fault_rank, &fault_step) != 2) return -1;
+  return fault_rank == rank ? fault_step : -1;
+}
+
 std::string format_duration(double seconds) {
   const auto s = static_cast<int64_t>(std::max(0.0, seconds));
   if (s >= 3600) return log::format("%lldh%02lldm", (long long)(s / 3600), (long long)(s % 3600 / 60));
@@ -149,6 +163,11 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   log_settings(cfg, env, device, accum, num_params);
 
   std::vector<torch::Tensor> params = model->parameters();
+  // Gradients live in flat buckets that are all-reduced while backward runs (parallel/grad_buckets.h).
+  const auto comm = parallel::make_communicator(env.comm(), device, cfg.parallel.timeout_s);
+  parallel::GradBuckets buckets(params, static_cast<int64_t>(cfg.parallel.bucket_mb * (1 << 20)), *comm);
+  log::info("data parallel: ", world, " rank(s), ", comm->backend(), ", ", buckets.num_buckets(),
+            " gradient buckets of <= ", cfg.parallel.bucket_mb, " MiB");
   optim::AdamW optimizer(optim::decay_groups(params, tc.weight_decay), {tc.beta1, tc.beta2, tc.eps});
   const optim::WarmupCosine schedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps};
 
@@ -205,9 +224,11 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   double timed_seconds = 0;
   int64_t timed_steps = 0;
   reset_peak_memory(cuda_index);
+  const int64_t fault_step = fault_step_for(rank);
 
   for (int64_t step = 0; step < tc.max_steps; ++step) {
     const bool last_step = step == tc.max_steps - 1;
+    if (step == fault_step) throw Error("injected fault (GPT2_FAULT_AT) at step " + std::to_string(step));
 
     // ---- eval (all ranks: one reduction) ------------------------------------------------------
     const auto pause_start = Clock::now();  // eval and sample time stays out of the step timing
@@ -223,7 +244,9 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
     window_start += Clock::now() - pause_start;
 
     // ---- micro-steps: forward + backward (all ranks) -------------------------------------------
+    // Only the last micro-step's backward reduces: buckets are all-reduced as they fill.
     for (int64_t micro = 0; micro < accum; ++micro) {
+      buckets.prepare_backward(/*reduce=*/micro == accum - 1);
       auto [x, y] = train_reader.read([&](int64_t row) {
         return sampler.window_start(data::global_sample_index(step, micro, rank, row, mb, world, accum));
       });
@@ -237,14 +260,14 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
       loss_sum += loss.detach();
     }
 
-    // ---- gradient reduction (all ranks) -------------------------------------------------------
-    // One rank: nothing to reduce. Data parallelism adds the bucketed all-reduce here.
+    // ---- gradient reduction (all ranks): launch the buckets backward left, wait for all ----------
+    buckets.finish();
 
     // ---- clip and step (all ranks) ------------------------------------------------------------
     grad_norm = optim::clip_grad_norm(params, tc.grad_clip);
     const double lr = schedule.at(step);
     optimizer.step(lr);
-    optimizer.zero_grad();
+    buckets.zero();
 
     // ---- log (reduction on all ranks, printing on rank 0) --------------------------------------
     ++window_steps;

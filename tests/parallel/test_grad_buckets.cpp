@@ -1,0 +1,128 @@
+// Gradient buckets: the reduced gradient is the sum over ranks, buckets are launched in order
+// and the first one before backward has finished, and parameters without a gradient don't hang.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "parallel/communicator.h"
+#include "parallel/grad_buckets.h"
+
+namespace gpt2::parallel {
+namespace {
+
+// A stack of linear layers whose input depends on the rank, so every rank's gradient differs.
+struct Stack {
+  std::vector<torch::Tensor> weights;
+  explicit Stack(int layers, int width) {
+    torch::manual_seed(0);  // the same weights on every rank
+    for (int i = 0; i < layers; ++i)
+      weights.push_back((torch::randn({width, width}, torch::kFloat64) / width).set_requires_grad(true));
+  }
+  torch::Tensor loss(const torch::Tensor& x, int skip_layer = -1) {
+    auto h = x;
+    for (int i = 0; i < static_cast<int>(weights.size()); ++i)
+      if (i != skip_layer) h = torch::tanh(h.matmul(weights[i]));
+    return h.pow(2).sum();
+  }
+  torch::Tensor input(int rank) const {
+    return torch::linspace(-1.0, 1.0, 3 * weights[0].size(0), torch::kFloat64).view({3, -1}) * (rank + 1);
+  }
+};
+
+// Each rank's gradients computed alone, summed over ranks: the expected reduction.
+std::vector<torch::Tensor> expected_sum(int layers, int width, int world, int skip_layer = -1) {
+  std::vector<torch::Tensor> sum;
+  for (int r = 0; r < world; ++r) {
+    Stack s(layers, width);
+    s.loss(s.input(r), skip_layer).backward();
+    for (int i = 0; i < layers; ++i) {
+      auto g = s.weights[i].grad().defined() ? s.weights[i].grad() : torch::zeros_like(s.weights[i]);
+      if (r == 0) sum.push_back(g.clone()); else sum[i] += g;
+    }
+  }
+  return sum;
+}
+
+TEST(GradBuckets, ReducedGradientIsTheSumOverRanksWithManyBuckets) {
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  Stack s(6, 16);
+  // 16x16 doubles = 2 KiB per weight; a 3 KiB cap makes two weights per bucket -> 3 buckets.
+  GradBuckets buckets(s.weights, 3 * 1024, *comm);
+  EXPECT_EQ(buckets.num_buckets(), 3);
+  const auto want = expected_sum(6, 16, comm->world_size());
+  for (int step = 0; step < 2; ++step) {  // twice: zero() must reset everything
+    buckets.prepare_backward(true);
+    s.loss(s.input(comm->rank())).backward();
+    buckets.finish();
+    for (int i = 0; i < 6; ++i) EXPECT_TRUE(torch::allclose(s.weights[i].grad(), want[i], 1e-12, 1e-12)) << i;
+    buckets.zero();
+  }
+}
+
+TEST(GradBuckets, AccumulatesWithoutReducingUntilTheLastMicroStep) {
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  Stack s(3, 8);
+  GradBuckets buckets(s.weights, 1, *comm);  // one parameter per bucket
+  std::vector<std::string> events;
+  buckets.set_observer([&](const std::string& what, int b, int) { events.push_back(what + std::to_string(b)); });
+  buckets.prepare_backward(false);
+  s.loss(s.input(comm->rank())).backward();
+  EXPECT_TRUE(events.empty());  // accumulation only
+  buckets.prepare_backward(true);
+  s.loss(s.input(comm->rank())).backward();
+  buckets.finish();
+  EXPECT_EQ(events, (std::vector<std::string>{"launch0", "launch1", "launch2"}));
+  const auto want = expected_sum(3, 8, comm->world_size());
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(torch::allclose(s.weights[i].grad(), 2 * want[i], 1e-12, 1e-12)) << i;
+}
+
+TEST(GradBuckets, FirstBucketIsReducedBeforeBackwardFinishes) {
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  Stack s(8, 32);
+  GradBuckets buckets(s.weights, 1, *comm);  // one parameter per bucket: 8 buckets
+  std::vector<std::pair<int, int>> launches;  // (bucket, parameters still without gradient)
+  bool backward_returned = false;
+  std::vector<bool> launched_during_backward;
+  buckets.set_observer([&](const std::string&, int b, int pending) {
+    launches.emplace_back(b, pending);
+    launched_during_backward.push_back(!backward_returned);
+  });
+  buckets.prepare_backward(true);
+  s.loss(s.input(comm->rank())).backward();
+  backward_returned = true;
+  buckets.finish();
+  ASSERT_EQ(launches.size(), 8u);
+  for (int b = 0; b < 8; ++b) EXPECT_EQ(launches[b].first, b);  // strictly in order
+  // Bucket 0 holds the last layer, whose gradient comes first: it was launched while 7 other
+  // parameters still waited for theirs, i.e. while backward was still running.
+  EXPECT_EQ(launches[0].second, 7);
+  EXPECT_TRUE(launched_during_backward[0]);
+  EXPECT_TRUE(launched_during_backward[7]);  // every bucket went out from inside backward
+}
+
+TEST(GradBuckets, ParameterWithoutGradientOnOneRankDoesNotHang) {
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  Stack s(4, 8);
+  GradBuckets buckets(s.weights, 1, *comm);
+  // Rank 1 skips layer 2 (data-dependent control flow): its hook never fires there.
+  const int skip = comm->rank() == 1 ? 2 : -1;
+  buckets.prepare_backward(true);
+  s.loss(s.input(comm->rank()), skip).backward();
+  buckets.finish();
+  // Expected: each rank's own gradients (rank 1's layer-2 gradient is zero) summed.
+  std::vector<torch::Tensor> want;
+  for (int r = 0; r < comm->world_size(); ++r) {
+    Stack ref(4, 8);
+    ref.loss(ref.input(r), r == 1 ? 2 : -1).backward();
+    for (int i = 0; i < 4; ++i) {
+      auto g = ref.weights[i].grad().defined() ? ref.weights[i].grad() : torch::zeros_like(ref.weights[i]);
+      if (r == 0) want.push_back(g.clone()); else want[i] += g;
+    }
+  }
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(torch::allclose(s.weights[i].grad(), want[i], 1e-12, 1e-12)) << i;
+}
+
+}  // namespace
+}  // namespace gpt2::parallel

@@ -1,0 +1,47 @@
+"""One rank failing ends the whole job: under mpiexec -n 2, rank 1 throws at step 3 (GPT2_FAULT_AT
+test hook); every rank must be gone with a non-zero exit within 60 s and rank 1's error must be in
+the log. Also: launch/train.sh runs 2 CPU ranks to completion. Run by CTest."""
+import os, subprocess, sys, tempfile, time
+import h5py, numpy as np
+
+SRC = os.environ.get("GPT2_SOURCE_DIR", ".")
+BIN = os.path.join(os.environ.get("GPT2_BIN_DIR", "build/bin"), "gpt2-train")
+failures = []
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond: failures.append(what)
+
+with tempfile.TemporaryDirectory() as d:
+    train = os.path.join(d, "train.h5")
+    with h5py.File(train, "w") as f:
+        f.create_dataset("tokens", data=(np.arange(50000) * 7 % 251).astype(np.uint16))
+        f.attrs.update(format="gpt2-tokens", format_version=1, vocab_size=256, eot_token=255, tokenizer="gpt2")
+    args = ["--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32", "--model.vocab_size=256",
+            "--model.block_size=32", f"--data.train={train}", "--data.val=none", "--train.micro_batch=2",
+            "--train.seq_len=16", "--train.batch_tokens=64", "--train.max_steps=40", "--train.sample_tokens=0",
+            "--train.device=cpu", "--precision.dtype=fp32", "--log.every=1", "--log.metrics=none"]
+    mpi = ["mpiexec", "-n", "2", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+
+    env = dict(os.environ, GPT2_FAULT_AT="1:3")
+    t0 = time.time()
+    try:
+        p = subprocess.run(mpi + [BIN] + args, capture_output=True, text=True, errors="replace", env=env, timeout=120)
+        rc, out = p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out = None, "timeout"
+    dt = time.time() - t0
+    check(rc is not None and rc != 0, f"job exits non-zero (rc={rc})")
+    check(dt < 60, f"within 60 s ({dt:.1f} s)")
+    check("[rank 1/2] [error] injected fault (GPT2_FAULT_AT) at step 3" in out, "rank 1's error is in the log")
+    check("step 2/40" in out and "step 5/40" not in out, "the job stopped at the failing step")
+    if failures: print(out[-3000:])
+
+    p = subprocess.run([os.path.join(SRC, "launch/train.sh"), "-np", "2"] + args, capture_output=True, text=True,
+                       errors="replace", timeout=300, cwd=SRC)
+    out = p.stdout + p.stderr
+    check(p.returncode == 0 and "step 39/40" in out and "2 rank(s)" in out, f"launch/train.sh -np 2 trains (rc={p.returncode})")
+    if p.returncode != 0: print(out[-3000:])
+
+print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failure(s)")
+sys.exit(1 if failures else 0)
