@@ -1,0 +1,39 @@
+# Sourced by the GPU benchmark scripts: build into build-gpu, make random token files, and
+# summarise a metrics.jsonl into one RESULT line. Needs .device-deps/gpu-env.sh sourced first.
+out="${OUT:-/tmp/out}"; mkdir -p "$out"
+
+bench_build() {
+  local t0=$(date +%s)
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPT2_PYTHON="$(command -v python3)" \
+    >"$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; return 1; }
+  grep -E "gpt2-dist:|LibTorch" "$out/configure.log"
+  cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -40; return 1; }
+  echo "build: $(( $(date +%s) - t0 )) s"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+}
+
+# Random tokens in our token-file format, written by h5py (an independent writer).
+bench_data() {
+  python3 - "$out/tok" <<'PY'
+import sys, os, h5py, numpy as np
+d = sys.argv[1]; os.makedirs(d, exist_ok=True)
+for name, n in (("train", 20_000_000), ("val", 1_000_000)):
+    with h5py.File(f"{d}/{name}.h5", "w") as f:
+        f.create_dataset("tokens", data=np.random.default_rng(0).integers(0, 50257, n, dtype=np.uint16))
+        f.attrs.update(format="gpt2-tokens", format_version=1, vocab_size=50257, eot_token=50256, tokenizer="gpt2")
+PY
+}
+
+# bench_summary NAME METRICS.jsonl: mean tokens/s and ms/step over logged steps after step 0.
+bench_summary() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+name, path = sys.argv[1], sys.argv[2]
+rows = [json.loads(l) for l in open(path) if '"loss"' in l]
+last = [r for r in rows if r["step"] > 0]
+tok = sum(r["tokens_per_sec"] for r in last) / len(last)
+ms = sum(r["ms_per_step"] for r in last) / len(last)
+print(f"RESULT ours {name} tok/s={tok:,.0f} ms/step={ms:.1f} peakGiB={rows[-1]['peak_mem_gib']:.2f} "
+      f"MFU(989T)={100*rows[-1]['mfu']:.1f}% loss={rows[-1]['loss']:.3f}", flush=True)
+PY
+}
