@@ -62,6 +62,12 @@ if(GPT2_WITH_CUDA)
     set(GPT2_WITH_NCCL ON)
   endif()
 endif()
+if(GPT2_WITH_CUDA)
+  add_compile_definitions(GPT2_WITH_CUDA=1)   # CUDA paths (streams, pinned memory) compile in
+endif()
+if(GPT2_WITH_NCCL)
+  add_compile_definitions(GPT2_WITH_NCCL=1)
+endif()
 message(STATUS "gpt2-dist: CUDA=${GPT2_WITH_CUDA} NCCL=${GPT2_WITH_NCCL} (${NCCL_LIBRARY})")
 
 # Python with the test references (transformers, tiktoken, h5py) lives in .venv.
