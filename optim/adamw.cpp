@@ -2,12 +2,16 @@
 
 #include <ATen/ATen.h>
 
+#include "src/base/errors.h"
+
 namespace gpt2::optim {
 
 AdamW::AdamW(std::vector<Group> groups, AdamWOptions options) : options_(options) {
   for (auto& g : groups) {
     GroupState s;
     s.weight_decay = g.weight_decay;
+    GPT2_ASSERT(g.grads.empty() || g.grads.size() == g.params.size(), "AdamW: one gradient per parameter");
+    s.grads = g.grads;
     for (auto& p : g.params) {
       s.params.push_back(p);
       s.exp_avg.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
@@ -24,9 +28,10 @@ void AdamW::step(double lr) {
   for (auto& g : groups_) {
     std::vector<at::Tensor> params, grads, m, v, steps;
     for (size_t i = 0; i < g.params.size(); ++i) {
-      if (!g.params[i].grad().defined()) continue;
+      const at::Tensor grad = g.grads.empty() ? g.params[i].grad() : g.grads[i];
+      if (!grad.defined()) continue;
       params.push_back(g.params[i]);
-      grads.push_back(g.params[i].grad());
+      grads.push_back(grad);
       m.push_back(g.exp_avg[i]);
       v.push_back(g.exp_avg_sq[i]);
       steps.push_back(g.step[i]);
@@ -41,9 +46,12 @@ void AdamW::step(double lr) {
 }
 
 void AdamW::zero_grad() {
-  for (auto& g : groups_)
-    for (auto& p : g.params)
-      if (p.grad().defined()) p.mutable_grad().zero_();
+  for (auto& g : groups_) {
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      at::Tensor grad = g.grads.empty() ? g.params[i].grad() : g.grads[i];
+      if (grad.defined()) grad.zero_();
+    }
+  }
 }
 
 int64_t AdamW::state_bytes() const {
@@ -61,7 +69,7 @@ std::vector<torch::Tensor> AdamW::params() const {
 }
 
 std::vector<AdamW::Group> decay_groups(const std::vector<torch::Tensor>& params, double weight_decay) {
-  AdamW::Group decay{{}, weight_decay}, no_decay{{}, 0.0};
+  AdamW::Group decay{{}, weight_decay, {}}, no_decay{{}, 0.0, {}};
   for (const auto& p : params) (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
   return {decay, no_decay};
 }

@@ -20,6 +20,8 @@ class AdamW {
   struct Group {
     std::vector<torch::Tensor> params;
     double weight_decay = 0;
+    // The gradient of each param; empty = use each param's .grad() (skipped when undefined).
+    std::vector<torch::Tensor> grads;
   };
 
   AdamW(std::vector<Group> groups, AdamWOptions options);
@@ -36,7 +38,7 @@ class AdamW {
 
  private:
   struct GroupState {
-    std::vector<torch::Tensor> params, exp_avg, exp_avg_sq, step;
+    std::vector<torch::Tensor> params, grads, exp_avg, exp_avg_sq, step;
     double weight_decay = 0;
   };
   std::vector<GroupState> groups_;

@@ -30,9 +30,13 @@ class Communicator {
 
   // In place over `tensor` (contiguous).
   virtual std::unique_ptr<Work> all_reduce(torch::Tensor tensor, ReduceOp op) = 0;
+  // In place over `tensor`: the result (op over ranks) lands on `root` only; other ranks' `tensor`
+  // is left as it was.
+  virtual std::unique_ptr<Work> reduce(torch::Tensor tensor, int root, ReduceOp op) = 0;
   // `input` has world_size * n elements, `output` n: output = op over ranks of input chunk `rank`.
   virtual std::unique_ptr<Work> reduce_scatter(torch::Tensor output, torch::Tensor input, ReduceOp op) = 0;
-  // `input` n elements, `output` world_size * n: chunk r of output = rank r's input.
+  // `input` n elements, `output` world_size * n: chunk r of output = rank r's input. `input` may be
+  // this rank's own chunk of `output` (in place).
   virtual std::unique_ptr<Work> all_gather(torch::Tensor output, torch::Tensor input) = 0;
   virtual std::unique_ptr<Work> broadcast(torch::Tensor tensor, int root) = 0;
   virtual void barrier() = 0;

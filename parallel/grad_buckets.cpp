@@ -4,6 +4,8 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
+
 #include "src/base/errors.h"
 
 namespace gpt2::parallel {
@@ -25,45 +27,39 @@ class AccumulatedHook : public torch::autograd::FunctionPostHook {
 
 }  // namespace
 
-GradBuckets::GradBuckets(const std::vector<torch::Tensor>& params, int64_t bucket_bytes, Communicator& comm)
-    : comm_(comm), params_(params), bucket_of_(params.size(), -1) {
+GradBuckets::GradBuckets(const std::vector<torch::Tensor>& params, const FlatLayout& layout, int64_t bucket_bytes,
+                         Communicator& comm, bool shard_gradients)
+    : comm_(comm), layout_(layout), shard_gradients_(shard_gradients), bucket_of_(params.size(), -1) {
   GPT2_ASSERT(bucket_bytes > 0, "bucket size must be positive");
-  // Reverse registration order: the last layers' gradients arrive first in backward.
-  std::vector<int> order;
-  for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) order.push_back(i);
-  std::vector<std::vector<int>> groups;
-  int64_t group_bytes = 0;
-  for (int i : order) {
-    const auto& p = params_[i];
+  GPT2_ASSERT(!params.empty() && layout.world_size == comm.world_size(), "layout does not match the group");
+  const auto options = params.front().options().requires_grad(false);
+  for (const auto& p : params) {
     GPT2_ASSERT(p.requires_grad() && p.is_leaf(), "bucketed parameters must be leaves that require grad");
-    const bool same_kind = groups.empty() || (params_[groups.back().front()].dtype() == p.dtype() &&
-                                              params_[groups.back().front()].device() == p.device());
-    if (groups.empty() || group_bytes >= bucket_bytes || !same_kind) {
-      groups.emplace_back();
-      group_bytes = 0;
-    }
-    groups.back().push_back(i);
-    group_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    GPT2_ASSERT(p.dtype() == options.dtype() && p.device() == options.device(),
+                "bucketed parameters must share one dtype and device");
   }
-  for (auto& group : groups) {
-    int64_t numel = 0;
-    for (int i : group) numel += params_[i].numel();
-    Bucket bucket;
-    bucket.buffer = torch::zeros({numel}, params_[group.front()].options().requires_grad(false));
-    int64_t offset = 0;
-    for (int i : group) {
-      auto& p = params_[i];
-      // The accumulator adds into an existing .grad in place, so gradients land in the bucket.
-      p.mutable_grad() = bucket.buffer.narrow(0, offset, p.numel()).view(p.sizes());
-      offset += p.numel();
-      bucket_of_[i] = static_cast<int>(buckets_.size());
-    }
-    bucket.params = group;
-    buckets_.push_back(std::move(bucket));
+  flat_ = torch::zeros({layout.padded}, options);
+  // The accumulator adds into an existing .grad in place, so gradients land in the flat buffer.
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto p = params[i];
+    p.mutable_grad() = flat_.narrow(0, layout.offset[i], layout.numel[i]).view(p.sizes());
   }
-  for (size_t i = 0; i < params_.size(); ++i) {
-    auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
-    hook_keys_.push_back(acc->add_post_hook(std::make_unique<AccumulatedHook>([this, i] { mark_ready(static_cast<int>(i)); })));
+  const int64_t element = static_cast<int64_t>(flat_.element_size());
+  for (int i : layout.order) {
+    if (buckets_.empty() || (buckets_.back().end - buckets_.back().begin) * element >= bucket_bytes) {
+      Bucket b;
+      b.begin = b.end = layout.offset[i];
+      buckets_.push_back(std::move(b));
+    }
+    buckets_.back().params.push_back(i);
+    buckets_.back().end = layout.offset[i] + layout.numel[i];
+    bucket_of_[i] = static_cast<int>(buckets_.size()) - 1;
+  }
+  buckets_.back().end = layout.padded;  // the padding rides with the last bucket
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(params[i]);
+    hook_keys_.push_back(
+        acc->add_post_hook(std::make_unique<AccumulatedHook>([this, i] { mark_ready(static_cast<int>(i)); })));
     accumulators_.push_back(std::move(acc));
   }
 }
@@ -75,9 +71,9 @@ GradBuckets::~GradBuckets() {
 void GradBuckets::prepare_backward(bool reduce) {
   reduce_ = reduce;
   next_to_launch_ = 0;
-  params_pending_ = static_cast<int>(params_.size());
+  params_pending_ = static_cast<int>(bucket_of_.size());
   for (auto& b : buckets_) {
-    GPT2_ASSERT(!b.work, "prepare_backward() before finish() of the previous reducing backward");
+    GPT2_ASSERT(b.work.empty(), "prepare_backward() before finish() of the previous reducing backward");
     b.pending = static_cast<int>(b.params.size());
   }
 }
@@ -86,16 +82,24 @@ void GradBuckets::mark_ready(int param) {
   --params_pending_;
   auto& bucket = buckets_[bucket_of_[param]];
   --bucket.pending;
-  if (reduce_ && bucket.pending == 0) launch_ready_buckets();
-}
-
-void GradBuckets::launch_ready_buckets() {
+  if (!reduce_ || bucket.pending != 0) return;
   while (next_to_launch_ < num_buckets() && buckets_[next_to_launch_].pending == 0) launch(next_to_launch_++);
 }
 
 void GradBuckets::launch(int b) {
   if (observer_) observer_("launch", b, params_pending_);
-  if (comm_.world_size() > 1) buckets_[b].work = comm_.all_reduce(buckets_[b].buffer, ReduceOp::kSum);
+  if (comm_.world_size() == 1) return;
+  Bucket& bucket = buckets_[b];
+  if (!shard_gradients_) {
+    bucket.work.push_back(comm_.all_reduce(flat_.narrow(0, bucket.begin, bucket.end - bucket.begin), ReduceOp::kSum));
+    return;
+  }
+  // ZeRO 2: the part of this bucket inside rank r's shard is summed onto rank r.
+  for (int r = 0; r < layout_.world_size; ++r) {
+    const int64_t lo = std::max(bucket.begin, layout_.shard_begin(r));
+    const int64_t hi = std::min(bucket.end, layout_.shard_end(r));
+    if (lo < hi) bucket.work.push_back(comm_.reduce(flat_.narrow(0, lo, hi - lo), r, ReduceOp::kSum));
+  }
 }
 
 void GradBuckets::finish() {
@@ -104,14 +108,10 @@ void GradBuckets::finish() {
   // index order, so every rank issues the same sequence.
   while (next_to_launch_ < num_buckets()) launch(next_to_launch_++);
   for (auto& b : buckets_) {
-    if (b.work) b.work->wait();
-    b.work.reset();
+    for (auto& w : b.work) w->wait();
+    b.work.clear();
   }
   reduce_ = false;
-}
-
-void GradBuckets::zero() {
-  for (auto& b : buckets_) b.buffer.zero_();
 }
 
 }  // namespace gpt2::parallel

@@ -1,12 +1,13 @@
 #pragma once
-// Gradient buckets for data parallelism (the DDP reducer's scheme).
-// Contract: the constructor lays the parameters out, in reverse order of registration (roughly the
-// order backward produces their gradients), in flat buffers of about `bucket_bytes`, and makes each
-// parameter's .grad a view into its bucket. A hook on each parameter's gradient accumulator counts
-// it ready; when a bucket is complete it is all-reduced (summed) at once on the communicator while
-// backward goes on. Buckets are launched strictly in index order on every rank (Note [Collective
-// order]); finish() launches what is left (parameters that got no gradient) and waits for all.
-// With one rank nothing is reduced; the buckets still give every gradient one contiguous home.
+// Gradient buckets for data parallelism (the DDP reducer's scheme, plus ZeRO-2's reduce-scatter).
+// Contract: every parameter's .grad is a view into one flat buffer laid out by FlatLayout; buckets
+// are consecutive ranges of about `bucket_bytes`. A hook on each parameter's gradient accumulator
+// counts it in; when a bucket is complete it is reduced at once on the communicator while backward
+// goes on: all-reduced (ZeRO 0/1: every rank gets the summed gradient), or, with
+// shard_gradients (ZeRO 2), each part of it summed onto the rank whose shard holds it, so no rank
+// holds the full reduced gradient. Buckets are launched strictly in index order on every rank
+// (Note [Collective order]); finish() launches what is left (parameters that got no gradient) and
+// waits for all. With one rank nothing is reduced.
 #include <torch/types.h>
 
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "parallel/communicator.h"
+#include "parallel/flat_layout.h"
 
 namespace torch::autograd {
 struct Node;
@@ -29,7 +31,8 @@ class GradBuckets {
   // number of parameters in the whole model whose gradient had not arrived yet at that moment.
   using Observer = std::function<void(const std::string& what, int bucket, int params_pending)>;
 
-  GradBuckets(const std::vector<torch::Tensor>& params, int64_t bucket_bytes, Communicator& comm);
+  GradBuckets(const std::vector<torch::Tensor>& params, const FlatLayout& layout, int64_t bucket_bytes,
+              Communicator& comm, bool shard_gradients = false);
   ~GradBuckets();
   GradBuckets(const GradBuckets&) = delete;
   GradBuckets& operator=(const GradBuckets&) = delete;
@@ -38,32 +41,35 @@ class GradBuckets {
   // only count; with reduce = true completed buckets are reduced during this backward.
   void prepare_backward(bool reduce);
   // After the reducing backward: launches buckets not launched yet, in order, and waits for all.
-  // On return every gradient holds the sum over ranks.
+  // On return the gradient holds the sum over ranks: everywhere (ZeRO 0/1) or in this rank's
+  // shard of the flat space (ZeRO 2; the rest holds this rank's own contribution).
   void finish();
-  // Zeroes every bucket (and so every .grad) in place.
-  void zero();
+  // Zeroes every gradient in place.
+  void zero() { flat_.zero_(); }
 
+  // The flat gradient buffer (FlatLayout order, padded).
+  const torch::Tensor& flat() const { return flat_; }
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
-  int64_t bucket_numel(int b) const { return buckets_[b].buffer.numel(); }
   void set_observer(Observer observer) { observer_ = std::move(observer); }
 
  private:
   struct Bucket {
-    torch::Tensor buffer;       // flat, the params' dtype and device
-    std::vector<int> params;    // indices into params_
-    int pending = 0;            // gradients still to arrive in this backward
-    std::unique_ptr<Work> work;
+    int64_t begin = 0, end = 0;  // range of the flat buffer
+    std::vector<int> params;     // parameter indices in it
+    int pending = 0;             // gradients still to arrive in this backward
+    std::vector<std::unique_ptr<Work>> work;
   };
 
   void mark_ready(int param);
-  void launch_ready_buckets();
   void launch(int bucket);
 
   Communicator& comm_;
-  std::vector<torch::Tensor> params_;
+  const FlatLayout& layout_;
+  bool shard_gradients_;
+  torch::Tensor flat_;
   std::vector<int> bucket_of_;  // param index -> bucket
   std::vector<Bucket> buckets_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooks alive
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep the hooks alive
   std::vector<uintptr_t> hook_keys_;
   int next_to_launch_ = 0;
   int params_pending_ = 0;

@@ -3,6 +3,8 @@
 // inside later MPI calls and in wait()).
 #include <ATen/ATen.h>
 
+#include <limits>
+
 #include "parallel/communicator.h"
 #include "parallel/mpi_check.h"
 #include "src/base/errors.h"
@@ -30,6 +32,12 @@ MPI_Op mpi_op(ReduceOp op) {
     case ReduceOp::kMax: return MPI_MAX;
   }
   return MPI_SUM;
+}
+
+// MPI counts are int: larger tensors must be split by the caller (flat buffers of > 2^31 elements).
+int count(const torch::Tensor& t) {
+  GPT2_ASSERT(t.numel() <= std::numeric_limits<int>::max(), "tensor too large for one MPI call");
+  return static_cast<int>(t.numel());
 }
 
 void check_cpu_contiguous(const torch::Tensor& t, const char* what) {
@@ -73,9 +81,18 @@ class MpiCommunicator : public Communicator {
   std::unique_ptr<Work> all_reduce(torch::Tensor t, ReduceOp op) override {
     check_cpu_contiguous(t, "all_reduce tensor");
     MPI_Request req;
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t), mpi_op(op),
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), count(t), mpi_type(t), mpi_op(op),
                              comm_, &req));
     return std::make_unique<MpiWork>(req, t, op == ReduceOp::kAvg ? world_size_ : 1.0);
+  }
+
+  std::unique_ptr<Work> reduce(torch::Tensor t, int root, ReduceOp op) override {
+    check_cpu_contiguous(t, "reduce tensor");
+    MPI_Request req;
+    // The root reduces in place; the others only send (their buffer is not written).
+    const void* send = rank_ == root ? MPI_IN_PLACE : t.data_ptr();
+    MPI_CHECK(MPI_Ireduce(send, t.data_ptr(), count(t), mpi_type(t), mpi_op(op), root, comm_, &req));
+    return std::make_unique<MpiWork>(req, t, op == ReduceOp::kAvg && rank_ == root ? world_size_ : 1.0);
   }
 
   std::unique_ptr<Work> reduce_scatter(torch::Tensor out, torch::Tensor in, ReduceOp op) override {
@@ -83,7 +100,7 @@ class MpiCommunicator : public Communicator {
     check_cpu_contiguous(in, "reduce_scatter input");
     GPT2_ASSERT(in.numel() == out.numel() * world_size_, "reduce_scatter: input must be world_size x output");
     MPI_Request req;
-    MPI_CHECK(MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), static_cast<int>(out.numel()), mpi_type(in),
+    MPI_CHECK(MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), count(out), mpi_type(in),
                                         mpi_op(op), comm_, &req));
     return std::make_unique<MpiWork>(req, out, op == ReduceOp::kAvg ? world_size_ : 1.0);
   }
@@ -93,15 +110,18 @@ class MpiCommunicator : public Communicator {
     check_cpu_contiguous(in, "all_gather input");
     GPT2_ASSERT(out.numel() == in.numel() * world_size_, "all_gather: output must be world_size x input");
     MPI_Request req;
-    const int n = static_cast<int>(in.numel());
-    MPI_CHECK(MPI_Iallgather(in.data_ptr(), n, mpi_type(in), out.data_ptr(), n, mpi_type(out), comm_, &req));
+    const int n = count(in);
+    // MPI forbids aliased buffers; the in-place form is spelled MPI_IN_PLACE.
+    const bool in_place = in.data_ptr() == static_cast<char*>(out.data_ptr()) + rank_ * in.nbytes();
+    MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data_ptr(), n, mpi_type(in), out.data_ptr(), n,
+                             mpi_type(out), comm_, &req));
     return std::make_unique<MpiWork>(req, out, 1.0);
   }
 
   std::unique_ptr<Work> broadcast(torch::Tensor t, int root) override {
     check_cpu_contiguous(t, "broadcast tensor");
     MPI_Request req;
-    MPI_CHECK(MPI_Ibcast(t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t), root, comm_, &req));
+    MPI_CHECK(MPI_Ibcast(t.data_ptr(), count(t), mpi_type(t), root, comm_, &req));
     return std::make_unique<MpiWork>(req, t, 1.0);
   }
 

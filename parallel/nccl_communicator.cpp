@@ -104,6 +104,11 @@ class NcclCommunicator : public Communicator {
       NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), nccl_op(op), comm_, s));
     });
   }
+  std::unique_ptr<Work> reduce(torch::Tensor t, int root, ReduceOp op) override {
+    return enqueue("reduce", {t}, [&](cudaStream_t s) {
+      NCCL_CHECK(ncclReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), nccl_op(op), root, comm_, s));
+    });
+  }
   std::unique_ptr<Work> reduce_scatter(torch::Tensor out, torch::Tensor in, ReduceOp op) override {
     GPT2_ASSERT(in.numel() == out.numel() * world_size_, "reduce_scatter: input must be world_size x output");
     return enqueue("reduce_scatter", {out, in}, [&](cudaStream_t s) {

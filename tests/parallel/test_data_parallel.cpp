@@ -76,44 +76,57 @@ double rel_error(const torch::Tensor& a, const torch::Tensor& b) {
   return ((a - b).norm() / b.norm().clamp_min(1e-30)).item<double>();
 }
 
+// Per-step losses and final parameters of `got` against `want`, relative error <= tol.
+void expect_same_training(TrainResult& got, TrainResult& want, int64_t n_embd, double tol) {
+  ASSERT_EQ(got.losses.size(), 20u);
+  ASSERT_EQ(want.losses.size(), 20u);
+  double worst_loss = 0, worst = 0;
+  for (size_t s = 0; s < 20; ++s) {
+    const double e = std::abs(got.losses[s] - want.losses[s]) / std::abs(want.losses[s]);
+    worst_loss = std::max(worst_loss, e);
+    EXPECT_LE(e, tol) << "step " << s;
+  }
+  auto mean = [](auto first, auto last) { return std::accumulate(first, last, 0.0) / std::distance(first, last); };
+  EXPECT_LT(mean(want.losses.end() - 5, want.losses.end()), mean(want.losses.begin(), want.losses.begin() + 5) - 0.1)
+      << "the reference run did not learn: the comparison would prove little";
+  auto a = got.model->named_parameters(), b = want.model->named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  const int64_t C = n_embd;
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto pa = a[i].value(), pb = b[i].value();
+    if (a[i].key().find("attn.c_attn.bias") != std::string::npos) {
+      // Note [Key bias]: softmax is invariant to the key bias, so its exact gradient is zero and
+      // all Adam sees there is fp32 rounding noise, which differs with summation order. Compare
+      // the query and value biases; the key bias has no effect on the function (checked below).
+      EXPECT_LE(rel_error(pa.narrow(0, 0, C), pb.narrow(0, 0, C)), tol) << a[i].key() << " (query)";
+      EXPECT_LE(rel_error(pa.narrow(0, 2 * C, C), pb.narrow(0, 2 * C, C)), tol) << a[i].key() << " (value)";
+      continue;
+    }
+    worst = std::max(worst, rel_error(pa, pb));
+    EXPECT_LE(rel_error(pa, pb), tol) << a[i].key();
+  }
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) std::printf("[ measured ] worst relative error: loss %.2e, parameter %.2e\n", worst_loss, worst);
+  // The trained functions agree: logits on a fixed batch.
+  torch::NoGradGuard no_grad;
+  auto idx = torch::arange(2 * 16, torch::kInt64).view({2, 16}).remainder(256);
+  EXPECT_LE(rel_error(got.model->forward(idx), want.model->forward(idx)), tol) << "logits";
+}
+
+void quiet_logs(const parallel::RankEnv& env) {
+  log::init(env.rank(), env.world_size());
+  log::set_level(log::Level::kWarn);
+}
+
 void expect_same_as_one_rank(const Config& cfg) {
   const parallel::RankEnv world(MPI_COMM_WORLD);
-  log::init(world.rank(), world.world_size());
-  log::set_level(log::Level::kWarn);
+  quiet_logs(world);
   TrainResult dp = train(cfg, world);
   if (world.rank() == 0) {
     const parallel::RankEnv self(MPI_COMM_SELF);
     TrainResult one = train(cfg, self);
-    ASSERT_EQ(dp.losses.size(), 20u);
-    ASSERT_EQ(one.losses.size(), 20u);
-    for (size_t s = 0; s < 20; ++s)
-      EXPECT_LE(std::abs(dp.losses[s] - one.losses[s]) / std::abs(one.losses[s]), 1e-5) << "step " << s;
-    auto mean = [](auto first, auto last) { return std::accumulate(first, last, 0.0) / std::distance(first, last); };
-    EXPECT_LT(mean(one.losses.end() - 5, one.losses.end()), mean(one.losses.begin(), one.losses.begin() + 5) - 0.1)
-        << "the reference run did not learn: the comparison would prove little";
-    auto a = dp.model->named_parameters(), b = one.model->named_parameters();
-    ASSERT_EQ(a.size(), b.size());
-    const int64_t C = cfg.model.n_embd;
-    double worst = 0, worst_loss = 0;
-    for (size_t s = 0; s < 20; ++s) worst_loss = std::max(worst_loss, std::abs(dp.losses[s] - one.losses[s]) / std::abs(one.losses[s]));
-    for (size_t i = 0; i < a.size(); ++i) {
-      auto pa = a[i].value(), pb = b[i].value();
-      if (a[i].key().find("attn.c_attn.bias") != std::string::npos) {
-        // Note [Key bias]: softmax is invariant to the key bias, so its exact gradient is zero and
-        // all Adam sees there is fp32 rounding noise, which differs with summation order. Compare
-        // the query and value biases; the key bias has no effect on the function (checked below).
-        EXPECT_LE(rel_error(pa.narrow(0, 0, C), pb.narrow(0, 0, C)), 1e-5) << a[i].key() << " (query)";
-        EXPECT_LE(rel_error(pa.narrow(0, 2 * C, C), pb.narrow(0, 2 * C, C)), 1e-5) << a[i].key() << " (value)";
-        continue;
-      }
-      worst = std::max(worst, rel_error(pa, pb));
-      EXPECT_LE(rel_error(pa, pb), 1e-5) << a[i].key();
-    }
-    std::printf("[ measured ] worst relative error: loss %.2e, parameter %.2e\n", worst_loss, worst);
-    // The trained functions agree: logits on a fixed batch.
-    torch::NoGradGuard no_grad;
-    auto idx = torch::arange(2 * 16, torch::kInt64).view({2, 16}).remainder(256);
-    EXPECT_LE(rel_error(dp.model->forward(idx), one.model->forward(idx)), 1e-5) << "logits";
+    expect_same_training(dp, one, cfg.model.n_embd, 1e-5);
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
@@ -138,6 +151,53 @@ TEST(DataParallel, SameWithManySmallBuckets) {
   SharedTokenFile file;
   // 0.01 MiB = 10 KiB: the 2-layer model's ~20 parameter tensors land in many buckets.
   expect_same_as_one_rank(tiny_config(file.path(), 2 * 2 * 16 * world_size(), 0.01));
+}
+
+TEST(DataParallel, SameWithActivationCheckpointingOnTheRanks) {
+  SharedTokenFile file;
+  const auto plain = tiny_config(file.path(), 2 * 16 * world_size(), 0.01);
+  auto recompute = plain;
+  recompute.memory.activation_checkpointing = "full";  // the reducer's hooks must still fire
+  const parallel::RankEnv world(MPI_COMM_WORLD);
+  quiet_logs(world);
+  TrainResult dp = train(recompute, world);
+  if (world.rank() == 0) {
+    const parallel::RankEnv self(MPI_COMM_SELF);
+    TrainResult one = train(plain, self);
+    expect_same_training(dp, one, plain.model.n_embd, 1e-5);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(DataParallel, SameAsOneRankWithZero2AndAccumulation) {
+  SharedTokenFile file;
+  auto cfg = tiny_config(file.path(), 2 * 2 * 16 * world_size(), 0.01);
+  cfg.parallel.zero_stage = 2;
+  expect_same_as_one_rank(cfg);
+}
+
+// ZeRO 1 and 2 on N ranks train the same model as ZeRO 0 on N ranks, with 1/N of its optimizer
+// state per rank.
+TEST(DataParallel, Zero1And2MatchZero0WithAShareOfTheState) {
+  SharedTokenFile file;
+  const parallel::RankEnv world(MPI_COMM_WORLD);
+  quiet_logs(world);
+  for (int64_t accum : {1, 2}) {
+    auto cfg = tiny_config(file.path(), accum * 2 * 16 * world_size(), 0.01);
+    TrainResult zero0 = train(cfg, world);
+    for (int64_t stage : {1, 2}) {
+      cfg.parallel.zero_stage = stage;
+      TrainResult sharded = train(cfg, world);
+      SCOPED_TRACE("ZeRO " + std::to_string(stage) + ", accumulation " + std::to_string(accum));
+      expect_same_training(sharded, zero0, cfg.model.n_embd, 1e-6);
+      // Moments for a shard of padded / N elements (+ padding of under N elements, + one fp32 step
+      // counter per segment) against moments for every parameter.
+      const int64_t n = world_size();
+      const double ratio = static_cast<double>(sharded.optimizer_state_bytes) / zero0.optimizer_state_bytes;
+      EXPECT_NEAR(ratio, 1.0 / n, 0.01) << sharded.optimizer_state_bytes << " vs " << zero0.optimizer_state_bytes;
+    }
+    cfg.parallel.zero_stage = 0;
+  }
 }
 
 }  // namespace

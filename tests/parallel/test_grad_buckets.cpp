@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "parallel/communicator.h"
+#include "parallel/flat_layout.h"
 #include "parallel/grad_buckets.h"
 
 namespace gpt2::parallel {
@@ -49,7 +51,8 @@ TEST(GradBuckets, ReducedGradientIsTheSumOverRanksWithManyBuckets) {
   auto comm = make_mpi_communicator(MPI_COMM_WORLD);
   Stack s(6, 16);
   // 16x16 doubles = 2 KiB per weight; a 3 KiB cap makes two weights per bucket -> 3 buckets.
-  GradBuckets buckets(s.weights, 3 * 1024, *comm);
+  const FlatLayout layout(s.weights, comm->world_size());
+  GradBuckets buckets(s.weights, layout, 3 * 1024, *comm);
   EXPECT_EQ(buckets.num_buckets(), 3);
   const auto want = expected_sum(6, 16, comm->world_size());
   for (int step = 0; step < 2; ++step) {  // twice: zero() must reset everything
@@ -64,7 +67,8 @@ TEST(GradBuckets, ReducedGradientIsTheSumOverRanksWithManyBuckets) {
 TEST(GradBuckets, AccumulatesWithoutReducingUntilTheLastMicroStep) {
   auto comm = make_mpi_communicator(MPI_COMM_WORLD);
   Stack s(3, 8);
-  GradBuckets buckets(s.weights, 1, *comm);  // one parameter per bucket
+  const FlatLayout layout(s.weights, comm->world_size());
+  GradBuckets buckets(s.weights, layout, 1, *comm);  // one parameter per bucket
   std::vector<std::string> events;
   buckets.set_observer([&](const std::string& what, int b, int) { events.push_back(what + std::to_string(b)); });
   buckets.prepare_backward(false);
@@ -81,7 +85,8 @@ TEST(GradBuckets, AccumulatesWithoutReducingUntilTheLastMicroStep) {
 TEST(GradBuckets, FirstBucketIsReducedBeforeBackwardFinishes) {
   auto comm = make_mpi_communicator(MPI_COMM_WORLD);
   Stack s(8, 32);
-  GradBuckets buckets(s.weights, 1, *comm);  // one parameter per bucket: 8 buckets
+  const FlatLayout layout(s.weights, comm->world_size());
+  GradBuckets buckets(s.weights, layout, 1, *comm);  // one parameter per bucket: 8 buckets
   std::vector<std::pair<int, int>> launches;  // (bucket, parameters still without gradient)
   bool backward_returned = false;
   std::vector<bool> launched_during_backward;
@@ -105,7 +110,8 @@ TEST(GradBuckets, FirstBucketIsReducedBeforeBackwardFinishes) {
 TEST(GradBuckets, ParameterWithoutGradientOnOneRankDoesNotHang) {
   auto comm = make_mpi_communicator(MPI_COMM_WORLD);
   Stack s(4, 8);
-  GradBuckets buckets(s.weights, 1, *comm);
+  const FlatLayout layout(s.weights, comm->world_size());
+  GradBuckets buckets(s.weights, layout, 1, *comm);
   // Rank 1 skips layer 2 (data-dependent control flow): its hook never fires there.
   const int skip = comm->rank() == 1 ? 2 : -1;
   buckets.prepare_backward(true);
@@ -122,6 +128,31 @@ TEST(GradBuckets, ParameterWithoutGradientOnOneRankDoesNotHang) {
     }
   }
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(torch::allclose(s.weights[i].grad(), want[i], 1e-12, 1e-12)) << i;
+}
+
+TEST(GradBuckets, Zero2SumsEachShardOntoItsOwnerOnly) {
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  Stack s(5, 8);  // 5 x 64 = 320 elements: shards of 320 / n (padded), split inside parameters
+  const FlatLayout layout(s.weights, comm->world_size());
+  GradBuckets buckets(s.weights, layout, 3 * 64 * 8, *comm, /*shard_gradients=*/true);
+  buckets.prepare_backward(true);
+  s.loss(s.input(comm->rank())).backward();
+  buckets.finish();
+  // Expected flat gradient: sum over ranks inside this rank's shard, this rank's own elsewhere.
+  const auto sum = expected_sum(5, 8, comm->world_size());
+  Stack own(5, 8);
+  own.loss(own.input(comm->rank())).backward();
+  auto want = torch::zeros({layout.padded}, torch::kFloat64);
+  for (int i = 0; i < 5; ++i) {
+    auto slot = want.narrow(0, layout.offset[i], layout.numel[i]);
+    slot.copy_(own.weights[i].grad().reshape({-1}));
+    const int64_t lo = std::max(layout.offset[i], layout.shard_begin(comm->rank()));
+    const int64_t hi = std::min(layout.offset[i] + layout.numel[i], layout.shard_end(comm->rank()));
+    if (lo < hi) want.narrow(0, lo, hi - lo).copy_(sum[i].reshape({-1}).narrow(0, lo - layout.offset[i], hi - lo));
+  }
+  EXPECT_TRUE(torch::allclose(buckets.flat(), want, 1e-12, 1e-12));
+  EXPECT_EQ(layout.padded % comm->world_size(), 0);
+  EXPECT_GE(layout.padded, layout.total);
 }
 
 }  // namespace
