@@ -4,8 +4,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <stdexcept>
 #include <string>
 
+#include "src/activation_checkpoint.h"
 #include "src/base/errors.h"
 
 namespace gpt2 {
@@ -142,7 +144,14 @@ torch::Tensor GPT2Impl::forward(const torch::Tensor& idx) {
   auto& tr = *transformer_;
   auto pos = torch::arange(T, idx.options());                       // (T)
   auto x = tr.wte(idx) + tr.wpe(pos);                               // (B, T, C)
-  for (auto& block : tr.blocks) x = block(x);                       // (B, T, C)
+  for (size_t i = 0; i < tr.blocks.size(); ++i) {
+    std::shared_ptr<BlockImpl> block = tr.blocks[i].ptr();  // the lambda keeps it for the recompute
+    if (checkpoint_every_ > 0 && static_cast<int64_t>(i) % checkpoint_every_ == 0) {
+      x = checkpointed([block](const torch::Tensor& in) { return block->forward(in); }, x);  // (B, T, C)
+    } else {
+      x = block->forward(x);                                         // (B, T, C)
+    }
+  }
   x = tr.ln_f(x);                                                   // (B, T, C)
   // Full padded matrix for a GEMM-friendly N; padding columns are dropped by a free view.
   auto logits = torch::nn::functional::linear(x, tr.wte->weight);  // (B, T, Vp)
@@ -183,6 +192,14 @@ void GPT2Impl::init_weights(uint64_t seed) {
   }
   auto& wte = transformer_->wte->weight;
   wte.narrow(0, cfg_.vocab_size, cfg_.padded_vocab_size() - cfg_.vocab_size).zero_();
+}
+
+void GPT2Impl::set_activation_checkpointing(int64_t every_k) {
+  if (every_k < 0) {
+    throw std::invalid_argument("GPT2::set_activation_checkpointing: every_k must be >= 0, got " +
+                                std::to_string(every_k));
+  }
+  checkpoint_every_ = every_k;
 }
 
 int64_t GPT2Impl::num_parameters(bool count_padding) const {

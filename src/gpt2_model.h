@@ -98,12 +98,20 @@ class GPT2Impl : public torch::nn::Module {
   // Number of parameter elements; without padding it equals HF's count at the same vocab_size.
   int64_t num_parameters(bool count_padding = false) const;
 
+  // Activation checkpointing (memory.activation_checkpointing; activation_checkpoint.h): 0 = none,
+  // 1 = every block (full), K = blocks 0, K, 2K, ... A checkpointed block keeps only its input for
+  // backward and is recomputed there. Applies only when forward runs with grad enabled; the values
+  // and gradients are the same as without. Throws std::invalid_argument for every_k < 0.
+  void set_activation_checkpointing(int64_t every_k);
+  int64_t activation_checkpointing() const { return checkpoint_every_; }
+
   const GPT2Config& config() const { return cfg_; }
   Transformer& transformer() { return transformer_; }
 
  private:
   GPT2Config cfg_;
   Transformer transformer_{nullptr};
+  int64_t checkpoint_every_ = 0;  // see set_activation_checkpointing
 };
 TORCH_MODULE(GPT2);
 
