@@ -15,6 +15,7 @@ struct DataConfig {
   std::string train;                           // token file(s): path, comma list or glob
   std::string val;                             // "" or "none": no eval
   std::string tokenizer_dir = "data/tokenizer/gpt2";  // for samples
+  int64_t prefetch = 4;                        // batches read ahead by the loader thread
 };
 
 struct TrainConfig {
@@ -88,6 +89,9 @@ struct Config {
   // Gradient-accumulation micro-steps per optimizer step for `world_size` ranks; throws
   // gpt2::UserError naming train.batch_tokens when it does not divide.
   int64_t grad_accum_steps(int world_size) const;
+  // memory.activation_checkpointing as GPT2::set_activation_checkpointing takes it: 0 = none,
+  // 1 = full, K = every_k=K; throws gpt2::UserError naming the key for any other value.
+  int64_t checkpoint_every() const;
   // The resolved settings as `section.key = value` lines, for the start-of-run table.
   std::vector<std::pair<std::string, std::string>> table() const;
 };

@@ -20,12 +20,13 @@
 
 #include "data/batch_sampler.h"
 #include "data/bpe_tokenizer.h"
-#include "data/token_file.h"
+#include "data/batch_loader.h"
+#include "data/token_stream.h"
 #include "data/unicode_tables.h"
-#include "optim/adamw.h"
-#include "optim/grad_clip.h"
+#include "optim/sharded_adamw.h"
 #include "optim/lr_schedule.h"
 #include "parallel/communicator.h"
+#include "parallel/flat_layout.h"
 #include "parallel/grad_buckets.h"
 #include "src/base/errors.h"
 #include "src/base/log.h"
@@ -68,42 +69,6 @@ class AutocastScope {
 
  private:
   bool enabled_;
-};
-
-// Reads rows of seq_len + 1 tokens from a token file into (inputs, targets) on the device.
-class BatchReader {
- public:
-  BatchReader(const data::TokenFile& file, int64_t rows, int64_t seq_len, int64_t vocab_size,
-              torch::Device device)
-      : file_(file), rows_(rows), seq_len_(seq_len), vocab_size_(vocab_size), device_(device),
-        host_(torch::empty({rows, seq_len + 1}, torch::kInt64)) {}
-
-  // `start_of_row(i)` gives the first token of row i.
-  template <typename StartOf>
-  std::pair<torch::Tensor, torch::Tensor> read(StartOf start_of_row) {
-    int64_t* buf = host_.data_ptr<int64_t>();
-    for (int64_t i = 0; i < rows_; ++i) {
-      const int64_t start = start_of_row(i);
-      int64_t* row = buf + i * (seq_len_ + 1);
-      file_.read(start, seq_len_ + 1, row);
-      for (int64_t j = 0; j <= seq_len_; ++j) {
-        if (row[j] < 0 || row[j] >= vocab_size_) {
-          throw UserError(file_.info().path + ": token id " + std::to_string(row[j]) + " at position " +
-                          std::to_string(start + j) + " is outside model.vocab_size = " +
-                          std::to_string(vocab_size_));
-        }
-      }
-    }
-    auto x = host_.narrow(1, 0, seq_len_).to(device_);  // (B, T)
-    auto y = host_.narrow(1, 1, seq_len_).to(device_);  // (B, T)
-    return {x, y};
-  }
-
- private:
-  const data::TokenFile& file_;
-  int64_t rows_, seq_len_, vocab_size_;
-  torch::Device device_;
-  torch::Tensor host_;
 };
 
 // Test hook: GPT2_FAULT_AT=RANK:STEP makes that rank throw at the start of that step, so tests
@@ -158,30 +123,53 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   // Same seed on every rank: identical initial weights without a broadcast.
   GPT2 model(cfg.model);
   model->init_weights(tc.seed);
+  model->set_activation_checkpointing(cfg.checkpoint_every());  // 0 = none, 1 = every block, K = every K-th
   model->to(device);
   const int64_t num_params = model->num_parameters(/*count_padding=*/true);
   log_settings(cfg, env, device, accum, num_params);
 
   std::vector<torch::Tensor> params = model->parameters();
-  // Gradients live in flat buckets that are all-reduced while backward runs (parallel/grad_buckets.h).
+  // Gradients live in flat buckets reduced while backward runs (parallel/grad_buckets.h); the
+  // optimizer keeps AdamW state for this rank's shard of the same flat space (ZeRO 1/2) or all of
+  // it (ZeRO 0), and the parameters become views into one flat buffer.
   const auto comm = parallel::make_communicator(env.comm(), device, cfg.parallel.timeout_s);
-  parallel::GradBuckets buckets(params, static_cast<int64_t>(cfg.parallel.bucket_mb * (1 << 20)), *comm);
+  const parallel::FlatLayout layout(params, world);
+  const int64_t zero = cfg.parallel.zero_stage;
+  parallel::GradBuckets buckets(params, layout, static_cast<int64_t>(cfg.parallel.bucket_mb * (1 << 20)), *comm,
+                                /*shard_gradients=*/zero == 2);
+  optim::ShardedAdamW optimizer(params, layout, buckets.flat(), *comm, /*sharded=*/zero >= 1,
+                                {tc.beta1, tc.beta2, tc.eps}, tc.weight_decay);
   log::info("data parallel: ", world, " rank(s), ", comm->backend(), ", ", buckets.num_buckets(),
-            " gradient buckets of <= ", cfg.parallel.bucket_mb, " MiB");
-  optim::AdamW optimizer(optim::decay_groups(params, tc.weight_decay), {tc.beta1, tc.beta2, tc.eps});
+            " gradient buckets of <= ", cfg.parallel.bucket_mb, " MiB, ZeRO stage ", zero);
+  log::info(log::format("optimizer state: %.1f MiB on this rank (%lld of %lld parameters)",
+                        optimizer.state_bytes() / 1048576.0, (long long)optimizer.shard_numel(),
+                        (long long)layout.total));
   const optim::WarmupCosine schedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps};
 
-  const auto train_file = data::TokenFile::open(cfg.data.train, cfg.model.vocab_size);
-  const data::BatchSampler sampler(train_file.size(), T, tc.seed);
-  BatchReader train_reader(train_file, mb, T, cfg.model.vocab_size, device);
-  std::optional<data::TokenFile> val_file;
-  std::optional<BatchReader> val_reader;
+  // Training batch i = micro-step i % accum of step i / accum (Note [Batch layout]); prefetched.
+  const auto train_stream = data::TokenStream::open(cfg.data.train, cfg.model.vocab_size, "data.train");
+  const data::BatchSampler sampler(train_stream.size(), T, tc.seed);
+  data::BatchLoader train_loader(
+      train_stream,
+      [&](int64_t i, int64_t row) {
+        return sampler.window_start(data::global_sample_index(i / accum, i % accum, rank, row, mb, world, accum));
+      },
+      mb, T, cfg.model.vocab_size, device, static_cast<int>(cfg.data.prefetch));
+  // Validation: the same sequential windows at every eval, read synchronously.
+  std::optional<data::TokenStream> val_stream;
+  std::optional<data::BatchLoader> val_loader;
   if (!cfg.data.val.empty()) {
-    val_file.emplace(data::TokenFile::open(cfg.data.val, cfg.model.vocab_size));
-    val_reader.emplace(*val_file, mb, T, cfg.model.vocab_size, device);
+    val_stream.emplace(data::TokenStream::open(cfg.data.val, cfg.model.vocab_size, "data.val"));
+    const int64_t val_windows = data::BatchSampler(val_stream->size(), T, 0).num_windows();
+    val_loader.emplace(
+        *val_stream,
+        [=](int64_t e, int64_t row) {
+          return data::global_sample_index(0, e, rank, row, mb, world, tc.eval_steps) % val_windows * T;
+        },
+        mb, T, cfg.model.vocab_size, device, /*depth=*/0);
   }
-  log::info("data: train ", cfg.data.train, " (", train_file.size(), " tokens, ", sampler.num_windows(),
-            " windows/epoch)", val_file ? ", val " + cfg.data.val + " (" + std::to_string(val_file->size()) + " tokens)" : "");
+  log::info("data: train ", train_stream.describe(), " (", sampler.num_windows(), " windows/epoch)",
+            val_stream ? "; val " + val_stream->describe() : "");
 
   std::optional<data::Gpt2Tokenizer> tokenizer;
   if (env.is_main() && tc.sample_tokens > 0) tokenizer.emplace(data::Gpt2Tokenizer::load(cfg.data.tokenizer_dir));
@@ -195,15 +183,11 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   auto evaluate = [&]() -> double {
     torch::NoGradGuard no_grad;
     model->eval();
-    const int64_t val_windows = (val_file->size() - 1) / T;
     auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
     for (int64_t e = 0; e < tc.eval_steps; ++e) {
-      auto [x, y] = val_reader->read([&](int64_t row) {
-        const int64_t g = data::global_sample_index(0, e, rank, row, mb, world, tc.eval_steps);
-        return (g % val_windows) * T;  // sequential windows, the same every eval
-      });
+      const auto batch = val_loader->get(e);
       AutocastScope cast(autocast, autocast_dtype);
-      loss_sum += model->loss(x, y).to(torch::kFloat64);
+      loss_sum += model->loss(batch.x, batch.y).to(torch::kFloat64);
     }
     model->train();
     return env.all_reduce_sum(loss_sum.item<double>() / tc.eval_steps) / world;
@@ -221,6 +205,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   auto window_start = Clock::now();
   const auto run_start = Clock::now();
   int64_t window_steps = 0;
+  double data_wait = 0;  // seconds the loop blocked on the prefetcher in this logging window
   double timed_seconds = 0;
   int64_t timed_steps = 0;
   reset_peak_memory(cuda_index);
@@ -232,7 +217,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
 
     // ---- eval (all ranks: one reduction) ------------------------------------------------------
     const auto pause_start = Clock::now();  // eval and sample time stays out of the step timing
-    if (val_reader && ((tc.eval_every > 0 && step % tc.eval_every == 0) || last_step)) {
+    if (val_loader && ((tc.eval_every > 0 && step % tc.eval_every == 0) || last_step)) {
       const double val_loss = evaluate();
       result.val_losses.emplace_back(step, val_loss);
       log::info(log::format("step %lld/%lld | val loss %.4f", (long long)step, (long long)tc.max_steps, val_loss));
@@ -247,13 +232,12 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
     // Only the last micro-step's backward reduces: buckets are all-reduced as they fill.
     for (int64_t micro = 0; micro < accum; ++micro) {
       buckets.prepare_backward(/*reduce=*/micro == accum - 1);
-      auto [x, y] = train_reader.read([&](int64_t row) {
-        return sampler.window_start(data::global_sample_index(step, micro, rank, row, mb, world, accum));
-      });
+      const auto batch = train_loader.next();
+      data_wait += batch.wait_seconds;
       torch::Tensor loss;
       {
         AutocastScope cast(autocast, autocast_dtype);
-        loss = model->loss(x, y);  // (,) fp32, mean over this micro-batch
+        loss = model->loss(batch.x, batch.y);  // (,) fp32, mean over this micro-batch
       }
       // Scale so the accumulated gradient is the mean over the global batch.
       (loss / static_cast<double>(accum * world)).backward();
@@ -264,9 +248,10 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
     buckets.finish();
 
     // ---- clip and step (all ranks) ------------------------------------------------------------
-    grad_norm = optim::clip_grad_norm(params, tc.grad_clip);
+    grad_norm = optimizer.clip_grad_norm(tc.grad_clip);
     const double lr = schedule.at(step);
     optimizer.step(lr);
+    optimizer.gather();  // ZeRO 1/2: every rank gets the updated shards of the others
     buckets.zero();
 
     // ---- log (reduction on all ranks, printing on rank 0) --------------------------------------
@@ -299,12 +284,14 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
                      {"ms_per_step", json_number(ms_per_step)},
                      {"mfu", json_number(mfu)},
                      {"peak_mem_gib", json_number(mem)},
+                     {"data_wait_frac", json_number(data_wait / elapsed)},
                      {"tokens", std::to_string((step + 1) * tokens_per_step)}});
       if (!std::isfinite(step_loss)) throw Error("training loss is not finite at step " + std::to_string(step));
       result.losses.resize(step + 1, std::nan(""));
       result.losses[step] = step_loss;
       window_start = Clock::now();
       window_steps = 0;
+      data_wait = 0;
     }
     loss_sum.zero_();
   }
@@ -312,6 +299,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   // ---- summary (rank 0 prints) ------------------------------------------------------------------
   result.tokens_per_sec = timed_steps > 0 ? static_cast<double>(tokens_per_step) * timed_steps / timed_seconds : 0.0;
   result.peak_mem_gib = peak_memory_gib(cuda_index);
+  result.optimizer_state_bytes = optimizer.state_bytes();
   if (tokenizer) sample(tc.max_steps);
   const std::string val_text =
       result.val_losses.empty() ? "" : log::format(" | val loss %.4f -> %.4f", result.val_losses.front().second,
