@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
+
 #include "src/base/errors.h"
 
 namespace gpt2::optim {
@@ -23,7 +25,7 @@ AdamW::AdamW(std::vector<Group> groups, AdamWOptions options) : options_(options
   }
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, const torch::Tensor& found_inf) {
   at::NoGradGuard no_grad;
   for (auto& g : groups_) {
     std::vector<at::Tensor> params, grads, m, v, steps;
@@ -38,9 +40,12 @@ void AdamW::step(double lr) {
     }
     if (params.empty()) continue;
     at::_foreach_add_(steps, 1);
+    const std::optional<at::Tensor> skip = found_inf.defined() ? std::optional<at::Tensor>(found_inf) : std::nullopt;
     at::_fused_adamw_(params, grads, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, options_.beta1,
                       options_.beta2, g.weight_decay, options_.eps, /*amsgrad=*/false,
-                      /*maximize=*/false);
+                      /*maximize=*/false, /*grad_scale=*/std::nullopt, /*found_inf=*/skip);
+    // A skipped step does not count (as torch.amp.GradScaler does with fused optimizers).
+    if (skip) at::_foreach_sub_(steps, skip->reshape({}));
   }
   ++steps_taken_;
 }

@@ -27,7 +27,9 @@ class AdamW {
   AdamW(std::vector<Group> groups, AdamWOptions options);
 
   // One update with learning rate `lr` from each param's .grad(); params without a grad are skipped.
-  void step(double lr);
+  // found_inf (a 1-element fp32 tensor on the params' device, from LossScaler): when it holds 1 the
+  // fused kernel leaves parameters and moments untouched and the step count is not advanced.
+  void step(double lr, const torch::Tensor& found_inf = {});
   // Zeroes gradients in place (keeps the storage: gradient buckets view into it).
   void zero_grad();
 

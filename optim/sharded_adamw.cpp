@@ -49,7 +49,7 @@ torch::Tensor ShardedAdamW::clip_grad_norm(double max_norm) {
   return norm;
 }
 
-void ShardedAdamW::step(double lr) { adamw_->step(lr); }
+void ShardedAdamW::step(double lr, const torch::Tensor& found_inf) { adamw_->step(lr, found_inf); }
 
 void ShardedAdamW::gather() {
   if (!sharded_) return;

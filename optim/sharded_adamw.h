@@ -28,12 +28,15 @@ class ShardedAdamW {
   // Global L2 norm of the gradient (a device scalar; no host sync) and clipping to max_norm
   // (<= 0: no clipping). Reads only this rank's shard, then sums squares across ranks.
   torch::Tensor clip_grad_norm(double max_norm);
-  void step(double lr);
+  void step(double lr, const torch::Tensor& found_inf = {});
   // All-gathers the updated shards into every rank's parameters (sharded only).
   void gather();
 
   int64_t state_bytes() const { return adamw_->state_bytes(); }
   int64_t shard_numel() const { return end_ - begin_; }
+  // This rank's shard of the gradient (what clipping and loss-scale unscaling act on).
+  const torch::Tensor& grad_shard() const { return grad_shard_; }
+  bool sharded() const { return sharded_; }
 
  private:
   parallel::Communicator& comm_;

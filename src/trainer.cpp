@@ -23,6 +23,7 @@
 #include "data/batch_loader.h"
 #include "data/token_stream.h"
 #include "data/unicode_tables.h"
+#include "optim/loss_scaler.h"
 #include "optim/sharded_adamw.h"
 #include "optim/lr_schedule.h"
 #include "parallel/communicator.h"
@@ -144,6 +145,8 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   log::info(log::format("optimizer state: %.1f MiB on this rank (%lld of %lld parameters)",
                         optimizer.state_bytes() / 1048576.0, (long long)optimizer.shard_numel(),
                         (long long)layout.total));
+  // fp16 needs loss scaling so small gradients survive; bf16 has fp32's range and does not.
+  optim::LossScaler scaler(autocast && autocast_dtype == at::kHalf, device);
   const optim::WarmupCosine schedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps};
 
   // Training batch i = micro-step i % accum of step i / accum (Note [Batch layout]); prefetched.
@@ -240,7 +243,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
         loss = model->loss(batch.x, batch.y);  // (,) fp32, mean over this micro-batch
       }
       // Scale so the accumulated gradient is the mean over the global batch.
-      (loss / static_cast<double>(accum * world)).backward();
+      scaler.scale_loss(loss / static_cast<double>(accum * world)).backward();
       loss_sum += loss.detach();
     }
 
@@ -248,9 +251,13 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
     buckets.finish();
 
     // ---- clip and step (all ranks) ------------------------------------------------------------
+    // fp16: unscale, and skip the step on every rank if any rank saw inf/NaN (no host sync).
+    const auto found_inf =
+        scaler.unscale_and_check(optimizer.grad_shard(), optimizer.sharded() ? comm.get() : nullptr);
     grad_norm = optimizer.clip_grad_norm(tc.grad_clip);
     const double lr = schedule.at(step);
-    optimizer.step(lr);
+    optimizer.step(lr, scaler.enabled() ? found_inf : torch::Tensor());
+    scaler.update(found_inf);
     optimizer.gather();  // ZeRO 1/2: every rank gets the updated shards of the others
     buckets.zero();
 
@@ -285,6 +292,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
                      {"mfu", json_number(mfu)},
                      {"peak_mem_gib", json_number(mem)},
                      {"data_wait_frac", json_number(data_wait / elapsed)},
+                     {"loss_scale", json_number(scaler.enabled() ? scaler.scale() : 1.0)},
                      {"tokens", std::to_string((step + 1) * tokens_per_step)}});
       if (!std::isfinite(step_loss)) throw Error("training loss is not finite at step " + std::to_string(step));
       result.losses.resize(step + 1, std::nan(""));

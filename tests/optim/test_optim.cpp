@@ -3,9 +3,11 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
 
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
+#include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 
 namespace gpt2::optim {
@@ -99,6 +101,64 @@ TEST(GradClip, NormAndScaling) {
   auto before = a.grad().clone();
   clip_grad_norm({a, b}, 10.0);
   EXPECT_TRUE(torch::equal(before, a.grad()));
+}
+
+}  // namespace
+}  // namespace gpt2::optim
+
+namespace gpt2::optim {
+namespace {
+
+// The fp16 scaler: an injected inf skips the step (parameters, moments and step count untouched)
+// and halves the scale; the next finite step is the step an unscaled AdamW would take; the scale
+// doubles after growth_interval good steps.
+TEST(LossScaler, SkipsAStepWithAnInjectedInfAndRecovers) {
+  LossScaler scaler(true, torch::kCPU, {/*init_scale=*/1024.0, /*growth=*/2.0, /*backoff=*/0.5, /*growth_interval=*/3});
+  auto w = torch::tensor({1.0f, -2.0f, 3.0f}).set_requires_grad(true);
+  auto ref = torch::tensor({1.0f, -2.0f, 3.0f}).set_requires_grad(true);
+  AdamW opt(decay_groups({w}, 0.0), {});
+  AdamW ref_opt(decay_groups({ref}, 0.0), {});
+  const auto true_grad = torch::tensor({0.5f, -0.25f, 1.0f});
+
+  // Step 1: a scaled gradient with an inf in it.
+  w.mutable_grad() = true_grad * 1024.0f;
+  w.mutable_grad()[1] = std::numeric_limits<float>::infinity();
+  auto found = scaler.unscale_and_check(w.grad(), nullptr);
+  EXPECT_EQ(found.item<float>(), 1.0f);
+  opt.step(0.1, found);
+  scaler.update(found);
+  EXPECT_TRUE(torch::equal(w.detach(), torch::tensor({1.0f, -2.0f, 3.0f})));  // skipped
+  EXPECT_EQ(scaler.scale(), 512.0);
+
+  // Step 2: finite; must equal the reference's first step exactly.
+  w.mutable_grad() = true_grad * 512.0f;
+  found = scaler.unscale_and_check(w.grad(), nullptr);
+  EXPECT_EQ(found.item<float>(), 0.0f);
+  opt.step(0.1, found);
+  scaler.update(found);
+  ref.mutable_grad() = true_grad.clone();
+  ref_opt.step(0.1);
+  EXPECT_TRUE(torch::allclose(w.detach(), ref.detach(), 0, 1e-6));
+
+  // Two more good steps: three in a row -> the scale doubles.
+  for (int i = 0; i < 2; ++i) {
+    w.mutable_grad() = true_grad * static_cast<float>(scaler.scale());
+    found = scaler.unscale_and_check(w.grad(), nullptr);
+    opt.step(0.1, found);
+    scaler.update(found);
+    ref.mutable_grad() = true_grad.clone();
+    ref_opt.step(0.1);
+  }
+  EXPECT_EQ(scaler.scale(), 1024.0);
+  EXPECT_TRUE(torch::allclose(w.detach(), ref.detach(), 0, 1e-6));  // bias correction saw 3 steps, not 4
+}
+
+TEST(LossScaler, DisabledIsTheIdentity) {
+  LossScaler off(false, torch::kCPU);
+  auto loss = torch::tensor(2.5f);
+  EXPECT_TRUE(torch::equal(off.scale_loss(loss), loss));
+  auto g = torch::tensor({std::numeric_limits<float>::infinity()});
+  EXPECT_EQ(off.unscale_and_check(g, nullptr).item<float>(), 0.0f);
 }
 
 }  // namespace

@@ -1,0 +1,29 @@
+#include "optim/loss_scaler.h"
+
+#include <ATen/ATen.h>
+
+namespace gpt2::optim {
+
+LossScaler::LossScaler(bool enabled, torch::Device device, LossScalerOptions options)
+    : enabled_(enabled), options_(options) {
+  scale_ = at::full({1}, enabled ? options.init_scale : 1.0, at::TensorOptions().dtype(at::kFloat).device(device));
+  growth_tracker_ = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(device));
+}
+
+torch::Tensor LossScaler::unscale_and_check(const torch::Tensor& grads, parallel::Communicator* comm) {
+  auto found_inf = at::zeros({1}, scale_.options());
+  if (!enabled_) return found_inf;
+  at::NoGradGuard no_grad;
+  auto inv_scale = scale_.reciprocal();
+  at::_amp_foreach_non_finite_check_and_unscale_({grads}, found_inf, inv_scale);
+  if (comm != nullptr && comm->world_size() > 1) comm->all_reduce(found_inf, parallel::ReduceOp::kMax)->wait();
+  return found_inf;
+}
+
+void LossScaler::update(const torch::Tensor& found_inf) {
+  if (!enabled_) return;
+  at::_amp_update_scale_(scale_, growth_tracker_, found_inf, options_.growth, options_.backoff,
+                         options_.growth_interval);
+}
+
+}  // namespace gpt2::optim
