@@ -119,13 +119,14 @@ void quiet_logs(const parallel::RankEnv& env) {
   log::set_level(log::Level::kWarn);
 }
 
-void expect_same_as_one_rank(const Config& cfg) {
+// Training with `cfg` on all ranks against `reference` (default: the same config) on rank 0 alone.
+void expect_same_as_one_rank(const Config& cfg, const Config* reference = nullptr) {
   const parallel::RankEnv world(MPI_COMM_WORLD);
   quiet_logs(world);
   TrainResult dp = train(cfg, world);
   if (world.rank() == 0) {
     const parallel::RankEnv self(MPI_COMM_SELF);
-    TrainResult one = train(cfg, self);
+    TrainResult one = train(reference ? *reference : cfg, self);
     expect_same_training(dp, one, cfg.model.n_embd, 1e-5);
   }
   MPI_Barrier(MPI_COMM_WORLD);
@@ -158,15 +159,7 @@ TEST(DataParallel, SameWithActivationCheckpointingOnTheRanks) {
   const auto plain = tiny_config(file.path(), 2 * 16 * world_size(), 0.01);
   auto recompute = plain;
   recompute.memory.activation_checkpointing = "full";  // the reducer's hooks must still fire
-  const parallel::RankEnv world(MPI_COMM_WORLD);
-  quiet_logs(world);
-  TrainResult dp = train(recompute, world);
-  if (world.rank() == 0) {
-    const parallel::RankEnv self(MPI_COMM_SELF);
-    TrainResult one = train(plain, self);
-    expect_same_training(dp, one, plain.model.n_embd, 1e-5);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
+  expect_same_as_one_rank(recompute, &plain);
 }
 
 TEST(DataParallel, SameAsOneRankWithZero2AndAccumulation) {
