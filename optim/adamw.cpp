@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <vector>
 
 #include "src/base/errors.h"
 
@@ -45,7 +46,7 @@ void AdamW::step(double lr, const torch::Tensor& found_inf) {
                       options_.beta2, g.weight_decay, options_.eps, /*amsgrad=*/false,
                       /*maximize=*/false, /*grad_scale=*/std::nullopt, /*found_inf=*/skip);
     // A skipped step does not count (as torch.amp.GradScaler does with fused optimizers).
-    if (skip) at::_foreach_sub_(steps, skip->reshape({}));
+    if (skip) at::_foreach_sub_(steps, std::vector<at::Tensor>(steps.size(), skip->reshape({})));
   }
   ++steps_taken_;
 }

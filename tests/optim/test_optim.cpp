@@ -116,7 +116,10 @@ TEST(LossScaler, SkipsAStepWithAnInjectedInfAndRecovers) {
   LossScaler scaler(true, torch::kCPU, {/*init_scale=*/1024.0, /*growth=*/2.0, /*backoff=*/0.5, /*growth_interval=*/3});
   auto w = torch::tensor({1.0f, -2.0f, 3.0f}).set_requires_grad(true);
   auto ref = torch::tensor({1.0f, -2.0f, 3.0f}).set_requires_grad(true);
-  AdamW opt(decay_groups({w}, 0.0), {});
+  // A second parameter in the same group: the skip must apply to every tensor of a group.
+  auto other = torch::tensor({4.0f, 5.0f}).set_requires_grad(true);
+  other.mutable_grad() = torch::tensor({1.0f, 1.0f});
+  AdamW opt(decay_groups({w, other}, 0.0), {});
   AdamW ref_opt(decay_groups({ref}, 0.0), {});
   const auto true_grad = torch::tensor({0.5f, -0.25f, 1.0f});
 
@@ -128,6 +131,7 @@ TEST(LossScaler, SkipsAStepWithAnInjectedInfAndRecovers) {
   opt.step(0.1, found);
   scaler.update(found);
   EXPECT_TRUE(torch::equal(w.detach(), torch::tensor({1.0f, -2.0f, 3.0f})));  // skipped
+  EXPECT_TRUE(torch::equal(other.detach(), torch::tensor({4.0f, 5.0f})));
   EXPECT_EQ(scaler.scale(), 512.0);
 
   // Step 2: finite; must equal the reference's first step exactly.
