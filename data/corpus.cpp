@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -26,30 +27,6 @@ size_t find_non_text(std::string_view text) {
   const size_t nul = text.find('\0');
   const size_t first = std::min(invalid, nul == std::string_view::npos ? text.size() : nul);
   return first == text.size() ? std::string_view::npos : first;
-}
-
-// Appends the regular files under `dir` (not following symlinks, skipping hidden entries).
-void walk_directory_into(const std::string& dir, std::vector<std::string>& out) {
-  for (const std::string& name : files::list_directory(dir)) {
-    if (name[0] == '.') continue;
-    const std::string path = files::join(dir, name);
-    // Symlinks are skipped: in a directory they usually alias files already listed (fortune's
-    // *.u8 links), and not following them rules out loops.
-    if (files::is_symlink(path)) continue;
-    if (files::is_directory(path)) {
-      walk_directory_into(path, out);
-    } else if (files::is_regular_file(path)) {
-      out.push_back(path);
-    }
-  }
-}
-
-// Regular files under `dir` (not following symlinks, skipping hidden entries), sorted.
-std::vector<std::string> walk_directory(const std::string& dir) {
-  std::vector<std::string> out;
-  walk_directory_into(dir, out);
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 uint64_t splitmix64(uint64_t x) {
@@ -117,47 +94,138 @@ std::vector<std::pair<size_t, size_t>> split_documents(std::string_view text,
   return docs;
 }
 
+void Corpus::add_text(const std::string& path, std::string text, const std::optional<std::string>& separator) {
+  const auto ranges = split_documents(text, separator);
+  const auto index = static_cast<uint32_t>(files_.size());
+  for (const auto& [offset, length] : ranges) {
+    documents_.push_back(DocumentRef{index, offset, length, -1});
+    document_bytes_ += static_cast<int64_t>(length);
+  }
+  if (ranges.empty()) text.clear();  // nothing to keep
+  files_.push_back(CorpusFile{path, std::move(text)});
+}
+
 Corpus Corpus::load(const std::vector<std::string>& inputs, const std::optional<std::string>& separator) {
-  if (inputs.empty()) throw UserError("no INPUT given (text files or directories)");
+  CorpusOptions options;
+  options.separator = separator;
+  CorpusReader reader(inputs, options);
   Corpus corpus;
-  auto add_file = [&](const std::string& path, std::string text) {
-    const auto ranges = split_documents(text, separator);
-    const auto index = static_cast<uint32_t>(corpus.files_.size());
-    for (const auto& [offset, length] : ranges) {
-      corpus.documents_.push_back(DocumentRef{index, offset, length});
-      corpus.document_bytes_ += static_cast<int64_t>(length);
-    }
-    if (ranges.empty()) text.clear();  // nothing to keep
-    corpus.files_.push_back(CorpusFile{path, std::move(text)});
-  };
-  for (const std::string& input : inputs) {
-    if (!files::exists(input)) throw UserError(input + ": no such file or directory");
-    if (files::is_directory(input)) {
-      for (const std::string& path : walk_directory(input)) {
-        if (files::extension(path) == ".dat") {
-          corpus.skipped_.push_back(SkippedFile{path, kSkippedDat});
-          continue;
+  reader.next(&corpus, INT64_MAX);
+  return corpus;
+}
+
+CorpusReader::CorpusReader(const std::vector<std::string>& inputs, CorpusOptions options)
+    : options_(std::move(options)) {
+  ExpandedInputs expanded = expand_inputs(inputs);
+  inputs_ = std::move(expanded.files);
+  pending_skipped_ = std::move(expanded.skipped);
+  for (const InputFile& f : inputs_) {
+    total_bytes_ += f.bytes;
+    // Headers are cheap to check: a bad shard among hundreds fails now, not hours into the run.
+    if (f.kind == InputKind::kTokenShard) BinShardReader(f.path, options_.bin_format, options_.vocab_size);
+  }
+}
+
+CorpusReader::~CorpusReader() = default;
+
+void CorpusReader::flush_token_run(Corpus* batch, bool end_of_stream) {
+  if (run_.empty()) return;
+  if (end_of_stream && run_.back() != options_.eot_token) {
+    // Every document of a token file is followed by EOT (DESIGN.md); llm.c shards put EOT before
+    // each document instead, so their last document has none.
+    run_.push_back(options_.eot_token);
+    ++added_eot_;
+  }
+  batch->shard_tokens_ += static_cast<int64_t>(run_.size());
+  batch->documents_.push_back(DocumentRef{0, 0, 0, static_cast<int32_t>(batch->token_runs_.size())});
+  batch->token_runs_.push_back(std::move(run_));
+  run_.clear();
+}
+
+bool CorpusReader::next(Corpus* batch, int64_t target_bytes) {
+  *batch = Corpus();
+  batch->skipped_ = std::move(pending_skipped_);
+  pending_skipped_.clear();
+  if (next_input_ >= inputs_.size()) return false;
+  int64_t gathered = 0;
+  while (next_input_ < inputs_.size() && gathered < target_bytes) {
+    const InputFile& input = inputs_[next_input_];
+    switch (input.kind) {
+      case InputKind::kText: {
+        std::string text = files::read_file(input.path);
+        batch->input_bytes_ += static_cast<int64_t>(text.size());
+        gathered += static_cast<int64_t>(text.size());
+        if (input.named) {
+          const size_t bad =
+              unicode::find_invalid_utf8(reinterpret_cast<const unsigned char*>(text.data()), text.size());
+          if (bad != text.size()) {
+            throw UserError(input.path + ": not UTF-8 text (invalid byte at offset " + std::to_string(bad) + ")");
+          }
+        } else if (const size_t bad = find_non_text(text); bad != std::string_view::npos) {
+          batch->skipped_.push_back(SkippedFile{input.path, "not UTF-8 text (byte offset " + std::to_string(bad) + ")"});
+          ++next_input_;
+          break;
         }
-        std::string text = files::read_file(path);
-        const size_t bad = find_non_text(text);
-        if (bad != std::string_view::npos) {
-          corpus.skipped_.push_back(SkippedFile{path, "not UTF-8 text (byte offset " + std::to_string(bad) + ")"});
-          continue;
+        batch->add_text(input.path, std::move(text), options_.separator);
+        ++next_input_;
+        break;
+      }
+      case InputKind::kJsonLines: {
+        if (!jsonl_) jsonl_ = std::make_unique<JsonlReader>(input.path);
+        // All of this file's documents in this batch share one CorpusFile.
+        const auto file_index = static_cast<uint32_t>(batch->files_.size());
+        batch->files_.push_back(CorpusFile{input.path, {}});
+        std::string& all = batch->files_.back().text;
+        std::string doc;
+        const int64_t before = jsonl_->bytes_read();
+        bool more = true;
+        while (gathered + (jsonl_->bytes_read() - before) < target_bytes && (more = jsonl_->next(&doc))) {
+          if (is_blank(doc)) continue;
+          batch->documents_.push_back(DocumentRef{file_index, all.size(), doc.size(), -1});
+          batch->document_bytes_ += static_cast<int64_t>(doc.size());
+          all += doc;
         }
-        add_file(path, std::move(text));
+        const int64_t consumed = jsonl_->bytes_read() - before;
+        batch->input_bytes_ += consumed;
+        gathered += consumed;
+        if (!more) {
+          jsonl_.reset();
+          ++next_input_;
+        }
+        break;
       }
-    } else if (files::is_regular_file(input)) {
-      std::string text = files::read_file(input);
-      const size_t bad = unicode::find_invalid_utf8(reinterpret_cast<const unsigned char*>(text.data()), text.size());
-      if (bad != text.size()) {
-        throw UserError(input + ": not UTF-8 text (invalid byte at offset " + std::to_string(bad) + ")");
+      case InputKind::kTokenShard: {
+        if (!shard_) {
+          shard_ = std::make_unique<BinShardReader>(input.path, options_.bin_format, options_.vocab_size);
+          if (shard_->info().llmc_header) {
+            batch->input_bytes_ += kLlmcHeaderBytes;
+            gathered += kLlmcHeaderBytes;
+          }
+        }
+        std::vector<int32_t> block;
+        const auto want = static_cast<size_t>(std::clamp<int64_t>((target_bytes - gathered) / 2, 1, 1 << 20));
+        const size_t got = shard_->read(block, want);
+        batch->input_bytes_ += 2 * static_cast<int64_t>(got);
+        gathered += 2 * static_cast<int64_t>(got);
+        for (const int32_t id : block) {
+          run_.push_back(id);
+          if (id == options_.eot_token || run_.size() >= kMaxTokenRun) flush_token_run(batch, false);
+        }
+        if (got == 0) {
+          shard_.reset();
+          ++next_input_;
+          const bool stream_ends = next_input_ >= inputs_.size() || inputs_[next_input_].kind != InputKind::kTokenShard;
+          if (stream_ends) flush_token_run(batch, true);
+        }
+        break;
       }
-      add_file(input, std::move(text));
-    } else {
-      throw UserError(input + ": not a regular file or directory");
     }
   }
-  return corpus;
+  return true;
+}
+
+double validation_draw(uint64_t seed, uint64_t index) {
+  return static_cast<double>(splitmix64(splitmix64(seed) ^ splitmix64(index)) >> 11) * 0x1.0p-53;
 }
 
 std::vector<bool> assign_validation(size_t num_documents, double val_fraction, uint64_t seed) {
@@ -165,10 +233,9 @@ std::vector<bool> assign_validation(size_t num_documents, double val_fraction, u
   if (val_fraction <= 0 || num_documents == 0) return val;
   // u[i] in [0, 1) from a hash of (seed, i): the split of a document does not depend on the others.
   std::vector<double> u(num_documents);
-  const uint64_t seed_hash = splitmix64(seed);
   size_t num_val = 0;
   for (size_t i = 0; i < num_documents; ++i) {
-    u[i] = static_cast<double>(splitmix64(seed_hash ^ splitmix64(i)) >> 11) * 0x1.0p-53;
+    u[i] = validation_draw(seed, i);
     val[i] = u[i] < val_fraction;
     num_val += val[i] ? 1 : 0;
   }
@@ -180,8 +247,9 @@ std::vector<bool> assign_validation(size_t num_documents, double val_fraction, u
 }
 
 std::vector<std::vector<int32_t>> tokenize_documents(const Gpt2Tokenizer& tokenizer, const Corpus& corpus,
-                                                     int threads) {
+                                                     int threads, TokenizeProgress* progress) {
   const auto& docs = corpus.documents();
+  std::vector<std::vector<int32_t>> result(docs.size());
   struct Work {
     size_t doc;
     std::string_view text;
@@ -189,6 +257,14 @@ std::vector<std::vector<int32_t>> tokenize_documents(const Gpt2Tokenizer& tokeni
   };
   std::vector<Work> work;
   for (size_t d = 0; d < docs.size(); ++d) {
+    if (docs[d].token_run >= 0) {
+      result[d] = corpus.token_run(docs[d]);  // already tokens
+      if (progress != nullptr) {
+        progress->bytes += 2 * static_cast<int64_t>(result[d].size());
+        progress->tokens += static_cast<int64_t>(result[d].size());
+      }
+      continue;
+    }
     const std::string_view text = corpus.text(docs[d]);
     for (const auto& [offset, length] : segment(text)) work.push_back(Work{d, text.substr(offset, length), {}});
   }
@@ -203,6 +279,10 @@ std::vector<std::vector<int32_t>> tokenize_documents(const Gpt2Tokenizer& tokeni
       for (size_t i = next.fetch_add(1); i < work.size(); i = next.fetch_add(1)) {
         const std::string& path = corpus.files()[docs[work[i].doc].file].path;
         tokenizer.encode_append(work[i].text, work[i].tokens, path);
+        if (progress != nullptr) {
+          progress->bytes.fetch_add(static_cast<int64_t>(work[i].text.size()), std::memory_order_relaxed);
+          progress->tokens.fetch_add(static_cast<int64_t>(work[i].tokens.size()), std::memory_order_relaxed);
+        }
       }
     } catch (...) {
       std::lock_guard<std::mutex> lock(error_mutex);
@@ -216,7 +296,6 @@ std::vector<std::vector<int32_t>> tokenize_documents(const Gpt2Tokenizer& tokeni
   for (auto& th : pool) th.join();
   if (error) std::rethrow_exception(error);
 
-  std::vector<std::vector<int32_t>> result(docs.size());
   for (Work& w : work) {
     auto& dst = result[w.doc];
     if (dst.empty()) {

@@ -1,9 +1,9 @@
 #pragma once
-// Token files (DESIGN.md "File formats"): HDF5 with a 1-D contiguous, unfiltered `/tokens` dataset
-// (uint16, or uint32 when vocab_size > 65536) and root attributes format = "gpt2-tokens",
-// format_version, vocab_size, eot_token, tokenizer. The writer writes `<path>.tmp` and renames it;
-// the reader validates everything up front, then mmaps the file and reads tokens at
-// H5Dget_offset without HDF5. Every problem with a file is a gpt2::UserError naming its path.
+// Token files (DESIGN.md "File formats"): HDF5, a 1-D contiguous unfiltered `/tokens` (uint16, or
+// uint32 when vocab_size > 65536), root attributes format = "gpt2-tokens", format_version,
+// vocab_size, eot_token, tokenizer. Written as `<path>.tmp`, then renamed; read by validating up
+// front (bytes before libhdf5, then its metadata) and mmapping the data at H5Dget_offset. Every
+// problem with a file is a gpt2::UserError naming its path.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -23,6 +23,10 @@ struct TokenFileAttrs {
 // id is >= vocab_size or the file cannot be written.
 void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
                       const TokenFileAttrs& attrs);
+// The same from a raw array of uint16 or uint32 ids (a shard cut out of a larger buffer); HDF5
+// converts to the file's type as it writes, so no narrowed copy is made.
+void write_token_file(const std::string& path, const uint16_t* tokens, size_t n, const TokenFileAttrs& attrs);
+void write_token_file(const std::string& path, const uint32_t* tokens, size_t n, const TokenFileAttrs& attrs);
 
 struct TokenFileInfo {
   std::string path;
