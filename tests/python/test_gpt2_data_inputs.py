@@ -6,30 +6,15 @@ nothing crashes. Run by CTest (env GPT2_BIN_DIR, GPT2_SOURCE_DIR)."""
 import glob
 import json
 import os
-import struct
-import subprocess
-import sys
 import tempfile
 
 import h5py
 import numpy as np
 
-from test_tokenizer_tiktoken import bin_dir, load_local_tiktoken, source_dir
+from test_tokenizer_tiktoken import load_local_tiktoken
+from checks import check, finish, gpt2_data
 
 EOT = 50256
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
-
-
-def gpt2_data(args):
-    p = subprocess.run([os.path.join(bin_dir(), "gpt2-data")] + args, capture_output=True, text=True,
-                       cwd=source_dir(), timeout=300)
-    return p.returncode, p.stdout + p.stderr
 
 
 def tokens(path):
@@ -195,10 +180,7 @@ def main():
         rc, log = gpt2_data([raw, "--out", outfile])
         check(rc == 2 and outfile in log, "--out is a file: exit 2 naming it (%d)" % rc)
 
-    if failures:
-        print("FAILED: %d checks" % len(failures))
-        sys.exit(1)
-    print("all checks passed")
+    finish()
 
 
 if __name__ == "__main__":

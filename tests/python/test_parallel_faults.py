@@ -1,16 +1,12 @@
 """One rank failing ends the whole job: under mpiexec -n 2, rank 1 throws at step 3 (GPT2_FAULT_AT
 test hook); every rank must be gone with a non-zero exit within 60 s and rank 1's error must be in
 the log. Also: launch/train.sh runs 2 CPU ranks to completion. Run by CTest."""
-import os, subprocess, sys, tempfile, time
+import os, subprocess, tempfile, time
 import h5py, numpy as np
+from checks import check, failures, finish
 
 SRC = os.environ.get("GPT2_SOURCE_DIR", ".")
 BIN = os.path.join(os.environ.get("GPT2_BIN_DIR", "build/bin"), "gpt2-train")
-failures = []
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond: failures.append(what)
 
 with tempfile.TemporaryDirectory() as d:
     train = os.path.join(d, "train.h5")
@@ -28,7 +24,7 @@ with tempfile.TemporaryDirectory() as d:
     try:
         p = subprocess.run(mpi + [BIN] + args, capture_output=True, text=True, errors="replace", env=env, timeout=120)
         rc, out = p.returncode, p.stdout + p.stderr
-    except subprocess.TimeoutExpired as e:
+    except subprocess.TimeoutExpired:
         rc, out = None, "timeout"
     dt = time.time() - t0
     check(rc is not None and rc != 0, f"job exits non-zero (rc={rc})")
@@ -43,5 +39,4 @@ with tempfile.TemporaryDirectory() as d:
     check(p.returncode == 0 and "step 39/40" in out and "2 rank(s)" in out, f"launch/train.sh -np 2 trains (rc={p.returncode})")
     if p.returncode != 0: print(out[-3000:])
 
-print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failure(s)")
-sys.exit(1 if failures else 0)
+finish()

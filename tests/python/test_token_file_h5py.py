@@ -3,28 +3,14 @@ filters, attributes) and the tokens must equal tiktoken's encoding of the docume
 by EOT, in order. Also the fortune directory as input, and exit code 2 for bad input.
 Run by CTest (env GPT2_BIN_DIR, GPT2_SOURCE_DIR, GPT2_TEST_BIN_DIR)."""
 import os
-import subprocess
-import sys
 import tempfile
 
 import h5py
 import numpy as np
 
-from test_tokenizer_tiktoken import FORTUNES_DIR, bin_dir, load_local_tiktoken, source_dir
+from test_tokenizer_tiktoken import FORTUNES_DIR, load_local_tiktoken
+from checks import check, finish, gpt2_data
 
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
-
-
-def gpt2_data(args):
-    p = subprocess.run([os.path.join(bin_dir(), "gpt2-data")] + args, capture_output=True, text=True,
-                       cwd=source_dir(), timeout=600)
-    return p.returncode, p.stdout + p.stderr
 
 
 def split_docs(text, separator):
@@ -172,10 +158,7 @@ def main():
         rc, log = gpt2_data([inputs[0], "--out", os.path.join(d, "x"), "--tokenizer_dir", os.path.join(d, "nope")])
         check(rc == 2 and "encoder.json" in log, "bad --tokenizer_dir: exit 2 naming the file (%d)" % rc)
 
-    if failures:
-        print("FAILED: %d checks" % len(failures))
-        sys.exit(1)
-    print("all checks passed")
+    finish()
 
 
 if __name__ == "__main__":

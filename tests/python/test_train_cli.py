@@ -1,16 +1,12 @@
 """gpt2-train end to end on CPU: a learnable token stream written independently with h5py, the
 loss must fall, metrics.jsonl must carry DESIGN.md's fields, and bad input must exit 2 naming the
 key or file. Run by CTest (env GPT2_BIN_DIR, GPT2_SOURCE_DIR)."""
-import json, os, subprocess, sys, tempfile
+import json, os, subprocess, tempfile
 import h5py, numpy as np
+from checks import check, finish
 
 BIN = os.path.join(os.environ.get("GPT2_BIN_DIR", "build/bin"), "gpt2-train")
 SRC = os.environ.get("GPT2_SOURCE_DIR", ".")
-failures = []
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond: failures.append(what)
 
 def token_file(path, tokens, vocab=50257, fmt="gpt2-tokens"):
     with h5py.File(path, "w") as f:
@@ -94,5 +90,4 @@ with tempfile.TemporaryDirectory() as d:
         check(rc == 2 and needle in out, f"exit 2 naming {needle!r} (rc={rc})")
         if not (rc == 2 and needle in out): print(out[-1500:])
 
-print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failure(s)")
-sys.exit(1 if failures else 0)
+finish()

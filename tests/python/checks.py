@@ -1,0 +1,26 @@
+"""Shared by the Python reference tests: a soft `check` that records failures (so one run
+reports every broken expectation), the exit that turns them into the test's status, and a runner
+for the gpt2-data executable (env GPT2_BIN_DIR / GPT2_SOURCE_DIR, set by CTest)."""
+import os
+import subprocess
+import sys
+
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def finish():
+    print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failure(s)")
+    sys.exit(1 if failures else 0)
+
+
+def gpt2_data(args, timeout=600):
+    exe = os.path.join(os.environ.get("GPT2_BIN_DIR", "build/bin"), "gpt2-data")
+    p = subprocess.run([exe] + args, capture_output=True, text=True, errors="replace",
+                       cwd=os.environ.get("GPT2_SOURCE_DIR", "."), timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
