@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <thread>
 
@@ -90,7 +91,11 @@ class NcclCommunicator : public Communicator {
     }
     wake_.notify_all();
     watchdog_.join();
-    if (!failed_.load()) {
+    // On an error path a peer may never reach its matching collective: destroy would wait for
+    // it, abort does not.
+    if (failed_.load() || std::uncaught_exceptions() > 0) {
+      ncclCommAbort(comm_);
+    } else {
       ncclCommDestroy(comm_);
     }
   }
