@@ -3,10 +3,13 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <memory>
+#include <string>
 #include <limits>
 
 #include "optim/adamw.h"
-#include "optim/grad_clip.h"
+#include "optim/sharded_adamw.h"
+#include "parallel/flat_layout.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 
@@ -86,21 +89,46 @@ TEST(WarmupCosine, HandComputedValues) {
   EXPECT_NEAR(no_warmup.at(2), 0.5, 1e-12);
 }
 
+// A group of one rank: ShardedAdamW without MPI (its collectives are never called at world 1).
+class OneRank : public parallel::Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  std::string backend() const override { return "none"; }
+  std::unique_ptr<parallel::Work> all_reduce(torch::Tensor, parallel::ReduceOp) override { return unused(); }
+  std::unique_ptr<parallel::Work> reduce(torch::Tensor, int, parallel::ReduceOp) override { return unused(); }
+  std::unique_ptr<parallel::Work> reduce_scatter(torch::Tensor, torch::Tensor, parallel::ReduceOp) override { return unused(); }
+  std::unique_ptr<parallel::Work> all_gather(torch::Tensor, torch::Tensor) override { return unused(); }
+  std::unique_ptr<parallel::Work> broadcast(torch::Tensor, int) override { return unused(); }
+  void barrier() override {}
+
+ private:
+  static std::unique_ptr<parallel::Work> unused() {
+    ADD_FAILURE() << "a one-rank group must not communicate";
+    return nullptr;
+  }
+};
+
 TEST(GradClip, NormAndScaling) {
   auto a = torch::zeros({2}, torch::kFloat64).set_requires_grad(true);
   auto b = torch::zeros({1}, torch::kFloat64).set_requires_grad(true);
-  auto c = torch::zeros({1}, torch::kFloat64).set_requires_grad(true);  // no grad: counts as 0
-  a.mutable_grad() = torch::tensor({3.0, 0.0}, torch::kFloat64);
-  b.mutable_grad() = torch::tensor({4.0}, torch::kFloat64);
-  auto norm = clip_grad_norm({a, b, c}, 1.0);
+  auto c = torch::zeros({1}, torch::kFloat64).set_requires_grad(true);  // no gradient: counts as 0
+  const std::vector<torch::Tensor> params{a, b, c};
+  const parallel::FlatLayout layout(params, 1);
+  auto grads = torch::zeros({layout.padded}, torch::kFloat64);
+  grads.narrow(0, layout.offset[0], 2).copy_(torch::tensor({3.0, 0.0}, torch::kFloat64));
+  grads.narrow(0, layout.offset[1], 1).fill_(4.0);
+  OneRank one;
+  ShardedAdamW opt(params, layout, grads, one, /*sharded=*/false, {}, 0.0);
+  auto norm = opt.clip_grad_norm(1.0);
   EXPECT_NEAR(norm.item<double>(), 5.0, 1e-6);
-  EXPECT_NEAR(a.grad()[0].item<double>(), 3.0 / (5.0 + 1e-6), 1e-9);
-  EXPECT_NEAR(b.grad()[0].item<double>(), 4.0 / (5.0 + 1e-6), 1e-9);
-  EXPECT_NEAR(global_grad_norm({a, b}).item<double>(), 1.0, 1e-6);
+  EXPECT_NEAR(grads[layout.offset[0]].item<double>(), 3.0 / (5.0 + 1e-6), 1e-9);
+  EXPECT_NEAR(grads[layout.offset[1]].item<double>(), 4.0 / (5.0 + 1e-6), 1e-9);
+  EXPECT_NEAR(grads.norm().item<double>(), 1.0, 1e-6);
   // Below the threshold nothing changes.
-  auto before = a.grad().clone();
-  clip_grad_norm({a, b}, 10.0);
-  EXPECT_TRUE(torch::equal(before, a.grad()));
+  auto before = grads.clone();
+  opt.clip_grad_norm(10.0);
+  EXPECT_TRUE(torch::equal(before, grads));
 }
 
 }  // namespace
