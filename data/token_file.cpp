@@ -2,12 +2,16 @@
 #include "data/token_file.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -340,6 +344,150 @@ uint64_t inspect(const std::string& path, int fd, int64_t expected_vocab, uint64
   return static_cast<uint64_t>(offset);
 }
 
+// Note [libhdf5 in a child process]
+// libhdf5 1.10.8 (Debian 12's) can crash on a damaged file: tests/fuzz found SIGFPE in
+// H5D__chunk_set_info and SIGSEGV in H5HG_read and in attribute decoding, none fixable from our
+// side of the API. A crash would take the training job (and every MPI rank with it) down without
+// saying which file was bad. So the HDF5 part of opening runs in a forked child that reports the
+// offset and attributes through a pipe and exits; the parent never parses the file with libhdf5,
+// turns a child's death or silence into a UserError naming the file, and then mmaps the data
+// itself. The child only runs inspect() and _exit()s: no MPI, CUDA, logging or atexit handlers.
+// Cost: one fork per opened shard (about a millisecond). If fork itself fails (no memory for the
+// page tables, a process limit), inspect() runs in this process as before.
+constexpr int kInspectTimeoutSeconds = 120;  // metadata only; a healthy file takes milliseconds
+
+// The child's report: a tag byte, then either the fields of TokenFileInfo or an error message.
+enum class Report : char { kOk = 'o', kUserError = 'u', kError = 'e' };
+
+void put_u64(std::string* out, uint64_t v) { out->append(reinterpret_cast<const char*>(&v), 8); }
+void put_str(std::string* out, const std::string& s) {
+  put_u64(out, s.size());
+  out->append(s);
+}
+
+struct ReportReader {
+  const std::string& in;
+  size_t at = 1;
+  bool ok = true;
+  uint64_t u64() {
+    uint64_t v = 0;
+    if (in.size() - at < 8) { ok = false; return 0; }
+    std::memcpy(&v, in.data() + at, 8);
+    at += 8;
+    return v;
+  }
+  std::string str() {
+    const uint64_t n = u64();
+    if (!ok || in.size() - at < n) { ok = false; return {}; }
+    std::string s = in.substr(at, n);
+    at += n;
+    return s;
+  }
+};
+
+std::string signal_name(int sig) {
+  const char* name = ::strsignal(sig);
+  return "signal " + std::to_string(sig) + (name != nullptr ? std::string(" (") + name + ")" : std::string());
+}
+
+void write_all(int fd, const std::string& data) {
+  for (size_t done = 0; done < data.size();) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+[[noreturn]] void inspect_in_child(int out_fd, const std::string& path, int fd, int64_t expected_vocab,
+                                   uint64_t file_size) {
+  std::string report;
+  try {
+    TokenFileInfo info;
+    const uint64_t offset = inspect(path, fd, expected_vocab, file_size, &info);
+    report.push_back(static_cast<char>(Report::kOk));
+    put_u64(&report, offset);
+    for (int64_t v : {info.num_tokens, info.vocab_size, info.eot_token, int64_t{info.dtype_bytes}, info.format_version}) {
+      put_u64(&report, static_cast<uint64_t>(v));
+    }
+    put_str(&report, info.tokenizer);
+  } catch (const UserError& e) {
+    report.assign(1, static_cast<char>(Report::kUserError));
+    put_str(&report, e.what());
+  } catch (const std::exception& e) {
+    report.assign(1, static_cast<char>(Report::kError));
+    put_str(&report, e.what());
+  }
+  write_all(out_fd, report);
+  ::_exit(0);
+}
+
+// inspect() in a child process (Note [libhdf5 in a child process]); same contract.
+uint64_t inspect_isolated(const std::string& path, int fd, int64_t expected_vocab, uint64_t file_size,
+                          TokenFileInfo* info) {
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return inspect(path, fd, expected_vocab, file_size, info);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    return inspect(path, fd, expected_vocab, file_size, info);
+  }
+  if (pid == 0) {
+    ::close(pipe_fds[0]);
+    inspect_in_child(pipe_fds[1], path, fd, expected_vocab, file_size);
+  }
+  ::close(pipe_fds[1]);
+  std::string report;
+  bool timed_out = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kInspectTimeoutSeconds);
+  for (char buf[4096];;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{pipe_fds[0], POLLIN, 0};
+    const int ready = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) {
+      timed_out = ready == 0;
+      break;
+    }
+    const ssize_t n = ::read(pipe_fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // EOF: the child exited (or died)
+    report.append(buf, static_cast<size_t>(n));
+  }
+  ::close(pipe_fds[0]);
+  if (timed_out) ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) {
+    throw UserError(path + ": libhdf5 did not finish reading the file's metadata in " +
+                    std::to_string(kInspectTimeoutSeconds) + " s; the file is damaged (regenerate it with gpt2-data)");
+  }
+  if (WIFSIGNALED(status)) {
+    throw UserError(path + ": libhdf5 crashed reading this file (" + signal_name(WTERMSIG(status)) +
+                    "); the file is damaged (regenerate it with gpt2-data)");
+  }
+  ReportReader in{report};
+  const char tag = report.empty() ? '\0' : report[0];
+  if (tag == static_cast<char>(Report::kOk)) {
+    const uint64_t offset = in.u64();
+    info->num_tokens = static_cast<int64_t>(in.u64());
+    info->vocab_size = static_cast<int64_t>(in.u64());
+    info->eot_token = static_cast<int64_t>(in.u64());
+    info->dtype_bytes = static_cast<int>(in.u64());
+    info->format_version = static_cast<int64_t>(in.u64());
+    info->tokenizer = in.str();
+    if (in.ok) return offset;
+  } else if (tag == static_cast<char>(Report::kUserError) || tag == static_cast<char>(Report::kError)) {
+    const std::string message = in.str();
+    if (in.ok && tag == static_cast<char>(Report::kUserError)) throw UserError(message);
+    if (in.ok) throw Error(message);
+  }
+  throw UserError(path + ": the process reading the file's HDF5 metadata ended without a result (exit status " +
+                  std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + ")");
+}
+
 inline int64_t load_token(const unsigned char* p, int dtype_bytes) {
   // memcpy: the data may sit at any byte offset, and this compiles to a plain load.
   if (dtype_bytes == 2) {
@@ -464,7 +612,7 @@ TokenFile TokenFile::open(const std::string& path, int64_t expected_vocab) {
   }
   uint64_t offset = 0;
   try {
-    offset = inspect(path, file.fd, expected_vocab, file_size, &tf.info_);
+    offset = inspect_isolated(path, file.fd, expected_vocab, file_size, &tf.info_);
   } catch (const UserError&) {
     throw;
   } catch (const Error& e) {
