@@ -28,7 +28,7 @@ class AccumulatedHook : public torch::autograd::FunctionPostHook {
 }  // namespace
 
 GradBuckets::GradBuckets(const std::vector<torch::Tensor>& params, const FlatLayout& layout, int64_t bucket_bytes,
-                         Communicator& comm, bool shard_gradients)
+                         Communicator& comm, bool shard_gradients, at::ScalarType grad_dtype)
     : comm_(comm), layout_(layout), shard_gradients_(shard_gradients), bucket_of_(params.size(), -1) {
   GPT2_ASSERT(bucket_bytes > 0, "bucket size must be positive");
   GPT2_ASSERT(!params.empty() && layout.world_size == comm.world_size(), "layout does not match the group");
@@ -38,11 +38,16 @@ GradBuckets::GradBuckets(const std::vector<torch::Tensor>& params, const FlatLay
     GPT2_ASSERT(p.dtype() == options.dtype() && p.device() == options.device(),
                 "bucketed parameters must share one dtype and device");
   }
-  flat_ = torch::zeros({layout.padded}, options);
-  // The accumulator adds into an existing .grad in place, so gradients land in the flat buffer.
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto p = params[i];
-    p.mutable_grad() = flat_.narrow(0, layout.offset[i], layout.numel[i]).view(p.sizes());
+  const bool convert = grad_dtype != at::ScalarType::Undefined && grad_dtype != options.dtype().toScalarType();
+  flat_ = torch::zeros({layout.padded}, convert ? options.dtype(grad_dtype) : options);
+  if (convert) {
+    params_ = params;
+  } else {
+    // The accumulator adds into an existing .grad in place, so gradients land in the flat buffer.
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto p = params[i];
+      p.mutable_grad() = flat_.narrow(0, layout.offset[i], layout.numel[i]).view(p.sizes());
+    }
   }
   const int64_t element = static_cast<int64_t>(flat_.element_size());
   for (int i : layout.order) {
@@ -59,7 +64,10 @@ GradBuckets::GradBuckets(const std::vector<torch::Tensor>& params, const FlatLay
   for (size_t i = 0; i < params.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params[i]);
     hook_keys_.push_back(
-        acc->add_post_hook(std::make_unique<AccumulatedHook>([this, i] { mark_ready(static_cast<int>(i)); })));
+        acc->add_post_hook(std::make_unique<AccumulatedHook>([this, i] {
+          if (!params_.empty()) add_converted(static_cast<int>(i));
+          mark_ready(static_cast<int>(i));
+        })));
     accumulators_.push_back(std::move(acc));
   }
 }
@@ -76,6 +84,15 @@ void GradBuckets::prepare_backward(bool reduce) {
     GPT2_ASSERT(b.work.empty(), "prepare_backward() before finish() of the previous reducing backward");
     b.pending = static_cast<int>(b.params.size());
   }
+}
+
+void GradBuckets::add_converted(int param) {
+  auto& p = params_[param];
+  const at::Tensor grad = p.grad();
+  if (!grad.defined()) return;
+  at::NoGradGuard no_grad;
+  flat_.narrow(0, layout_.offset[param], layout_.numel[param]).view(p.sizes()).add_(grad);
+  p.mutable_grad().reset();  // the next backward hands its gradient over without an add
 }
 
 void GradBuckets::mark_ready(int param) {

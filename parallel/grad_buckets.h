@@ -8,6 +8,10 @@
 // holds the full reduced gradient. Buckets are launched strictly in index order on every rank
 // (Note [Collective order]); finish() launches what is left (parameters that got no gradient) and
 // waits for all. With one rank nothing is reduced.
+// The buffer's dtype (`grad_dtype`, precision.reduce_dtype) may differ from the parameters' (bf16
+// parameters, fp32 gradients): then .grad is not a view; the hook adds each arriving gradient into
+// the buffer, converting it, and drops .grad, so accumulation over micro-steps and the reduction
+// run in grad_dtype.
 #include <torch/types.h>
 
 #include <cstdint>
@@ -31,8 +35,9 @@ class GradBuckets {
   // number of parameters in the whole model whose gradient had not arrived yet at that moment.
   using Observer = std::function<void(const std::string& what, int bucket, int params_pending)>;
 
+  // grad_dtype: the buffer's dtype; Undefined = the parameters' own.
   GradBuckets(const std::vector<torch::Tensor>& params, const FlatLayout& layout, int64_t bucket_bytes,
-              Communicator& comm, bool shard_gradients = false);
+              Communicator& comm, bool shard_gradients = false, at::ScalarType grad_dtype = at::ScalarType::Undefined);
   ~GradBuckets();
   GradBuckets(const GradBuckets&) = delete;
   GradBuckets& operator=(const GradBuckets&) = delete;
@@ -61,12 +66,14 @@ class GradBuckets {
   };
 
   void mark_ready(int param);
+  void add_converted(int param);
   void launch(int bucket);
 
   Communicator& comm_;
   const FlatLayout& layout_;
   bool shard_gradients_;
   torch::Tensor flat_;
+  std::vector<torch::Tensor> params_;  // only when converting (grad_dtype differs)
   std::vector<int> bucket_of_;  // param index -> bucket
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep the hooks alive

@@ -64,9 +64,11 @@ OptionList bind_options(Config& c) {
   o.add("train.sample_tokens", &c.train.sample_tokens, "tokens per sample; 0 = no samples");
   o.add("train.device", &c.train.device, "auto | cpu | cuda");
   o.add("precision.dtype", &c.precision.dtype, "bf16 | fp16 | fp32");
+  o.add("precision.reduce_dtype", &c.precision.reduce_dtype, "fp32 | bf16 | fp16: gradient accumulation and all-reduce");
   o.add("parallel.bucket_mb", &c.parallel.bucket_mb, "gradient bucket size in MiB");
   o.add("parallel.zero_stage", &c.parallel.zero_stage, "0 | 1 | 2");
   o.add("parallel.offload", &c.parallel.offload, "none | optimizer");
+  o.add("parallel.offload_threads", &c.parallel.offload_threads, "CPU AdamW threads per rank; 0 = cores / local ranks");
   o.add("parallel.timeout_s", &c.parallel.timeout_s, "seconds before a stuck collective ends the job");
   o.add("memory.activation_checkpointing", &c.memory.activation_checkpointing, "none | full | every_k=K");
   o.add("checkpoint.dir", &c.checkpoint.dir, "checkpoint directory");
@@ -142,10 +144,16 @@ void Config::validate() const {
   require(t.sample_tokens >= 0, "train.sample_tokens", t.sample_tokens, "must be >= 0");
   require_one_of("train.device", t.device, {"auto", "cpu", "cuda"});
   require_one_of("precision.dtype", precision.dtype, {"bf16", "fp16", "fp32"});
+  require_one_of("precision.reduce_dtype", precision.reduce_dtype, {"fp32", "bf16", "fp16"});
+  require(precision.reduce_dtype == "fp32" || precision.reduce_dtype == precision.dtype, "precision.reduce_dtype",
+          precision.reduce_dtype, "must be fp32 or precision.dtype (" + precision.dtype + ")");
   require(parallel.bucket_mb > 0, "parallel.bucket_mb", parallel.bucket_mb, "must be positive");
   require(parallel.zero_stage >= 0 && parallel.zero_stage <= 2, "parallel.zero_stage",
           parallel.zero_stage, "must be 0, 1 or 2");
   require_one_of("parallel.offload", parallel.offload, {"none", "optimizer"});
+  require(parallel.offload == "none" || precision.reduce_dtype != "fp16", "parallel.offload", parallel.offload,
+          "takes fp32 or bf16 gradients (set precision.reduce_dtype = fp32)");
+  require(parallel.offload_threads >= 0, "parallel.offload_threads", parallel.offload_threads, "must be >= 0");
   require(parallel.timeout_s > 0, "parallel.timeout_s", parallel.timeout_s, "must be positive");
   require(checkpoint.every >= 0, "checkpoint.every", checkpoint.every, "must be >= 0");
   require(checkpoint.keep > 0, "checkpoint.keep", checkpoint.keep, "must be positive");
@@ -155,8 +163,6 @@ void Config::validate() const {
   checkpoint_every();  // throws naming memory.activation_checkpointing
 
   // Accepted by the interface, not built yet: refuse rather than silently ignore.
-  require(parallel.offload == "none", "parallel.offload", parallel.offload,
-          "optimizer offload is not available in this version (use none)");
   require(checkpoint.every == 0, "checkpoint.every", checkpoint.every,
           "checkpoints are not available in this version (use 0)");
   require(profile.steps == 0, "profile.steps", profile.steps, "profiling is not available in this version (use 0)");

@@ -41,12 +41,14 @@ struct TrainConfig {
 
 struct PrecisionConfig {
   std::string dtype = "bf16";     // bf16 | fp16 | fp32 (bf16/fp16 fall back to fp32 on CPU, with a warning)
+  std::string reduce_dtype = "fp32";  // gradient buffer: fp32, or dtype itself (half the all-reduce bytes)
 };
 
 struct ParallelConfig {
   double bucket_mb = 25;          // gradient bucket size (PyTorch DDP's default)
   int64_t zero_stage = 0;         // 0 | 1 | 2
-  std::string offload = "none";   // none | optimizer
+  std::string offload = "none";   // none | optimizer (AdamW state in host memory, updated by the CPU)
+  int64_t offload_threads = 0;    // CPU AdamW threads per rank; 0 = hardware threads / ranks on the node
   double timeout_s = 30;          // a collective older than this ends the job (dead or hung peer)
 };
 

@@ -11,12 +11,13 @@
 #include "src/trainer.h"
 
 #include <torch/torch.h>
-#include <ATen/autocast_mode.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <cmath>
+#include <cstdio>
 #include <optional>
+#include <thread>
 
 #include "data/batch_sampler.h"
 #include "data/bpe_tokenizer.h"
@@ -51,26 +52,31 @@ torch::Device pick_device(const std::string& want, int local_rank) {
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % count));
 }
 
-// bf16 autocast for the forward pass on CUDA (parameters stay fp32 masters); a no-op elsewhere.
-class AutocastScope {
- public:
-  AutocastScope(bool enabled, at::ScalarType dtype) : enabled_(enabled) {
-    if (!enabled_) return;
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
-    at::autocast::increment_nesting();
-  }
-  ~AutocastScope() {
-    if (!enabled_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-  }
-  AutocastScope(const AutocastScope&) = delete;
-  AutocastScope& operator=(const AutocastScope&) = delete;
+at::ScalarType dtype_named(const std::string& name) {
+  return name == "bf16" ? at::kBFloat16 : name == "fp16" ? at::kHalf : at::kFloat;
+}
 
- private:
-  bool enabled_;
-};
+// Host memory offload would pin on this node: all local ranks' shards. Refused with the numbers
+// when it would not fit in what the machine has available (pinned pages cannot be swapped).
+void check_offload_fits(int64_t bytes_per_rank, int local_ranks) {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return;
+  long long available_kib = -1;
+  char line[256];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "MemAvailable: %lld kB", &available_kib) == 1) break;
+  }
+  std::fclose(f);
+  if (available_kib < 0) return;
+  const double need = static_cast<double>(bytes_per_rank) * local_ranks;
+  const double have = static_cast<double>(available_kib) * 1024.0;
+  if (need > 0.9 * have) {
+    throw UserError(log::format("parallel.offload = optimizer needs %.1f GiB of pinned host memory on this node "
+                                "(%d rank(s) x %.1f GiB) but only %.1f GiB is available; use ZeRO across more "
+                                "ranks (parallel.zero_stage) or more nodes",
+                                need / 1073741824.0, local_ranks, bytes_per_rank / 1073741824.0, have / 1073741824.0));
+  }
+}
 
 // Test hook: GPT2_FAULT_AT=RANK:STEP makes that rank throw at the start of that step, so tests
 // can check that one failing rank ends the whole job (see tests/python/test_parallel_faults.py).
@@ -108,15 +114,14 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   const torch::Device device = pick_device(tc.device, env.local_rank());
   const int cuda_index = device.is_cuda() ? device.index() : -1;
   if (device.is_cuda()) torch::cuda::manual_seed_all(tc.seed);
-  bool autocast = false;
-  at::ScalarType autocast_dtype = at::kBFloat16;
-  if (cfg.precision.dtype != "fp32") {
-    if (device.is_cuda()) {
-      autocast = true;
-      autocast_dtype = cfg.precision.dtype == "bf16" ? at::kBFloat16 : at::kHalf;
-    } else {
-      log::warn("precision.dtype = ", cfg.precision.dtype, " runs as fp32 on CPU");
-    }
+  // Parameters and activations in the compute dtype; fp32 masters live in the optimizer and the
+  // gradient buffer is precision.reduce_dtype. On CPU everything is fp32.
+  at::ScalarType compute_dtype = at::kFloat, grad_dtype = at::kFloat;
+  if (device.is_cuda()) {
+    compute_dtype = dtype_named(cfg.precision.dtype);
+    grad_dtype = dtype_named(cfg.precision.reduce_dtype);
+  } else if (cfg.precision.dtype != "fp32") {
+    log::warn("precision.dtype = ", cfg.precision.dtype, " runs as fp32 on CPU");
   }
   const int64_t accum = cfg.grad_accum_steps(world);
   const int64_t mb = tc.micro_batch, T = tc.seq_len;
@@ -125,7 +130,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   GPT2 model(cfg.model);
   model->init_weights(tc.seed);
   model->set_activation_checkpointing(cfg.checkpoint_every());  // 0 = none, 1 = every block, K = every K-th
-  model->to(device);
+  model->to(device, compute_dtype);
   const int64_t num_params = model->num_parameters(/*count_padding=*/true);
   log_settings(cfg, env, device, accum, num_params);
 
@@ -137,16 +142,31 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   const parallel::FlatLayout layout(params, world);
   const int64_t zero = cfg.parallel.zero_stage;
   parallel::GradBuckets buckets(params, layout, static_cast<int64_t>(cfg.parallel.bucket_mb * (1 << 20)), *comm,
-                                /*shard_gradients=*/zero == 2);
-  optim::ShardedAdamW optimizer(params, layout, buckets.flat(), *comm, /*sharded=*/zero >= 1,
-                                {tc.beta1, tc.beta2, tc.eps}, tc.weight_decay);
+                                /*shard_gradients=*/zero == 2, grad_dtype);
+  optim::ShardedAdamW::Options opt_options;
+  opt_options.adamw = {tc.beta1, tc.beta2, tc.eps};
+  opt_options.weight_decay = tc.weight_decay;
+  opt_options.sharded = zero >= 1;
+  opt_options.offload = cfg.parallel.offload == "optimizer";
+  opt_options.host_threads = static_cast<int>(cfg.parallel.offload_threads);
+  if (opt_options.offload) {
+    if (opt_options.host_threads == 0) {
+      opt_options.host_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / env.local_size());
+    }
+    const int64_t shard = opt_options.sharded ? layout.shard_size() : layout.padded;
+    check_offload_fits(optim::ShardedAdamW::host_bytes_for(shard, compute_dtype, grad_dtype), env.local_size());
+  }
+  optim::ShardedAdamW optimizer(params, layout, buckets.flat(), *comm, opt_options);
   log::info("data parallel: ", world, " rank(s), ", comm->backend(), ", ", buckets.num_buckets(),
-            " gradient buckets of <= ", cfg.parallel.bucket_mb, " MiB, ZeRO stage ", zero);
-  log::info(log::format("optimizer state: %.1f MiB on this rank (%lld of %lld parameters)",
-                        optimizer.state_bytes() / 1048576.0, (long long)optimizer.shard_numel(),
-                        (long long)layout.total));
+            " gradient buckets of <= ", cfg.parallel.bucket_mb, " MiB, ZeRO stage ", zero, ", parameters ",
+            c10::toString(compute_dtype), ", gradients ", c10::toString(grad_dtype));
+  log::info(log::format("optimizer state: %.1f MiB on the device, %.1f MiB in host memory%s, on this rank "
+                        "(%lld of %lld parameters)",
+                        optimizer.state_bytes() / 1048576.0, optimizer.host_state_bytes() / 1048576.0,
+                        opt_options.offload ? log::format(" (offload, %d CPU threads)", opt_options.host_threads).c_str() : "",
+                        (long long)optimizer.shard_numel(), (long long)layout.total));
   // fp16 needs loss scaling so small gradients survive; bf16 has fp32's range and does not.
-  optim::LossScaler scaler(autocast && autocast_dtype == at::kHalf, device);
+  optim::LossScaler scaler(compute_dtype == at::kHalf, device);
   const optim::WarmupCosine schedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps};
 
   // Training batch i = micro-step i % accum of step i / accum (Note [Batch layout]); prefetched.
@@ -189,7 +209,6 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
     auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
     for (int64_t e = 0; e < tc.eval_steps; ++e) {
       const auto batch = val_loader->get(e);
-      AutocastScope cast(autocast, autocast_dtype);
       loss_sum += model->loss(batch.x, batch.y).to(torch::kFloat64);
     }
     model->train();
@@ -237,11 +256,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
       buckets.prepare_backward(/*reduce=*/micro == accum - 1);
       const auto batch = train_loader.next();
       data_wait += batch.wait_seconds;
-      torch::Tensor loss;
-      {
-        AutocastScope cast(autocast, autocast_dtype);
-        loss = model->loss(batch.x, batch.y);  // (,) fp32, mean over this micro-batch
-      }
+      const torch::Tensor loss = model->loss(batch.x, batch.y);  // (,) fp32, mean over this micro-batch
       // Scale so the accumulated gradient is the mean over the global batch.
       scaler.scale_loss(loss / static_cast<double>(accum * world)).backward();
       loss_sum += loss.detach();
@@ -308,6 +323,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   result.tokens_per_sec = timed_steps > 0 ? static_cast<double>(tokens_per_step) * timed_steps / timed_seconds : 0.0;
   result.peak_mem_gib = peak_memory_gib(cuda_index);
   result.optimizer_state_bytes = optimizer.state_bytes();
+  result.optimizer_host_bytes = optimizer.host_state_bytes();
   if (tokenizer) sample(tc.max_steps);
   const std::string val_text =
       result.val_losses.empty() ? "" : log::format(" | val loss %.4f -> %.4f", result.val_losses.front().second,

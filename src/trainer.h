@@ -16,7 +16,8 @@ struct TrainResult {
   std::vector<std::pair<int64_t, double>> val_losses;  // (step, val loss) of every eval
   double tokens_per_sec = 0;       // over the steps after the first (which includes warm-up)
   double peak_mem_gib = 0;
-  int64_t optimizer_state_bytes = 0;  // on this rank
+  int64_t optimizer_state_bytes = 0;  // on this rank's device
+  int64_t optimizer_host_bytes = 0;   // on this rank's host (offload)
   GPT2 model{nullptr};             // the trained model (on the training device)
 };
 

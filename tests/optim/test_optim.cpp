@@ -119,7 +119,9 @@ TEST(GradClip, NormAndScaling) {
   grads.narrow(0, layout.offset[0], 2).copy_(torch::tensor({3.0, 0.0}, torch::kFloat64));
   grads.narrow(0, layout.offset[1], 1).fill_(4.0);
   OneRank one;
-  ShardedAdamW opt(params, layout, grads, one, /*sharded=*/false, {}, 0.0);
+  ShardedAdamW::Options options;
+  options.weight_decay = 0.0;
+  ShardedAdamW opt(params, layout, grads, one, options);
   auto norm = opt.clip_grad_norm(1.0);
   EXPECT_NEAR(norm.item<double>(), 5.0, 1e-6);
   EXPECT_NEAR(grads[layout.offset[0]].item<double>(), 3.0 / (5.0 + 1e-6), 1e-9);
@@ -129,6 +131,96 @@ TEST(GradClip, NormAndScaling) {
   auto before = grads.clone();
   opt.clip_grad_norm(10.0);
   EXPECT_TRUE(torch::equal(before, grads));
+}
+
+// bf16 parameters with fp32 masters: the masters follow exactly the trajectory fp32 AdamW takes
+// from the same start and gradients, and the parameters are the masters rounded to bf16 after
+// every step (not bf16 AdamW updates, which would lose updates smaller than bf16's resolution).
+TEST(ShardedAdamW, Bf16ParametersKeepFp32Masters) {
+  torch::manual_seed(3);
+  auto w = torch::randn({7, 5}).to(torch::kBFloat16).set_requires_grad(true);
+  auto b = torch::randn({5}).to(torch::kBFloat16).set_requires_grad(true);
+  const std::vector<torch::Tensor> params{w, b};
+  const parallel::FlatLayout layout(params, 1);
+  auto grads = torch::zeros({layout.padded}, torch::kFloat);
+  OneRank one;
+  ShardedAdamW::Options options;
+  options.weight_decay = 0.1;
+  ShardedAdamW opt(params, layout, grads, one, options);
+  // Reference: plain fp32 AdamW over fp32 copies of the same start.
+  auto w_ref = w.detach().to(torch::kFloat).set_requires_grad(true);
+  auto b_ref = b.detach().to(torch::kFloat).set_requires_grad(true);
+  AdamW ref(decay_groups({w_ref, b_ref}, 0.1), {});
+  for (int step = 0; step < 6; ++step) {
+    grads.normal_(0, 1e-3);  // small: bf16 updates in place would round many of them away
+    w_ref.mutable_grad() = grads.narrow(0, layout.offset[0], 35).view({7, 5}).clone();
+    b_ref.mutable_grad() = grads.narrow(0, layout.offset[1], 5).clone();
+    opt.step(1e-3);
+    ref.step(1e-3);
+    ASSERT_EQ(w.scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(w.detach(), w_ref.detach().to(torch::kBFloat16))) << "step " << step;
+    EXPECT_TRUE(torch::equal(b.detach(), b_ref.detach().to(torch::kBFloat16))) << "step " << step;
+  }
+  // Masters (fp32, 4 bytes) + two moments (8 bytes) per element, + the step counters.
+  EXPECT_GE(opt.state_bytes(), layout.padded * 12);
+  EXPECT_LT(opt.state_bytes(), layout.padded * 12 + 64);
+}
+
+// Offload runs the CPU AdamW over host copies; it must give the same parameters as the fused
+// ATen kernel does on the device path, for fp32 parameters and for bf16 parameters with bf16
+// gradients, across several chunks of the offload pipeline.
+TEST(ShardedAdamW, OffloadMatchesTheDevicePath) {
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    torch::manual_seed(4);
+    auto w0 = torch::randn({33, 9}), b0 = torch::randn({9});
+    auto make = [&] {
+      return std::vector<torch::Tensor>{w0.to(dtype).set_requires_grad(true), b0.to(dtype).set_requires_grad(true)};
+    };
+    auto on_device = make(), offloaded = make();
+    const parallel::FlatLayout layout(on_device, 1);
+    auto grads = torch::zeros({layout.padded}, dtype);
+    OneRank one;
+    ShardedAdamW::Options options;
+    options.weight_decay = 0.1;
+    ShardedAdamW device_opt(on_device, layout, grads, one, options);
+    options.offload = true;
+    options.host_threads = 3;
+    options.chunk_elements = 100;  // several chunks, boundaries inside parameters
+    ShardedAdamW host_opt(offloaded, layout, grads, one, options);
+    EXPECT_EQ(host_opt.state_bytes(), 0);
+    EXPECT_EQ(host_opt.host_state_bytes(),
+              ShardedAdamW::host_bytes_for(layout.padded, dtype, dtype));
+    for (int step = 0; step < 5; ++step) {
+      grads.copy_(torch::randn({layout.padded}) * 0.1);
+      device_opt.step(2e-2);
+      host_opt.step(2e-2);
+    }
+    for (size_t i = 0; i < on_device.size(); ++i) {
+      const auto a = offloaded[i].detach().to(torch::kDouble), e = on_device[i].detach().to(torch::kDouble);
+      // fp32: the two kernels agree to rounding; bf16: the masters do, and rounding them to bf16
+      // may differ by one bf16 ulp where a master sits on a rounding boundary.
+      const double tol = dtype == torch::kFloat ? 1e-6 : 1e-2;
+      EXPECT_LE(((a - e).norm() / e.norm()).item<double>(), tol);
+    }
+  }
+}
+
+// fp16 loss-scale skip with offload: found_inf = 1 leaves everything as it was.
+TEST(ShardedAdamW, OffloadSkipsAStepOnFoundInf) {
+  auto w = torch::randn({4, 4}).set_requires_grad(true);
+  const std::vector<torch::Tensor> params{w};
+  const parallel::FlatLayout layout(params, 1);
+  auto grads = torch::ones({layout.padded});
+  OneRank one;
+  ShardedAdamW::Options options;
+  options.offload = true;
+  ShardedAdamW opt(params, layout, grads, one, options);
+  const auto before = w.detach().clone();
+  opt.step(1e-2, torch::ones({1}));
+  EXPECT_TRUE(torch::equal(before, w.detach()));
+  opt.step(1e-2, torch::zeros({1}));
+  EXPECT_FALSE(torch::equal(before, w.detach()));
 }
 
 }  // namespace

@@ -169,27 +169,43 @@ TEST(DataParallel, SameAsOneRankWithZero2AndAccumulation) {
   expect_same_as_one_rank(cfg);
 }
 
-// ZeRO 1 and 2 on N ranks train the same model as ZeRO 0 on N ranks, with 1/N of its optimizer
-// state per rank.
-TEST(DataParallel, Zero1And2MatchZero0WithAShareOfTheState) {
+// ZeRO 1 and 2 on N ranks, with and without optimizer offload, train the same model as ZeRO 0 on
+// N ranks (relative 1e-6 in fp32), with 1/N of its optimizer state per rank.
+TEST(DataParallel, Zero1And2AndOffloadMatchZero0WithAShareOfTheState) {
   SharedTokenFile file;
   const parallel::RankEnv world(MPI_COMM_WORLD);
   quiet_logs(world);
+  const int64_t n = world_size();
   for (int64_t accum : {1, 2}) {
     auto cfg = tiny_config(file.path(), accum * 2 * 16 * world_size(), 0.01);
     TrainResult zero0 = train(cfg, world);
-    for (int64_t stage : {1, 2}) {
-      cfg.parallel.zero_stage = stage;
-      TrainResult sharded = train(cfg, world);
-      SCOPED_TRACE("ZeRO " + std::to_string(stage) + ", accumulation " + std::to_string(accum));
-      expect_same_training(sharded, zero0, cfg.model.n_embd, 1e-6);
-      // Moments for a shard of padded / N elements (+ padding of under N elements, + one fp32 step
-      // counter per segment) against moments for every parameter.
-      const int64_t n = world_size();
-      const double ratio = static_cast<double>(sharded.optimizer_state_bytes) / zero0.optimizer_state_bytes;
-      EXPECT_NEAR(ratio, 1.0 / n, 0.01) << sharded.optimizer_state_bytes << " vs " << zero0.optimizer_state_bytes;
+    int64_t offload_zero0_bytes = 0;
+    for (const char* offload : {"none", "optimizer"}) {
+      for (int64_t stage : {0, 1, 2}) {
+        if (stage == 0 && std::string(offload) == "none") continue;  // the reference itself
+        cfg.parallel.zero_stage = stage;
+        cfg.parallel.offload = offload;
+        cfg.parallel.offload_threads = 2;
+        TrainResult sharded = train(cfg, world);
+        SCOPED_TRACE("ZeRO " + std::to_string(stage) + ", offload " + offload + ", accumulation " +
+                     std::to_string(accum));
+        expect_same_training(sharded, zero0, cfg.model.n_embd, 1e-6);
+        if (std::string(offload) == "optimizer") {
+          // All state in host memory; the shard's share of it is 1/N of ZeRO 0's.
+          EXPECT_EQ(sharded.optimizer_state_bytes, 0);
+          if (stage == 0) offload_zero0_bytes = sharded.optimizer_host_bytes;
+          const double ratio = static_cast<double>(sharded.optimizer_host_bytes) / offload_zero0_bytes;
+          EXPECT_NEAR(ratio, stage == 0 ? 1.0 : 1.0 / n, 0.01);
+          continue;
+        }
+        // Moments for a shard of padded / N elements (+ padding of under N elements, + one fp32
+        // step counter per segment) against moments for every parameter.
+        const double ratio = static_cast<double>(sharded.optimizer_state_bytes) / zero0.optimizer_state_bytes;
+        EXPECT_NEAR(ratio, 1.0 / n, 0.01) << sharded.optimizer_state_bytes << " vs " << zero0.optimizer_state_bytes;
+      }
     }
     cfg.parallel.zero_stage = 0;
+    cfg.parallel.offload = "none";
   }
 }
 

@@ -82,6 +82,37 @@ TEST(GradBuckets, AccumulatesWithoutReducingUntilTheLastMicroStep) {
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(torch::allclose(s.weights[i].grad(), 2 * want[i], 1e-12, 1e-12)) << i;
 }
 
+// A buffer of another dtype than the parameters (precision.reduce_dtype = fp32 for bf16 params;
+// here fp32 params into an fp64 buffer, which MPI reduces): the hooks add each arriving gradient
+// into the buffer, so accumulation and the reduction happen in the buffer's dtype, and .grad is
+// left empty. Expected: twice the per-rank sum, from fp32 gradients computed independently.
+TEST(GradBuckets, BufferOfAnotherDtypeAccumulatesConvertedGradients) {
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  Stack s(3, 8);
+  for (auto& w : s.weights) w = w.detach().to(torch::kFloat).set_requires_grad(true);
+  const FlatLayout layout(s.weights, comm->world_size());
+  GradBuckets buckets(s.weights, layout, 1, *comm, /*shard_gradients=*/false, torch::kDouble);
+  ASSERT_EQ(buckets.flat().scalar_type(), torch::kDouble);
+  for (bool reduce : {false, true}) {
+    buckets.prepare_backward(reduce);
+    s.loss(s.input(comm->rank()).to(torch::kFloat)).backward();
+  }
+  buckets.finish();
+  for (int r = 0; r < comm->world_size(); ++r) {
+    Stack ref(3, 8);
+    for (auto& w : ref.weights) w = w.detach().to(torch::kFloat).set_requires_grad(true);
+    ref.loss(ref.input(r).to(torch::kFloat)).backward();
+    for (int i = 0; i < 3; ++i) {
+      auto got = buckets.flat().narrow(0, layout.offset[i], layout.numel[i]);
+      got.sub_(2 * ref.weights[i].grad().to(torch::kDouble).flatten());  // peel off rank r's share
+    }
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(s.weights[i].grad().defined()) << i;
+    EXPECT_LE(buckets.flat().narrow(0, layout.offset[i], layout.numel[i]).abs().max().item<double>(), 1e-12) << i;
+  }
+}
+
 TEST(GradBuckets, FirstBucketIsReducedBeforeBackwardFinishes) {
   auto comm = make_mpi_communicator(MPI_COMM_WORLD);
   Stack s(8, 32);

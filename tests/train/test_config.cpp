@@ -73,6 +73,16 @@ TEST(Config, ErrorsNameTheKey) {
   EXPECT_NE(error_of({"--config", "/nonexistent/x.ini"}).find("/nonexistent/x.ini"), std::string::npos);
   EXPECT_NE(error_of({"--model.n_layer=2"}).find("data.train"), std::string::npos);
   EXPECT_NE(error_of({"--config", ini, "stray"}).find("stray"), std::string::npos);
+  EXPECT_NE(error_of({"--config", ini, "--precision.reduce_dtype=fp64"}).find("precision.reduce_dtype"), std::string::npos);
+  // Gradients reduce in fp32 or in the compute dtype itself, nothing else.
+  EXPECT_NE(error_of({"--config", ini, "--precision.dtype=fp16", "--precision.reduce_dtype=bf16"})
+                .find("precision.reduce_dtype = bf16: must be fp32 or precision.dtype (fp16)"),
+            std::string::npos)
+      << error_of({"--config", ini, "--precision.dtype=fp16", "--precision.reduce_dtype=bf16"});
+  EXPECT_NE(error_of({"--config", ini, "--precision.dtype=fp16", "--precision.reduce_dtype=fp16", "--parallel.offload=optimizer"})
+                .find("parallel.offload"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--config", ini, "--parallel.offload=gpu"}).find("parallel.offload"), std::string::npos);
 }
 
 TEST(Config, BatchThatDoesNotDivideAcrossRanksNamesTheKey) {
