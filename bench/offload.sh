@@ -18,9 +18,9 @@ run() {  # NAME ARGS...
   grep -h "optimizer state" "$out/xl_$name.log" | head -1
 }
 run bf16
-run bf16+ckpt --memory.activation_checkpointing=full
-run bf16+ckpt+offload --memory.activation_checkpointing=full --parallel.offload=optimizer
-run bf16+ckpt+offload+bf16grads --memory.activation_checkpointing=full --parallel.offload=optimizer \
+run bf16_ckpt --memory.activation_checkpointing=full
+run bf16_ckpt_offload --memory.activation_checkpointing=full --parallel.offload=optimizer
+run bf16_ckpt_offload_bf16grads --memory.activation_checkpointing=full --parallel.offload=optimizer \
   --precision.reduce_dtype=bf16
 n=$([ "${SMOKE:-0}" = 1 ] && echo 20000000 || echo 400000000)
 build-gpu/bin/cpu_adamw_bench "$n" 1 4 8 "$(nproc)" 2>&1 | tail -12

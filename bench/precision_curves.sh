@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On one GPU: gpt2-124m trained 300 steps on the fortunes corpus (data/out/, made by gpt2-data,
+# On one GPU: gpt2-124m trained 300 steps on the fortunes corpus (.bench-data/fortunes/: data/out/fortunes of launch/quickstart.sh,
 # carried to the device) in fp32, bf16 and fp16; prints train/val loss side by side and the
 # largest relative gap to fp32. source .device-deps/gpu-env.sh first. SMOKE=1: 20 steps.
 set -uo pipefail
@@ -7,7 +7,7 @@ source bench/common.sh
 [ -x build-gpu/bin/gpt2-train ] || bench_build || exit 1
 steps=$([ "${SMOKE:-0}" = 1 ] && echo 20 || echo 300)
 for p in fp32 bf16 fp16; do
-  build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --data.train=data/out/train.h5 --data.val=data/out/val.h5 \
+  build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --data.train=.bench-data/fortunes/train.h5 --data.val=.bench-data/fortunes/val.h5 \
     --train.micro_batch=16 --train.batch_tokens=16384 --train.max_steps=$steps --train.warmup_steps=30 \
     --train.eval_every=50 --train.eval_steps=4 --train.sample_tokens=0 --log.every=10 --precision.dtype=$p \
     --log.metrics="$out/curve_$p.jsonl" >"$out/curve_$p.log" 2>&1 || tail -20 "$out/curve_$p.log"

@@ -77,7 +77,10 @@ ShardedAdamW::~ShardedAdamW() = default;
 torch::Tensor ShardedAdamW::clip_grad_norm(double max_norm) {
   at::NoGradGuard no_grad;
   const auto acc = at::promote_types(grad_shard_.scalar_type(), at::kFloat);
-  auto sum_sq = grad_shard_.to(acc).pow(2).sum().reshape({1});
+  // A reduction in acc without a full-size temporary (a .to(acc).pow(2) copy of a 1.5B-element
+  // shard is 6 GiB of peak memory).
+  auto local = at::linalg_vector_norm(grad_shard_, 2, c10::nullopt, /*keepdim=*/false, acc);
+  auto sum_sq = (local * local).reshape({1});
   if (sharded_) comm_.all_reduce(sum_sq, parallel::ReduceOp::kSum)->wait();
   auto norm = sum_sq.sqrt().reshape({});
   if (max_norm > 0) grad_shard_.mul_((max_norm / (norm + 1e-6)).clamp_max(1.0).to(grad_shard_.scalar_type()));
