@@ -14,11 +14,14 @@ AdamW::AdamW(std::vector<Group> groups, AdamWOptions options) : options_(options
     GroupState s;
     s.weight_decay = g.weight_decay;
     GPT2_ASSERT(g.grads.empty() || g.grads.size() == g.params.size(), "AdamW: one gradient per parameter");
+    GPT2_ASSERT(g.exp_avg.size() == g.exp_avg_sq.size() && (g.exp_avg.empty() || g.exp_avg.size() == g.params.size()),
+                "AdamW: one moment pair per parameter");
     s.grads = g.grads;
-    for (auto& p : g.params) {
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      const auto& p = g.params[i];
       s.params.push_back(p);
-      s.exp_avg.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
-      s.exp_avg_sq.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+      s.exp_avg.push_back(g.exp_avg.empty() ? at::zeros_like(p, at::MemoryFormat::Contiguous) : g.exp_avg[i]);
+      s.exp_avg_sq.push_back(g.exp_avg_sq.empty() ? at::zeros_like(p, at::MemoryFormat::Contiguous) : g.exp_avg_sq[i]);
       // The fused kernel reads the step count from a tensor on the param's device.
       s.step.push_back(at::zeros({}, p.options().dtype(at::kFloat)));
     }
@@ -51,6 +54,17 @@ void AdamW::step(double lr, const torch::Tensor& found_inf) {
   ++steps_taken_;
 }
 
+int64_t AdamW::adam_step() const {
+  for (const auto& g : groups_)
+    if (!g.step.empty()) return static_cast<int64_t>(g.step.front().item<float>());
+  return 0;
+}
+
+void AdamW::set_adam_step(int64_t step) {
+  for (auto& g : groups_)
+    for (auto& s : g.step) s.fill_(static_cast<double>(step));
+}
+
 void AdamW::zero_grad() {
   for (auto& g : groups_) {
     for (size_t i = 0; i < g.params.size(); ++i) {
@@ -75,7 +89,8 @@ std::vector<torch::Tensor> AdamW::params() const {
 }
 
 std::vector<AdamW::Group> decay_groups(const std::vector<torch::Tensor>& params, double weight_decay) {
-  AdamW::Group decay{{}, weight_decay, {}}, no_decay{{}, 0.0, {}};
+  AdamW::Group decay, no_decay;
+  decay.weight_decay = weight_decay;
   for (const auto& p : params) (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
   return {decay, no_decay};
 }

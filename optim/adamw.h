@@ -22,6 +22,9 @@ class AdamW {
     double weight_decay = 0;
     // The gradient of each param; empty = use each param's .grad() (skipped when undefined).
     std::vector<torch::Tensor> grads;
+    // Where the moments live (views into a caller's flat buffers, so they can be saved and
+    // loaded as one range); empty = AdamW allocates them.
+    std::vector<torch::Tensor> exp_avg, exp_avg_sq;
   };
 
   AdamW(std::vector<Group> groups, AdamWOptions options);
@@ -34,6 +37,10 @@ class AdamW {
   void zero_grad();
 
   int64_t steps_taken() const { return steps_taken_; }
+  // The bias-correction step count (updates applied, skipped ones not counted; a host sync), and
+  // setting it when resuming.
+  int64_t adam_step() const;
+  void set_adam_step(int64_t step);
   // Bytes of optimizer state (both moments and step counters) held by this rank.
   int64_t state_bytes() const;
   std::vector<torch::Tensor> params() const;

@@ -20,6 +20,11 @@ torch::Tensor LossScaler::unscale_and_check(const torch::Tensor& grads, parallel
   return found_inf;
 }
 
+void LossScaler::load(double scale, int64_t growth_tracker) {
+  if (enabled_) scale_.fill_(scale);
+  growth_tracker_.fill_(growth_tracker);
+}
+
 void LossScaler::update(const torch::Tensor& found_inf) {
   if (!enabled_) return;
   at::_amp_update_scale_(scale_, growth_tracker_, found_inf, options_.growth, options_.backoff,

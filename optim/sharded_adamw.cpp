@@ -57,17 +57,22 @@ ShardedAdamW::ShardedAdamW(const std::vector<torch::Tensor>& params, const paral
     return;
   }
 
-  AdamW::Group decay{{}, options.weight_decay, {}}, no_decay{{}, 0.0, {}};
+  AdamW::Group decay, no_decay;
+  decay.weight_decay = options.weight_decay;
   if (low_precision) {
     master_ = param_shard_.to(at::kFloat);  // fp32 master weights for the shard
     if (grad_flat.scalar_type() != at::kFloat) grad32_ = at::empty({n}, master_.options());
   }
   const at::Tensor& update = low_precision ? master_ : param_shard_;
   const at::Tensor& grads = grad32_.defined() ? grad32_ : grad_shard_;
+  m_ = at::zeros({n}, update.options().dtype(at::kFloat));
+  v_ = at::zeros({n}, update.options().dtype(at::kFloat));
   for (const Segment& s : segments_) {
     auto& group = s.weight_decay != 0 ? decay : no_decay;
     group.params.push_back(update.narrow(0, s.begin, s.end - s.begin));
     group.grads.push_back(grads.narrow(0, s.begin, s.end - s.begin));
+    group.exp_avg.push_back(m_.narrow(0, s.begin, s.end - s.begin));
+    group.exp_avg_sq.push_back(v_.narrow(0, s.begin, s.end - s.begin));
   }
   adamw_ = std::make_unique<AdamW>(std::vector<AdamW::Group>{decay, no_decay}, options.adamw);
 }
@@ -185,6 +190,44 @@ void ShardedAdamW::step_on_host(double lr, const torch::Tensor& found_inf) {
 void ShardedAdamW::gather() {
   if (!sharded_) return;
   comm_.all_gather(param_flat_, param_shard_)->wait();
+}
+
+ShardedAdamW::ShardState ShardedAdamW::state() const {
+  at::NoGradGuard no_grad;
+  auto cpu32 = [](const at::Tensor& t) { return t.to(at::kCPU, at::kFloat, /*non_blocking=*/false, /*copy=*/true); };
+  ShardState s;
+  if (options_.offload) {
+    s.master = cpu32(master_);
+    s.exp_avg = cpu32(host_m_);
+    s.exp_avg_sq = cpu32(host_v_);
+    s.adam_step = host_steps_;
+  } else {
+    s.master = cpu32(master_.defined() ? master_ : param_shard_);
+    s.exp_avg = cpu32(m_);
+    s.exp_avg_sq = cpu32(v_);
+    s.adam_step = adamw_->adam_step();
+  }
+  return s;
+}
+
+void ShardedAdamW::load_state(const ShardState& s) {
+  at::NoGradGuard no_grad;
+  const int64_t n = end_ - begin_;
+  GPT2_ASSERT(s.master.numel() == n && s.exp_avg.numel() == n && s.exp_avg_sq.numel() == n,
+              "optimizer state does not match this rank's shard");
+  if (options_.offload) {
+    master_.copy_(s.master);
+    host_m_.copy_(s.exp_avg);
+    host_v_.copy_(s.exp_avg_sq);
+    host_steps_ = s.adam_step;
+    param_shard_.copy_(s.master);
+    return;
+  }
+  if (master_.defined()) master_.copy_(s.master);
+  param_shard_.copy_(s.master);
+  m_.copy_(s.exp_avg);
+  v_.copy_(s.exp_avg_sq);
+  adamw_->set_adam_step(s.adam_step);
 }
 
 int64_t ShardedAdamW::state_bytes() const {

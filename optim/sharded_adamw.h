@@ -55,7 +55,19 @@ class ShardedAdamW {
   // memory (offload: masters, moments, the gradient and parameter staging buffers).
   int64_t state_bytes() const;
   int64_t host_state_bytes() const;
+  int64_t shard_begin() const { return begin_; }
   int64_t shard_numel() const { return end_ - begin_; }
+
+  // This rank's optimizer state over its shard as fp32 CPU tensors, for checkpoints: the master
+  // weights (the parameters themselves when they are fp32), both moments, and the bias-correction
+  // step count. load_state() takes the same (shard_numel() elements) and writes the masters,
+  // rounded, into this rank's parameters; gather() then gives every rank the whole model.
+  struct ShardState {
+    torch::Tensor master, exp_avg, exp_avg_sq;
+    int64_t adam_step = 0;
+  };
+  ShardState state() const;
+  void load_state(const ShardState& state);
   // This rank's shard of the gradient (what clipping and loss-scale unscaling act on).
   const torch::Tensor& grad_shard() const { return grad_shard_; }
   bool sharded() const { return sharded_; }
@@ -79,6 +91,7 @@ class ShardedAdamW {
   torch::Tensor grad_shard_;   // view of the gradient buffer
   torch::Tensor master_;       // fp32 shard when the params are not fp32 (device), or the host master
   torch::Tensor grad32_;       // device: fp32 copy of a low-precision gradient shard for the fused kernel
+  torch::Tensor m_, v_;        // device: the moments, flat over the shard (AdamW works on views)
   std::vector<Segment> segments_;
   std::unique_ptr<AdamW> adamw_;  // device path
 

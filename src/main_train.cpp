@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
 
   // Errors from here on may hit one rank only: end the whole job so no peer hangs.
   try {
-    train(parsed.config, *env);
+    if (train(parsed.config, *env).preempted) return kExitPreempted;
   } catch (const UserError& e) {
     log::error(e.what());
     parallel::RankEnv::abort(kExitUsage);

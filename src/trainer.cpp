@@ -12,7 +12,9 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cmath>
 #include <cstdio>
@@ -31,6 +33,7 @@
 #include "parallel/flat_layout.h"
 #include "parallel/grad_buckets.h"
 #include "src/base/errors.h"
+#include "src/checkpoint.h"
 #include "src/base/log.h"
 #include "src/generate.h"
 #include "src/metrics.h"
@@ -77,6 +80,33 @@ void check_offload_fits(int64_t bytes_per_rank, int local_ranks) {
                                 need / 1073741824.0, local_ranks, bytes_per_rank / 1073741824.0, have / 1073741824.0));
   }
 }
+
+// SIGUSR1 (Slurm's warning before the time limit, forwarded by mpirun and srun) and SIGTERM
+// (preemption) ask for a checkpoint at the next step boundary and a clean stop; the handler only
+// sets a flag. Restored when training ends.
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal.store(0);
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, &old_usr1_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    sigaction(SIGUSR1, &old_usr1_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_usr1_ {}, old_term_ {};
+};
 
 // Test hook: GPT2_FAULT_AT=RANK:STEP makes that rank throw at the start of that step, so tests
 // can check that one failing rank ends the whole job (see tests/python/test_parallel_faults.py).
@@ -169,6 +199,22 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   optim::LossScaler scaler(compute_dtype == at::kHalf, device);
   const optim::WarmupCosine schedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps};
 
+  // ---- resume (all ranks): optimizer shards, parameters, loss scale; the data order needs only
+  // the step (Note [Batch layout]).
+  int64_t start_step = 0;
+  if (cfg.checkpoint.resume != "none") {
+    const bool automatic = cfg.checkpoint.resume == "auto";
+    const std::string from = find_checkpoint(automatic ? cfg.checkpoint.dir : cfg.checkpoint.resume);
+    if (from.empty() && !automatic) {
+      throw UserError("config: checkpoint.resume = " + cfg.checkpoint.resume +
+                      ": no checkpoint there (neither manifest.json nor latest)");
+    }
+    if (!from.empty()) start_step = resume_checkpoint(from, cfg, env, layout, optimizer, scaler);
+  }
+  if (start_step >= tc.max_steps && tc.max_steps > 0) {
+    log::info("the checkpoint is at step ", start_step, " >= train.max_steps ", tc.max_steps, ": nothing to do");
+  }
+
   // Training batch i = micro-step i % accum of step i / accum (Note [Batch layout]); prefetched.
   const auto train_stream = data::TokenStream::open(cfg.data.train, cfg.model.vocab_size, "data.train");
   const data::BatchSampler sampler(train_stream.size(), T, tc.seed);
@@ -177,7 +223,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
       [&](int64_t i, int64_t row) {
         return sampler.window_start(data::global_sample_index(i / accum, i % accum, rank, row, mb, world, accum));
       },
-      mb, T, cfg.model.vocab_size, device, static_cast<int>(cfg.data.prefetch));
+      mb, T, cfg.model.vocab_size, device, static_cast<int>(cfg.data.prefetch), /*first_index=*/start_step * accum);
   // Validation: the same sequential windows at every eval, read synchronously.
   std::optional<data::TokenStream> val_stream;
   std::optional<data::BatchLoader> val_loader;
@@ -232,8 +278,11 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   int64_t timed_steps = 0;
   reset_peak_memory(cuda_index);
   const int64_t fault_step = fault_step_for(rank);
+  StopSignals stop_signals;
+  result.start_step = start_step;
+  const bool saving = cfg.checkpoint.every > 0;
 
-  for (int64_t step = 0; step < tc.max_steps; ++step) {
+  for (int64_t step = start_step; step < tc.max_steps; ++step) {
     const bool last_step = step == tc.max_steps - 1;
     if (step == fault_step) throw Error("injected fault (GPT2_FAULT_AT) at step " + std::to_string(step));
 
@@ -317,6 +366,24 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
       data_wait = 0;
     }
     loss_sum.zero_();
+
+    // ---- checkpoint (all ranks) -------------------------------------------------------------
+    // A stop signal on any rank stops every rank after this step (one small reduction a step).
+    int stop = g_stop_signal.load();
+    MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, env.comm());
+    const bool due = saving && ((step + 1) % cfg.checkpoint.every == 0 || last_step);
+    if (due || stop != 0) {
+      const auto save_start = Clock::now();
+      result.last_checkpoint = save_checkpoint(step + 1, cfg, env, model, layout, optimizer, scaler);
+      log::info(log::format("checkpoint %s saved in %.2f s", result.last_checkpoint.c_str(), seconds_since(save_start)));
+      window_start += Clock::now() - save_start;
+    }
+    if (stop != 0) {
+      log::warn("preempted by signal ", stop, " after step ", step, ": saved ", result.last_checkpoint,
+                "; exiting with code ", kExitPreempted, " so the job can be requeued");
+      result.preempted = true;
+      break;
+    }
   }
 
   // ---- summary (rank 0 prints) ------------------------------------------------------------------
@@ -324,7 +391,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   result.peak_mem_gib = peak_memory_gib(cuda_index);
   result.optimizer_state_bytes = optimizer.state_bytes();
   result.optimizer_host_bytes = optimizer.host_state_bytes();
-  if (tokenizer) sample(tc.max_steps);
+  if (tokenizer && !result.preempted) sample(tc.max_steps);
   const std::string val_text =
       result.val_losses.empty() ? "" : log::format(" | val loss %.4f -> %.4f", result.val_losses.front().second,
                                                    result.val_losses.back().second);

@@ -3,6 +3,7 @@
 // sample, micro-steps, clip, step, log) and returns what it measured. Every rank calls train();
 // collectives inside happen in the same order on all ranks (Note [Collective order] in trainer.cpp).
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "parallel/rank_env.h"
@@ -18,6 +19,9 @@ struct TrainResult {
   double peak_mem_gib = 0;
   int64_t optimizer_state_bytes = 0;  // on this rank's device
   int64_t optimizer_host_bytes = 0;   // on this rank's host (offload)
+  int64_t start_step = 0;          // > 0 when the run resumed from a checkpoint
+  bool preempted = false;          // stopped early on SIGUSR1/SIGTERM after saving a checkpoint
+  std::string last_checkpoint;     // directory of the last checkpoint saved ("" = none)
   GPT2 model{nullptr};             // the trained model (on the training device)
 };
 

@@ -24,6 +24,8 @@ class UserError : public Error {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;
+// gpt2-train caught SIGUSR1/SIGTERM, saved a checkpoint and stopped: requeue the job to go on.
+inline constexpr int kExitPreempted = 3;
 
 [[noreturn]] void throw_call_error(const char* call, const std::string& result, const char* file,
                                    int line);

@@ -14,73 +14,23 @@
 #include "parallel/rank_env.h"
 #include "src/base/log.h"
 #include "src/trainer.h"
+#include "tests/parallel/training_fixtures.h"
 #include "tests/test_util.h"
 
 namespace gpt2 {
 namespace {
 
-// A token file of a learnable stream, written by rank 0 into a temp dir every rank can read.
-class SharedTokenFile {
- public:
-  SharedTokenFile() {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    std::string path;
-    if (rank == 0) {
-      dir_ = std::make_unique<test::TempDir>("gpt2_dp");
-      path = dir_->file("train.h5");
-      std::vector<uint32_t> tokens;
-      for (int i = 0; i < 20000; ++i) tokens.push_back(static_cast<uint32_t>((i * 7 + i / 13) % 251));
-      data::TokenFileAttrs attrs;
-      attrs.vocab_size = 256;
-      attrs.eot_token = 255;
-      data::write_token_file(path, tokens, attrs);
-    }
-    int len = static_cast<int>(path.size());
-    MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    path.resize(len);
-    MPI_Bcast(path.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
-    path_ = path;
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::unique_ptr<test::TempDir> dir_;
-  std::string path_;
-};
-
-Config tiny_config(const std::string& train, int64_t batch_tokens, double bucket_mb) {
-  Config c;
-  c.model = {/*n_layer=*/2, /*n_head=*/2, /*n_embd=*/32, /*vocab_size=*/256, /*block_size=*/32};
-  c.data.train = train;
-  c.train.micro_batch = 2;
-  c.train.seq_len = 16;
-  c.train.batch_tokens = batch_tokens;
-  c.train.max_steps = 20;
-  c.train.lr = 3e-3;
-  c.train.min_lr = 3e-4;
-  c.train.warmup_steps = 3;
-  c.train.eval_every = 0;
-  c.train.sample_tokens = 0;
-  c.train.device = "cpu";
-  c.precision.dtype = "fp32";
-  c.parallel.bucket_mb = bucket_mb;
-  c.log.metrics = "";
-  c.log.every = 1;  // a loss for every step
-  c.validate();
-  return c;
-}
-
-// ||a - b|| / ||b||: the relative error of a against the reference b.
-double rel_error(const torch::Tensor& a, const torch::Tensor& b) {
-  return ((a - b).norm() / b.norm().clamp_min(1e-30)).item<double>();
-}
+using test::SharedTokenFile;
+using test::quiet_logs;
+using test::rel_error;
+using test::tiny_config;
+using test::world_size;
 
 // Per-step losses and final parameters of `got` against `want`, relative error <= tol.
 void expect_same_training(TrainResult& got, TrainResult& want, int64_t n_embd, double tol) {
   ASSERT_EQ(got.losses.size(), 20u);
   ASSERT_EQ(want.losses.size(), 20u);
-  double worst_loss = 0, worst = 0;
+  double worst_loss = 0;
   for (size_t s = 0; s < 20; ++s) {
     const double e = std::abs(got.losses[s] - want.losses[s]) / std::abs(want.losses[s]);
     worst_loss = std::max(worst_loss, e);
@@ -89,35 +39,12 @@ void expect_same_training(TrainResult& got, TrainResult& want, int64_t n_embd, d
   auto mean = [](auto first, auto last) { return std::accumulate(first, last, 0.0) / std::distance(first, last); };
   EXPECT_LT(mean(want.losses.end() - 5, want.losses.end()), mean(want.losses.begin(), want.losses.begin() + 5) - 0.1)
       << "the reference run did not learn: the comparison would prove little";
-  auto a = got.model->named_parameters(), b = want.model->named_parameters();
-  ASSERT_EQ(a.size(), b.size());
-  const int64_t C = n_embd;
-  for (size_t i = 0; i < a.size(); ++i) {
-    auto pa = a[i].value(), pb = b[i].value();
-    if (a[i].key().find("attn.c_attn.bias") != std::string::npos) {
-      // Note [Key bias]: softmax is invariant to the key bias, so its exact gradient is zero and
-      // all Adam sees there is fp32 rounding noise, which differs with summation order. Compare
-      // the query and value biases; the key bias has no effect on the function (checked below).
-      EXPECT_LE(rel_error(pa.narrow(0, 0, C), pb.narrow(0, 0, C)), tol) << a[i].key() << " (query)";
-      EXPECT_LE(rel_error(pa.narrow(0, 2 * C, C), pb.narrow(0, 2 * C, C)), tol) << a[i].key() << " (value)";
-      continue;
-    }
-    worst = std::max(worst, rel_error(pa, pb));
-    EXPECT_LE(rel_error(pa, pb), tol) << a[i].key();
-  }
+  const double worst = test::expect_same_parameters(got.model, want.model, n_embd, tol);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank == 0) std::printf("[ measured ] worst relative error: loss %.2e, parameter %.2e\n", worst_loss, worst);
-  // The trained functions agree: logits on a fixed batch.
-  torch::NoGradGuard no_grad;
-  auto idx = torch::arange(2 * 16, torch::kInt64).view({2, 16}).remainder(256);
-  EXPECT_LE(rel_error(got.model->forward(idx), want.model->forward(idx)), tol) << "logits";
 }
 
-void quiet_logs(const parallel::RankEnv& env) {
-  log::init(env.rank(), env.world_size());
-  log::set_level(log::Level::kWarn);
-}
 
 // Training with `cfg` on all ranks against `reference` (default: the same config) on rank 0 alone.
 void expect_same_as_one_rank(const Config& cfg, const Config* reference = nullptr) {
@@ -132,11 +59,6 @@ void expect_same_as_one_rank(const Config& cfg, const Config* reference = nullpt
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 TEST(DataParallel, SameAsOneRankWithTheSameGlobalBatch) {
   SharedTokenFile file;
