@@ -49,13 +49,16 @@ std::string shard_name(int rank) {
   return s;
 }
 
-// Test hook: GPT2_CKPT_FAULT=RANK:POINT kills that rank with SIGKILL at save point POINT (1..N
-// below), so tests can check that a crash anywhere in a save never spoils `latest`.
-void fault_point(int rank, int point) {
+// Test hook: GPT2_CKPT_FAULT=RANK:POINT[:STEP] kills that rank with SIGKILL at save point POINT
+// (1..10 below) of every save, or only of the save of STEP, so tests can check that a crash
+// anywhere in a save never spoils what a resume finds.
+void fault_point(int rank, int point, int64_t step) {
   static const char* spec = std::getenv("GPT2_CKPT_FAULT");
   if (spec == nullptr) return;
   int r = -1, p = -1;
-  if (std::sscanf(spec, "%d:%d", &r, &p) == 2 && r == rank && p == point) ::raise(SIGKILL);
+  long long s = -1;
+  const int n = std::sscanf(spec, "%d:%d:%lld", &r, &p, &s);
+  if (n >= 2 && r == rank && p == point && (n < 3 || s == step)) ::raise(SIGKILL);
 }
 
 void fsync_path(const std::string& path, bool directory) {
@@ -347,7 +350,7 @@ std::string save_checkpoint(int64_t step, const Config& cfg, const parallel::Ran
   }
   MPI_CHECK(MPI_Bcast(&exists, 1, MPI_INT, 0, env.comm()));
   if (exists) return final_dir;
-  fault_point(rank, 1);
+  fault_point(rank, 1, step);
 
   // Every rank: its optimizer shard, then the RNG states.
   const auto state = optimizer.state();
@@ -357,7 +360,7 @@ std::string save_checkpoint(int64_t step, const Config& cfg, const parallel::Ran
     H5Id file = create_h5(files::join(tmp, shard_file));
     const hsize_t n = static_cast<hsize_t>(optimizer.shard_numel());
     write_f32(file.get(), "master", state.master, {n});
-    fault_point(rank, 2);
+    fault_point(rank, 2, step);
     write_f32(file.get(), "exp_avg", state.exp_avg, {n});
     write_f32(file.get(), "exp_avg_sq", state.exp_avg_sq, {n});
     write_int_attr(file.get(), "begin", optimizer.shard_begin());
@@ -372,9 +375,9 @@ std::string save_checkpoint(int64_t step, const Config& cfg, const parallel::Ran
 #endif
     if (H5Fclose(file.release()) < 0) throw UserError(files::join(tmp, shard_file) + ": writing failed (disk full?)");
   }
-  fault_point(rank, 3);
+  fault_point(rank, 3, step);
   FileRecord mine = record_of(files::join(tmp, shard_file));
-  fault_point(rank, 4);
+  fault_point(rank, 4, step);
 
   // Rank 0: the model (fp32 widening of what the ranks compute with), then the manifest.
   FileRecord model_record{0, 0, 0};
@@ -391,7 +394,7 @@ std::string save_checkpoint(int64_t step, const Config& cfg, const parallel::Ran
     if (H5Fclose(file.release()) < 0) throw UserError(files::join(tmp, "model.h5") + ": writing failed (disk full?)");
     model_record = record_of(files::join(tmp, "model.h5"));
   }
-  fault_point(rank, 5);
+  fault_point(rank, 5, step);
   std::vector<FileRecord> records(rank == 0 ? world : 0);
   std::vector<int64_t> ranges(rank == 0 ? 2 * world : 0);
   const int64_t my_range[2] = {optimizer.shard_begin(), optimizer.shard_begin() + optimizer.shard_numel()};
@@ -417,15 +420,15 @@ std::string save_checkpoint(int64_t step, const Config& cfg, const parallel::Ran
     m.config = cfg.table();
     m.files.push_back({"model.h5", model_record.bytes, crc32c_hex(model_record.crc)});
     for (int r = 0; r < world; ++r) m.files.push_back({shard_name(r), records[r].bytes, crc32c_hex(records[r].crc)});
-    fault_point(rank, 6);
+    fault_point(rank, 6, step);
     write_durably(files::join(tmp, "manifest.json"), json::dump(m.to_json()) + "\n");
     fsync_path(tmp, true);
-    fault_point(rank, 7);
+    fault_point(rank, 7, step);
     files::rename_file(tmp, final_dir);
     fsync_path(root, true);
-    fault_point(rank, 8);
+    fault_point(rank, 8, step);
     write_durably(files::join(root, "latest"), step_name(step) + "\n");
-    fault_point(rank, 9);
+    fault_point(rank, 9, step);
     // Keep the newest `keep` complete checkpoints (and never the one `latest` names).
     std::vector<std::string> complete;
     for (const auto& name : files::list_directory(root)) {
@@ -438,7 +441,7 @@ std::string save_checkpoint(int64_t step, const Config& cfg, const parallel::Ran
     for (size_t i = 0; i + static_cast<size_t>(cfg.checkpoint.keep) < complete.size(); ++i) {
       if (complete[i] != step_name(step)) files::remove_tree(files::join(root, complete[i]));
     }
-    fault_point(rank, 10);
+    fault_point(rank, 10, step);
   }
   env.barrier();
   return final_dir;

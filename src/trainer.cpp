@@ -108,15 +108,22 @@ class StopSignals {
   struct sigaction old_usr1_ {}, old_term_ {};
 };
 
-// Test hook: GPT2_FAULT_AT=RANK:STEP makes that rank throw at the start of that step, so tests
-// can check that one failing rank ends the whole job (see tests/python/test_parallel_faults.py).
-int64_t fault_step_for(int rank) {
+// Test hook: GPT2_FAULT_AT=RANK:STEP makes that rank throw at the start of that step, and
+// GPT2_FAULT_AT=RANK:STEP:kill kill itself with SIGKILL there, so tests can check that one failing
+// or vanished rank ends the whole job (tests/python/test_parallel_faults.py, test_checkpoint_faults.py).
+struct Fault {
+  int64_t step = -1;
+  bool kill = false;
+};
+Fault fault_for(int rank) {
   const char* spec = std::getenv("GPT2_FAULT_AT");
-  if (spec == nullptr) return -1;
+  if (spec == nullptr) return {};
   int fault_rank = -1;
   long long fault_step = -1;
-  if (std::sscanf(spec, "%d:%lld", &fault_rank, &fault_step) != 2) return -1;
-  return fault_rank == rank ? fault_step : -1;
+  char mode[8] = {0};
+  const int n = std::sscanf(spec, "%d:%lld:%7s", &fault_rank, &fault_step, mode);
+  if (n < 2 || fault_rank != rank) return {};
+  return {fault_step, n == 3 && std::string(mode) == "kill"};
 }
 
 std::string format_duration(double seconds) {
@@ -277,14 +284,15 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   double timed_seconds = 0;
   int64_t timed_steps = 0;
   reset_peak_memory(cuda_index);
-  const int64_t fault_step = fault_step_for(rank);
+  const Fault fault = fault_for(rank);
   StopSignals stop_signals;
   result.start_step = start_step;
   const bool saving = cfg.checkpoint.every > 0;
 
   for (int64_t step = start_step; step < tc.max_steps; ++step) {
     const bool last_step = step == tc.max_steps - 1;
-    if (step == fault_step) throw Error("injected fault (GPT2_FAULT_AT) at step " + std::to_string(step));
+    if (step == fault.step && fault.kill) std::raise(SIGKILL);
+    if (step == fault.step) throw Error("injected fault (GPT2_FAULT_AT) at step " + std::to_string(step));
 
     // ---- eval (all ranks: one reduction) ------------------------------------------------------
     const auto pause_start = Clock::now();  // eval and sample time stays out of the step timing
