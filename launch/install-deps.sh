@@ -14,7 +14,7 @@ TORCH_VERSION=2.11.0
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config git
   libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools libboost-program-options-dev
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev fortunes fortunes-min python3-venv
-  clang libclang-rt-14-dev)
+  clang libclang-rt-14-dev slurmctld slurmd slurm-client munge)
 PY_PACKAGES=("torch==${TORCH_VERSION}" numpy transformers tiktoken h5py safetensors tensorboard)
 
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }

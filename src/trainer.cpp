@@ -98,14 +98,23 @@ class StopSignals {
     sigaction(SIGTERM, &sa, &old_term_);
   }
   ~StopSignals() {
+    if (preempted_) {
+      // Stopping for a preemption: a launcher (srun --kill-on-bad-exit, mpirun) may TERM the ranks
+      // that have not exited yet once one has; dying of that would replace exit code 3 by 143.
+      std::signal(SIGUSR1, SIG_IGN);
+      std::signal(SIGTERM, SIG_IGN);
+      return;
+    }
     sigaction(SIGUSR1, &old_usr1_, nullptr);
     sigaction(SIGTERM, &old_term_, nullptr);
   }
+  void set_preempted() { preempted_ = true; }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
  private:
   struct sigaction old_usr1_ {}, old_term_ {};
+  bool preempted_ = false;
 };
 
 // Test hook: GPT2_FAULT_AT=RANK:STEP makes that rank throw at the start of that step, and
@@ -390,6 +399,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
       log::warn("preempted by signal ", stop, " after step ", step, ": saved ", result.last_checkpoint,
                 "; exiting with code ", kExitPreempted, " so the job can be requeued");
       result.preempted = true;
+      stop_signals.set_preempted();
       break;
     }
   }
@@ -403,9 +413,12 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   const std::string val_text =
       result.val_losses.empty() ? "" : log::format(" | val loss %.4f -> %.4f", result.val_losses.front().second,
                                                    result.val_losses.back().second);
-  log::info(log::format("done: %lld steps in %s | %.0f tok/s | peak mem %.2f GiB", (long long)tc.max_steps,
-                        format_duration(seconds_since(run_start)).c_str(), result.tokens_per_sec,
-                        result.peak_mem_gib) + val_text);
+  const int64_t steps_run = result.losses.empty() ? start_step : static_cast<int64_t>(result.losses.size());
+  const std::string loss_text = result.losses.empty() ? "" : log::format(" | loss %.4f", result.losses.back());
+  log::info(log::format("%s: steps %lld-%lld of %lld in %s%s | %.0f tok/s | peak mem %.2f GiB",
+                        result.preempted ? "stopped (preempted)" : "done", (long long)start_step,
+                        (long long)steps_run - 1, (long long)tc.max_steps, format_duration(seconds_since(run_start)).c_str(),
+                        loss_text.c_str(), result.tokens_per_sec, result.peak_mem_gib) + val_text);
   result.model = model;
   return result;
 }
