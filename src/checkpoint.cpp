@@ -14,9 +14,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 #include "data/h5_check.h"
 #include "optim/loss_scaler.h"
@@ -36,6 +38,17 @@ namespace {
 
 using data::H5ErrorSilencer;
 using data::H5Id;
+
+// The step of a complete-looking "step_NNNNNNN" entry name, else -1 (".tmp" and others).
+int64_t step_of(const std::string& name) {
+  if (name.rfind("step_", 0) != 0 || name.size() == 5) return -1;
+  int64_t v = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || v > (int64_t{1} << 58)) return -1;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
 
 std::string step_name(int64_t step) {
   char s[32];
@@ -92,9 +105,18 @@ H5Id create_h5(const std::string& path) {
   return H5Id(f, H5Fclose);
 }
 
+// Dataset creation without modification times, so the same state always gives the same bytes
+// (and checksums).
+H5Id untimed_dcpl() {
+  H5Id dcpl(H5_ID(H5Pcreate(H5P_DATASET_CREATE)), H5Pclose);
+  H5_CHECK(H5Pset_obj_track_times(dcpl.get(), 0));
+  return dcpl;
+}
+
 void write_f32(hid_t loc, const std::string& name, const torch::Tensor& cpu_f32, const std::vector<hsize_t>& dims) {
   H5Id space(H5_ID(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr)), H5Sclose);
-  H5Id dset(H5_ID(H5Dcreate2(loc, name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)),
+  H5Id dcpl = untimed_dcpl();
+  H5Id dset(H5_ID(H5Dcreate2(loc, name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT)),
             H5Dclose);
   if (cpu_f32.numel() > 0) {
     H5_CHECK(H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, cpu_f32.contiguous().data_ptr()));
@@ -104,7 +126,8 @@ void write_f32(hid_t loc, const std::string& name, const torch::Tensor& cpu_f32,
 void write_bytes(hid_t loc, const std::string& name, const torch::Tensor& bytes) {
   const hsize_t dims[1] = {static_cast<hsize_t>(bytes.numel())};
   H5Id space(H5_ID(H5Screate_simple(1, dims, nullptr)), H5Sclose);
-  H5Id dset(H5_ID(H5Dcreate2(loc, name.c_str(), H5T_NATIVE_UINT8, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)),
+  H5Id dcpl = untimed_dcpl();
+  H5Id dset(H5_ID(H5Dcreate2(loc, name.c_str(), H5T_NATIVE_UINT8, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT)),
             H5Dclose);
   if (bytes.numel() > 0) H5_CHECK(H5Dwrite(dset.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data_ptr()));
 }
@@ -241,6 +264,10 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
   m.dtype = v.at("dtype", what).as_string("dtype");
   m.flat_total = v.at("flat_total", what).as_int("flat_total");
   m.flat_padded = v.at("flat_padded", what).as_int("flat_padded");
+  if (m.world_size < 1 || m.flat_total < 0 || m.flat_padded < m.flat_total) {
+    throw UserError(path + ": inconsistent sizes (world_size " + std::to_string(m.world_size) + ", flat_total " +
+                    std::to_string(m.flat_total) + ", flat_padded " + std::to_string(m.flat_padded) + ")");
+  }
   for (const auto& p : v.at("params", what).as_array("params")) {
     Param q;
     q.name = p.at("name", what + " params").as_string("params.name");
@@ -264,12 +291,19 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
   for (const auto& f : v.at("files", what).as_array("files")) {
     File q;
     q.name = f.at("name", what + " files").as_string("files.name");
-    q.bytes = static_cast<uint64_t>(f.at("bytes", what + " files").as_int("files.bytes"));
+    const int64_t bytes = f.at("bytes", what + " files").as_int("files.bytes");
+    if (bytes < 0) throw UserError(path + ": file " + q.name + " has a negative size");
+    q.bytes = static_cast<uint64_t>(bytes);
     q.crc32c = f.at("crc32c", what + " files").as_string("files.crc32c");
     if (q.name.empty() || q.name.find('/') != std::string::npos || q.name == "." || q.name == "..") {
       throw UserError(path + ": file name '" + q.name + "' is not a plain name in the checkpoint directory");
     }
     m.files.push_back(std::move(q));
+  }
+  for (const auto& shard : m.shards) {  // a shard outside `files` would never be checksummed
+    if (std::none_of(m.files.begin(), m.files.end(), [&](const File& f) { return f.name == shard.file; })) {
+      throw UserError(path + ": shard " + shard.file + " is not among the checksummed files");
+    }
   }
   const auto& scaler = v.at("loss_scaler", what);
   m.loss_scale = scaler.at("scale", what + " loss_scaler").as_double("loss_scaler.scale");
@@ -291,10 +325,12 @@ std::string find_checkpoint(const std::string& dir) {
   // The newest step_NNNNNNN/ with a manifest: a directory gets its final name only after its
   // manifest is on disk, so it is complete even when a crash came before `latest` was replaced.
   std::string newest;
+  int64_t newest_step = -1;
   for (const auto& name : files::list_directory(dir)) {
-    if (name.rfind("step_", 0) == 0 && name.find('.') == std::string::npos &&
-        files::is_regular_file(files::join(files::join(dir, name), "manifest.json")) && name > newest) {
+    const int64_t step = step_of(name);
+    if (step > newest_step && files::is_regular_file(files::join(files::join(dir, name), "manifest.json"))) {
       newest = name;
+      newest_step = step;
     }
   }
   if (!newest.empty()) return files::join(dir, newest);
@@ -313,138 +349,228 @@ std::vector<std::string> verify_checkpoint_files(const CheckpointManifest& m, co
   for (size_t i : idx) {
     const auto& f = m.files.at(i);
     const std::string path = files::join(m.dir, f.name);
-    if (!files::is_regular_file(path)) {
-      problems.push_back(path + ": missing");
+    uint64_t size = 0;
+    try {
+      if (!files::is_regular_file(path)) {
+        problems.push_back(path + ": missing");
+        continue;
+      }
+      size = static_cast<uint64_t>(files::file_size(path));
+    } catch (const Error& e) {
+      problems.push_back(e.what());
       continue;
     }
-    const auto size = static_cast<uint64_t>(files::file_size(path));
     if (size != f.bytes) {
       problems.push_back(path + ": " + std::to_string(size) + " bytes, the manifest says " + std::to_string(f.bytes) +
                          " (truncated or replaced)");
       continue;
     }
-    const std::string crc = crc32c_hex(crc32c_file(path));
-    problems.push_back(crc == f.crc32c ? "" : path + ": checksum mismatch (manifest crc32c " + f.crc32c + ", file " + crc + ")");
+    try {
+      const std::string crc = crc32c_hex(crc32c_file(path));
+      problems.push_back(crc == f.crc32c ? "" : path + ": checksum mismatch (manifest crc32c " + f.crc32c + ", file " + crc + ")");
+    } catch (const Error& e) {  // unreadable: a problem like the others, so every rank reports it
+      problems.push_back(e.what());
+    }
   }
   return problems;
 }
 
 // ------------------------------------------------------------------------------------ save
 
-std::string save_checkpoint(int64_t step, const Config& cfg, const parallel::RankEnv& env, GPT2& model,
-                            const parallel::FlatLayout& layout, optim::ShardedAdamW& optimizer,
-                            const optim::LossScaler& scaler) {
-  const int rank = env.rank(), world = env.world_size();
-  const std::string root = cfg.checkpoint.dir;
-  const std::string final_dir = files::join(root, step_name(step));
-  const std::string tmp = final_dir + ".tmp";
+// Everything a save writes, copied to host memory, so training may go on while it is written.
+struct CheckpointWriter::Snapshot {
+  int64_t step = 0;
+  std::string root, final_dir, tmp;
+  optim::ShardedAdamW::ShardState state;
+  int64_t begin = 0, end = 0;
+  torch::Tensor rng_cpu, rng_cuda;
+  // Rank 0 only: the model (fp32) and what the manifest needs.
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  CheckpointManifest manifest;
+  // Filled by write_files().
+  FileRecord shard_record{0, 0, 0}, model_record{0, 0, 0};
+};
+
+CheckpointWriter::CheckpointWriter(const Config& cfg, const parallel::RankEnv& env) : cfg_(cfg), env_(env) {}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (thread_.joinable()) thread_.join();  // files only; an unfinished save stays a .tmp directory
+}
+
+std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::FlatLayout& layout,
+                                   optim::ShardedAdamW& optimizer, const optim::LossScaler& scaler, bool async) {
+  const int rank = env_.rank(), world = env_.world_size();
+  if (pending_) wait();  // one save at a time
+  auto snap = std::make_unique<Snapshot>();
+  snap->step = step;
+  snap->root = cfg_.checkpoint.dir;
+  snap->final_dir = files::join(snap->root, step_name(step));
+  snap->tmp = snap->final_dir + ".tmp";
   // Rank 0 decides (one view of the file system) and prepares the directory.
   int exists = 0;
   if (rank == 0) {
-    files::create_directories(root);
-    exists = files::is_regular_file(files::join(final_dir, "manifest.json")) ? 1 : 0;
+    files::create_directories(snap->root);
+    exists = files::is_regular_file(files::join(snap->final_dir, "manifest.json")) ? 1 : 0;
     if (!exists) {
-      files::remove_tree(tmp);  // a crashed earlier attempt at this step
-      files::create_directories(tmp);
+      files::remove_tree(snap->tmp);  // a crashed earlier attempt at this step
+      files::create_directories(snap->tmp);
     }
   }
-  MPI_CHECK(MPI_Bcast(&exists, 1, MPI_INT, 0, env.comm()));
-  if (exists) return final_dir;
+  MPI_CHECK(MPI_Bcast(&exists, 1, MPI_INT, 0, env_.comm()));
+  if (exists) return snap->final_dir;
   fault_point(rank, 1, step);
 
-  // Every rank: its optimizer shard, then the RNG states.
-  const auto state = optimizer.state();
-  const std::string shard_file = shard_name(rank);
-  {
-    H5ErrorSilencer quiet;
-    H5Id file = create_h5(files::join(tmp, shard_file));
-    const hsize_t n = static_cast<hsize_t>(optimizer.shard_numel());
-    write_f32(file.get(), "master", state.master, {n});
-    fault_point(rank, 2, step);
-    write_f32(file.get(), "exp_avg", state.exp_avg, {n});
-    write_f32(file.get(), "exp_avg_sq", state.exp_avg_sq, {n});
-    write_int_attr(file.get(), "begin", optimizer.shard_begin());
-    write_int_attr(file.get(), "end", optimizer.shard_begin() + optimizer.shard_numel());
-    write_int_attr(file.get(), "adam_step", state.adam_step);
-    write_bytes(file.get(), "rng_cpu", at::detail::getDefaultCPUGenerator().get_state());
-#ifdef GPT2_WITH_CUDA
-    if (torch::cuda::is_available() && model->parameters().front().is_cuda()) {
-      write_bytes(file.get(), "rng_cuda",
-                  at::cuda::detail::getDefaultCUDAGenerator(model->parameters().front().device().index()).get_state());
+  // The snapshot: optimizer shard, generator states, and on rank 0 the model and manifest fields.
+  snap->state = optimizer.state();
+  snap->begin = optimizer.shard_begin();
+  snap->end = optimizer.shard_begin() + optimizer.shard_numel();
+  if (!optimizer.sharded() && world > 1) {
+    // ZeRO 0: every rank holds the same full state; each writes only its partition, in parallel.
+    snap->begin = layout.shard_begin(rank);
+    snap->end = layout.shard_end(rank);
+    for (auto* t : {&snap->state.master, &snap->state.exp_avg, &snap->state.exp_avg_sq}) {
+      *t = t->narrow(0, snap->begin, snap->end - snap->begin).contiguous();
     }
-#endif
-    if (H5Fclose(file.release()) < 0) throw UserError(files::join(tmp, shard_file) + ": writing failed (disk full?)");
   }
-  fault_point(rank, 3, step);
-  FileRecord mine = record_of(files::join(tmp, shard_file));
-  fault_point(rank, 4, step);
-
-  // Rank 0: the model (fp32 widening of what the ranks compute with), then the manifest.
-  FileRecord model_record{0, 0, 0};
+  snap->rng_cpu = at::detail::getDefaultCPUGenerator().get_state();
   const auto named = model->named_parameters();
-  if (rank == 0) {
-    H5ErrorSilencer quiet;
-    H5Id file = create_h5(files::join(tmp, "model.h5"));
-    write_int_attr(file.get(), "step", step);
-    for (const auto& item : named) {
-      const auto& p = item.value();
-      std::vector<hsize_t> dims(p.sizes().begin(), p.sizes().end());
-      write_f32(file.get(), item.key(), p.detach().to(torch::kCPU, torch::kFloat), dims);
-    }
-    if (H5Fclose(file.release()) < 0) throw UserError(files::join(tmp, "model.h5") + ": writing failed (disk full?)");
-    model_record = record_of(files::join(tmp, "model.h5"));
+#ifdef GPT2_WITH_CUDA
+  if (named[0].value().is_cuda()) {
+    snap->rng_cuda = at::cuda::detail::getDefaultCUDAGenerator(named[0].value().device().index()).get_state();
   }
-  fault_point(rank, 5, step);
-  std::vector<FileRecord> records(rank == 0 ? world : 0);
-  std::vector<int64_t> ranges(rank == 0 ? 2 * world : 0);
-  const int64_t my_range[2] = {optimizer.shard_begin(), optimizer.shard_begin() + optimizer.shard_numel()};
-  MPI_CHECK(MPI_Gather(&mine, sizeof mine, MPI_BYTE, records.data(), sizeof mine, MPI_BYTE, 0, env.comm()));
-  MPI_CHECK(MPI_Gather(my_range, 2, MPI_INT64_T, ranges.data(), 2, MPI_INT64_T, 0, env.comm()));
+#endif
   if (rank == 0) {
-    CheckpointManifest m;
+    for (const auto& item : named) snap->params.emplace_back(item.key(), item.value().detach().to(torch::kCPU, torch::kFloat));
+    CheckpointManifest& m = snap->manifest;
     m.step = step;
     m.world_size = world;
-    m.zero_stage = cfg.parallel.zero_stage;
-    m.offload = cfg.parallel.offload;
-    m.dtype = model->parameters().front().is_cuda() ? cfg.precision.dtype : "fp32";
+    m.zero_stage = cfg_.parallel.zero_stage;
+    m.offload = cfg_.parallel.offload;
+    m.dtype = named[0].value().is_cuda() ? cfg_.precision.dtype : "fp32";
     m.flat_total = layout.total;
     m.flat_padded = layout.padded;
     for (size_t i = 0; i < named.size(); ++i) {
-      const auto& p = named[i].value();
-      m.params.push_back({named[i].key(), p.sizes().vec(), layout.offset[i], layout.numel[i]});
+      m.params.push_back({named[i].key(), named[i].value().sizes().vec(), layout.offset[i], layout.numel[i]});
     }
-    for (int r = 0; r < world; ++r) m.shards.push_back({shard_name(r), r, ranges[2 * r], ranges[2 * r + 1]});
     m.loss_scale = scaler.enabled() ? scaler.scale() : 1.0;
     m.growth_tracker = scaler.growth_tracker().item<int64_t>();
-    m.seed = cfg.train.seed;
-    m.config = cfg.table();
-    m.files.push_back({"model.h5", model_record.bytes, crc32c_hex(model_record.crc)});
+    m.seed = cfg_.train.seed;
+    m.config = cfg_.table();
+  }
+  pending_ = std::move(snap);
+  if (!async) {
+    write_files(*pending_);
+    return finish();
+  }
+  // Files on a thread (HDF5 is used by no other thread during training); finish() is collective
+  // and runs on this thread once every rank's files are written (poll()).
+  written_.store(false);
+  thread_ = std::thread([this] {
+    try {
+      write_files(*pending_);
+    } catch (const std::exception& e) {
+      error_ = e.what();
+    }
+    written_.store(true);
+  });
+  return "";
+}
+
+void CheckpointWriter::write_files(Snapshot& snap) {
+  const int rank = env_.rank();
+  const int64_t step = snap.step;
+  const std::string shard_file = shard_name(rank);
+  {
+    H5ErrorSilencer quiet;
+    H5Id file = create_h5(files::join(snap.tmp, shard_file));
+    const hsize_t n = static_cast<hsize_t>(snap.end - snap.begin);
+    write_f32(file.get(), "master", snap.state.master, {n});
+    fault_point(rank, 2, step);
+    write_f32(file.get(), "exp_avg", snap.state.exp_avg, {n});
+    write_f32(file.get(), "exp_avg_sq", snap.state.exp_avg_sq, {n});
+    write_int_attr(file.get(), "begin", snap.begin);
+    write_int_attr(file.get(), "end", snap.end);
+    write_int_attr(file.get(), "adam_step", snap.state.adam_step);
+    write_bytes(file.get(), "rng_cpu", snap.rng_cpu);
+    if (snap.rng_cuda.defined()) write_bytes(file.get(), "rng_cuda", snap.rng_cuda);
+    if (H5Fclose(file.release()) < 0) throw UserError(files::join(snap.tmp, shard_file) + ": writing failed (disk full?)");
+  }
+  fault_point(rank, 3, step);
+  snap.shard_record = record_of(files::join(snap.tmp, shard_file));
+  fault_point(rank, 4, step);
+  if (rank == 0) {
+    H5ErrorSilencer quiet;
+    H5Id file = create_h5(files::join(snap.tmp, "model.h5"));
+    write_int_attr(file.get(), "step", step);
+    for (const auto& [name, p] : snap.params) {
+      std::vector<hsize_t> dims(p.sizes().begin(), p.sizes().end());
+      write_f32(file.get(), name, p, dims);
+    }
+    if (H5Fclose(file.release()) < 0) throw UserError(files::join(snap.tmp, "model.h5") + ": writing failed (disk full?)");
+    snap.model_record = record_of(files::join(snap.tmp, "model.h5"));
+  }
+  fault_point(rank, 5, step);
+}
+
+std::string CheckpointWriter::poll() {
+  if (!pending_) return "";
+  int done = written_.load() ? 1 : 0;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &done, 1, MPI_INT, MPI_MIN, env_.comm()));
+  return done ? finish() : "";
+}
+
+std::string CheckpointWriter::wait() {
+  if (!pending_) return "";
+  if (thread_.joinable()) thread_.join();
+  return finish();
+}
+
+std::string CheckpointWriter::finish() {
+  if (thread_.joinable()) thread_.join();
+  std::unique_ptr<Snapshot> snap = std::move(pending_);
+  if (!error_.empty()) {
+    const std::string e = error_;
+    error_.clear();
+    throw UserError(e);
+  }
+  const int rank = env_.rank(), world = env_.world_size();
+  const int64_t step = snap->step;
+  std::vector<FileRecord> records(rank == 0 ? world : 0);
+  std::vector<int64_t> ranges(rank == 0 ? 2 * world : 0);
+  const int64_t my_range[2] = {snap->begin, snap->end};
+  MPI_CHECK(MPI_Gather(&snap->shard_record, sizeof(FileRecord), MPI_BYTE, records.data(), sizeof(FileRecord), MPI_BYTE,
+                       0, env_.comm()));
+  MPI_CHECK(MPI_Gather(my_range, 2, MPI_INT64_T, ranges.data(), 2, MPI_INT64_T, 0, env_.comm()));
+  if (rank == 0) {
+    CheckpointManifest& m = snap->manifest;
+    for (int r = 0; r < world; ++r) m.shards.push_back({shard_name(r), r, ranges[2 * r], ranges[2 * r + 1]});
+    m.files.push_back({"model.h5", snap->model_record.bytes, crc32c_hex(snap->model_record.crc)});
     for (int r = 0; r < world; ++r) m.files.push_back({shard_name(r), records[r].bytes, crc32c_hex(records[r].crc)});
     fault_point(rank, 6, step);
-    write_durably(files::join(tmp, "manifest.json"), json::dump(m.to_json()) + "\n");
-    fsync_path(tmp, true);
+    write_durably(files::join(snap->tmp, "manifest.json"), json::dump(m.to_json()) + "\n");
+    fsync_path(snap->tmp, true);
     fault_point(rank, 7, step);
-    files::rename_file(tmp, final_dir);
-    fsync_path(root, true);
+    files::rename_file(snap->tmp, snap->final_dir);
+    fsync_path(snap->root, true);
     fault_point(rank, 8, step);
-    write_durably(files::join(root, "latest"), step_name(step) + "\n");
+    write_durably(files::join(snap->root, "latest"), step_name(step) + "\n");
     fault_point(rank, 9, step);
-    // Keep the newest `keep` complete checkpoints (and never the one `latest` names).
-    std::vector<std::string> complete;
-    for (const auto& name : files::list_directory(root)) {
-      if (name.rfind("step_", 0) == 0 && name.find('.') == std::string::npos &&
-          files::is_regular_file(files::join(files::join(root, name), "manifest.json"))) {
-        complete.push_back(name);
+    // Keep the newest `keep` complete checkpoints (and never the one just written).
+    std::vector<std::pair<int64_t, std::string>> complete;  // by step, not by name
+    for (const auto& name : files::list_directory(snap->root)) {
+      const int64_t s = step_of(name);
+      if (s >= 0 && files::is_regular_file(files::join(files::join(snap->root, name), "manifest.json"))) {
+        complete.emplace_back(s, name);
       }
     }
     std::sort(complete.begin(), complete.end());
-    for (size_t i = 0; i + static_cast<size_t>(cfg.checkpoint.keep) < complete.size(); ++i) {
-      if (complete[i] != step_name(step)) files::remove_tree(files::join(root, complete[i]));
+    for (size_t i = 0; i + static_cast<size_t>(cfg_.checkpoint.keep) < complete.size(); ++i) {
+      if (complete[i].first != step) files::remove_tree(files::join(snap->root, complete[i].second));
     }
     fault_point(rank, 10, step);
   }
-  env.barrier();
-  return final_dir;
+  env_.barrier();
+  return snap->final_dir;
 }
 
 // ------------------------------------------------------------------------------------ resume

@@ -1,5 +1,5 @@
 #pragma once
-// Sharded checkpoints (layout in docs/DESIGN.md "Checkpoint layout"). save_checkpoint() is
+// Sharded checkpoints (layout in docs/DESIGN.md "Checkpoint layout"). CheckpointWriter::save() is
 // collective: every rank writes its optimizer shard into `step_NNNNNNN.tmp/`, rank 0 writes the
 // model and, once every file is on disk with its size and CRC-32C, the manifest; then the
 // directory is renamed and `latest` replaced, so a crash at any point leaves `latest` on the last
@@ -7,8 +7,11 @@
 // share the work, and all of them report the same named error), then each rank reads the part of
 // the old shards that overlaps the range it owns now, so the world size and ZeRO stage may differ
 // from the run that saved. Manifest reading and verification need no MPI (gpt2-ckpt uses them).
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "src/base/json.h"
@@ -71,15 +74,45 @@ std::string find_checkpoint(const std::string& dir);
 
 // Checks the size and CRC-32C of manifest.files[i] for the given indices (all when empty).
 // Returns one problem per bad file, "" for good ones, in index order of `which` ("" everywhere =
-// all good). Problems name the file: "<dir>/<file>: checksum mismatch (manifest e3069283, file ...)".
+// all good). Problems name the file: "<dir>/<file>: checksum mismatch (manifest crc32c e3069283,
+// file 0badf00d)"; an unreadable file is a problem too, never an exception.
 std::vector<std::string> verify_checkpoint_files(const CheckpointManifest& m, const std::vector<size_t>& which = {});
 
-// Collective over env. Saves the state after `step` optimizer steps under cfg.checkpoint.dir and
-// keeps the newest cfg.checkpoint.keep. Returns the directory written (skips, returning it, when
-// that step is already saved: the state is a deterministic function of the step).
-std::string save_checkpoint(int64_t step, const Config& cfg, const parallel::RankEnv& env, GPT2& model,
-                            const parallel::FlatLayout& layout, optim::ShardedAdamW& optimizer,
-                            const optim::LossScaler& scaler);
+// Writes checkpoints (collective over env). save() snapshots the state after `step` optimizer
+// steps to host memory and writes it under cfg.checkpoint.dir, keeping the newest
+// cfg.checkpoint.keep; with async the files are written on a background thread while training
+// goes on, and poll() (every step, all ranks) finishes the save (manifest, rename, latest) once
+// every rank has written its files. Saving a step that is already saved does nothing (the state
+// is a deterministic function of the step). A crash at any point leaves the last complete
+// checkpoint what a resume finds.
+class CheckpointWriter {
+ public:
+  CheckpointWriter(const Config& cfg, const parallel::RankEnv& env);
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Returns the directory when the save finished here (sync, or the step was saved already).
+  std::string save(int64_t step, GPT2& model, const parallel::FlatLayout& layout, optim::ShardedAdamW& optimizer,
+                   const optim::LossScaler& scaler, bool async);
+  // Finishes a background save when every rank is done writing; its directory, else "".
+  std::string poll();
+  // Waits for a background save and finishes it; its directory, or "" when none was pending.
+  std::string wait();
+  bool pending() const { return pending_ != nullptr; }
+
+ private:
+  struct Snapshot;
+  void write_files(Snapshot& snap);
+  std::string finish();
+
+  const Config& cfg_;
+  const parallel::RankEnv& env_;
+  std::unique_ptr<Snapshot> pending_;
+  std::thread thread_;
+  std::atomic<bool> written_{false};
+  std::string error_;  // from the writing thread, rethrown by finish()
+};
 
 // Collective over env. Loads the checkpoint `checkpoint_dir` (from find_checkpoint) into the
 // optimizer shards, the parameters of every rank and the loss scaler; returns its step (the next

@@ -75,6 +75,7 @@ OptionList bind_options(Config& c) {
   o.add("checkpoint.every", &c.checkpoint.every, "steps between checkpoints; 0 = off");
   o.add("checkpoint.keep", &c.checkpoint.keep, "checkpoints kept");
   o.add("checkpoint.resume", &c.checkpoint.resume, "auto | none | PATH");
+  o.add("checkpoint.async", &c.checkpoint.async, "true: snapshot to host memory, write in the background");
   o.add("log.metrics", &c.log.metrics, "metrics.jsonl path; none = no file");
   o.add("log.every", &c.log.every, "steps between metric lines");
   o.add("log.peak_tflops", &c.log.peak_tflops, "MFU denominator in TFLOP/s; 0 = 989 on CUDA");

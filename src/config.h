@@ -61,6 +61,7 @@ struct CheckpointConfig {
   int64_t every = 0;              // steps between saves; 0 = off
   int64_t keep = 3;
   std::string resume = "auto";    // auto | none | PATH
+  bool async = false;             // write the files on a background thread while training goes on
 };
 
 struct LogConfig {

@@ -297,6 +297,8 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   StopSignals stop_signals;
   result.start_step = start_step;
   const bool saving = cfg.checkpoint.every > 0;
+  CheckpointWriter checkpoints(cfg, env);
+  auto save_taken = Clock::now();
 
   for (int64_t step = start_step; step < tc.max_steps; ++step) {
     const bool last_step = step == tc.max_steps - 1;
@@ -388,11 +390,23 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
     // A stop signal on any rank stops every rank after this step (one small reduction a step).
     int stop = g_stop_signal.load();
     MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, env.comm());
+    if (checkpoints.pending()) {  // a background save finishes once every rank wrote its files
+      const std::string done = checkpoints.poll();
+      if (!done.empty()) {
+        result.last_checkpoint = done;
+        log::info(log::format("checkpoint %s complete, %.1f s after it was taken", done.c_str(), seconds_since(save_taken)));
+      }
+    }
     const bool due = saving && ((step + 1) % cfg.checkpoint.every == 0 || last_step);
     if (due || stop != 0) {
       const auto save_start = Clock::now();
-      result.last_checkpoint = save_checkpoint(step + 1, cfg, env, model, layout, optimizer, scaler);
-      log::info(log::format("checkpoint %s saved in %.2f s", result.last_checkpoint.c_str(), seconds_since(save_start)));
+      // A stop or the end of the run waits for the files; otherwise they may go in the background.
+      const bool async = cfg.checkpoint.async && stop == 0 && !last_step;
+      const std::string done = checkpoints.save(step + 1, model, layout, optimizer, scaler, async);
+      if (!done.empty()) result.last_checkpoint = done;
+      save_taken = save_start;
+      log::info(log::format("checkpoint of step %lld: training paused %.2f s%s", (long long)(step + 1),
+                            seconds_since(save_start), async ? " (files are written in the background)" : ""));
       window_start += Clock::now() - save_start;
     }
     if (stop != 0) {
@@ -403,6 +417,8 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
       break;
     }
   }
+
+  if (checkpoints.pending()) result.last_checkpoint = checkpoints.wait();
 
   // ---- summary (rank 0 prints) ------------------------------------------------------------------
   result.tokens_per_sec = timed_steps > 0 ? static_cast<double>(tokens_per_step) * timed_steps / timed_seconds : 0.0;

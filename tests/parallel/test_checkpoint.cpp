@@ -62,9 +62,11 @@ TEST(Checkpoint, ResumeIsBitwiseForEveryZeroStageAndOffload) {
   const struct {
     int64_t zero;
     const char* offload;
-  } modes[] = {{0, "none"}, {1, "none"}, {2, "none"}, {0, "optimizer"}, {2, "optimizer"}};
+    bool async;  // files written on a background thread while training goes on
+  } modes[] = {{0, "none", false}, {1, "none", false}, {2, "none", false}, {0, "optimizer", false},
+               {2, "optimizer", false}, {1, "none", true}};
   for (const auto& mode : modes) {
-    SCOPED_TRACE("ZeRO " + std::to_string(mode.zero) + ", offload " + mode.offload);
+    SCOPED_TRACE("ZeRO " + std::to_string(mode.zero) + ", offload " + mode.offload + (mode.async ? ", async" : ""));
     SharedDir dir;
     auto cfg = tiny_config(data.path(), 2 * 2 * 16 * world_size(), 0.01);  // 2 micro-steps per step
     cfg.parallel.zero_stage = mode.zero;
@@ -72,6 +74,7 @@ TEST(Checkpoint, ResumeIsBitwiseForEveryZeroStageAndOffload) {
     cfg.parallel.offload_threads = 2;
     cfg.checkpoint.dir = dir.file("ckpt");
     cfg.checkpoint.every = 10;
+    cfg.checkpoint.async = mode.async;
     TrainResult straight = train(cfg, world);
     ASSERT_EQ(straight.last_checkpoint, dir.file("ckpt/step_0000020"));
     auto resumed_cfg = cfg;

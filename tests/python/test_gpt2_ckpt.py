@@ -1,0 +1,196 @@
+"""gpt2-ckpt on a real checkpoint: 2 CPU ranks (mpiexec) train a tiny model 5 steps with ZeRO-1 and
+save; then, without MPI, inspect names the step and world size, verify passes, and consolidate's
+weights equal model.h5 (fp32 run: bit for bit) and an independent numpy reassembly of the shards'
+fp32 masters; file sizes and CRC-32Cs are checked against a pure-Python CRC-32C. Damage (a flipped
+byte, a truncation, a missing manifest, HDF5 contents that disagree with the manifest) must give
+exit 1 (2 when it is no checkpoint) naming the file, and consolidate must write nothing.
+Run by CTest (env GPT2_BIN_DIR, GPT2_SOURCE_DIR)."""
+import json, os, shutil, subprocess, tempfile
+import h5py, numpy as np
+from checks import check, finish
+
+SRC = os.environ.get("GPT2_SOURCE_DIR", ".")
+BIN_DIR = os.environ.get("GPT2_BIN_DIR", "build/bin")
+TRAIN = os.path.join(BIN_DIR, "gpt2-train")
+CKPT = os.path.join(BIN_DIR, "gpt2-ckpt")
+
+# CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), independent of src/base/crc32c.cpp.
+_T = []
+for _n in range(256):
+    _c = _n
+    for _ in range(8):
+        _c = (_c >> 1) ^ 0x82F63B78 if _c & 1 else _c >> 1
+    _T.append(_c)
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = _T[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+def ckpt(args, timeout=120):
+    p = subprocess.run([CKPT] + args, capture_output=True, text=True, errors="replace", timeout=timeout, cwd=SRC)
+    return p.returncode, p.stdout + p.stderr
+
+def reseal(d, name):
+    """After editing `name` in checkpoint d, record its new size and CRC-32C in the manifest."""
+    mf = os.path.join(d, "manifest.json")
+    m = json.load(open(mf))
+    data = open(os.path.join(d, name), "rb").read()
+    for f in m["files"]:
+        if f["name"] == name:
+            f["bytes"], f["crc32c"] = len(data), f"{crc32c(data):08x}"
+    json.dump(m, open(mf, "w"))
+
+def expect_damage(d, needles, what):
+    rc, out = ckpt(["verify", d])
+    ok = rc == 1 and all(n in out for n in needles)
+    check(ok, f"{what}: verify exits 1 naming {needles} (rc={rc})")
+    if not ok: print(out[-2000:])
+
+check(crc32c(b"123456789") == 0xE3069283, "the reference CRC-32C gives e3069283 for '123456789'")
+
+with tempfile.TemporaryDirectory() as tmp:
+    train = os.path.join(tmp, "train.h5")
+    with h5py.File(train, "w") as f:
+        f.create_dataset("tokens", data=(np.arange(20000) * 7 % 251).astype(np.uint16))
+        f.attrs.update(format="gpt2-tokens", format_version=1, vocab_size=256, eot_token=255, tokenizer="gpt2")
+    root = os.path.join(tmp, "ckpt")
+    args = ["--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32", "--model.vocab_size=256",
+            "--model.block_size=32", f"--data.train={train}", "--data.val=none", "--train.micro_batch=2",
+            "--train.seq_len=16", "--train.batch_tokens=64", "--train.max_steps=5", "--train.sample_tokens=0",
+            "--train.device=cpu", "--precision.dtype=fp32", "--log.metrics=none", "--parallel.zero_stage=1",
+            f"--checkpoint.dir={root}", "--checkpoint.every=5"]
+    mpi = ["mpiexec", "-n", "2", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    p = subprocess.run(mpi + [TRAIN] + args, capture_output=True, text=True, errors="replace", timeout=300, cwd=SRC)
+    d = os.path.join(root, "step_0000005")
+    check(p.returncode == 0 and os.path.isfile(os.path.join(d, "manifest.json")),
+          f"2 ranks train 5 steps and save {d} (rc={p.returncode})")
+    if p.returncode != 0 or not os.path.isdir(d):
+        print((p.stdout + p.stderr)[-3000:])
+        finish()
+    m = json.load(open(os.path.join(d, "manifest.json")))
+    params = m["params"]
+
+    # The manifest's sizes and checksums, recomputed independently.
+    for f in m["files"]:
+        data = open(os.path.join(d, f["name"]), "rb").read()
+        check(len(data) == f["bytes"] and f"{crc32c(data):08x}" == f["crc32c"],
+              f"{f['name']}: {len(data)} bytes, crc32c {crc32c(data):08x} as the manifest says")
+
+    # ---- inspect (the root resolves to the newest step_*)
+    rc, out = ckpt(["inspect", root])
+    check(rc == 0 and d in out and "step: 5" in out and "world size: 2" in out and "ZeRO stage: 1" in out,
+          f"inspect ROOT names {d}, step 5, world size 2, ZeRO 1 (rc={rc})")
+    check(f"parameters: {m['flat_total']}" in out and all(f["crc32c"] in out for f in m["files"])
+          and "optim_r00001.h5" in out and "model.n_embd = 32" in out,
+          "inspect lists the parameter count, every file's crc32c, the shards and the model config")
+    if rc != 0: print(out)
+    rc, out = ckpt(["inspect", d, "--json"])
+    try:
+        j = json.loads(out)
+    except ValueError:
+        j = {}
+    check(rc == 0 and j.get("step") == 5 and j.get("world_size") == 2 and j.get("files") == m["files"]
+          and j.get("params") == params and j.get("shards") == m["shards"], f"inspect --json is the manifest (rc={rc})")
+
+    # ---- verify
+    rc, out = ckpt(["verify", d])
+    total = sum(f["bytes"] for f in m["files"])
+    check(rc == 0 and f"OK {d}: {len(m['files'])} files, {total} bytes" in out, f"verify: {out.strip()} (rc={rc})")
+
+    # ---- consolidate, against model.h5 and a numpy reassembly of the shards' masters
+    cons = os.path.join(tmp, "full.h5")
+    rc, out = ckpt(["consolidate", root, "--out", cons])
+    check(rc == 0 and os.path.isfile(cons) and not os.path.exists(cons + ".tmp"), f"consolidate writes {cons} (rc={rc})")
+    if rc != 0: print(out)
+    flat = np.full(m["flat_padded"], np.nan, dtype=np.float32)
+    for s in m["shards"]:
+        with h5py.File(os.path.join(d, s["file"]), "r") as f:
+            check(int(f.attrs["begin"]) == s["begin"] and int(f.attrs["end"]) == s["end"], f"{s['file']}: begin/end attributes")
+            flat[s["begin"]:s["end"]] = f["master"][...]
+    check(not np.isnan(flat[:m["flat_total"]]).any(), "the shards cover the flat space")
+    if os.path.isfile(cons):
+        with h5py.File(cons, "r") as c, h5py.File(os.path.join(d, "model.h5"), "r") as mh:
+            check(sorted(c.keys()) == sorted(p["name"] for p in params), f"{len(params)} datasets, one per parameter")
+            shapes = all(c[p["name"]].shape == tuple(p["shape"]) and c[p["name"]].dtype == np.float32 for p in params)
+            check(shapes, "every dataset is fp32 with the manifest's shape")
+            same_model = all(np.array_equal(c[p["name"]][...], mh[p["name"]][...]) for p in params)
+            check(same_model, "equal to model.h5 exactly (fp32 run)")
+            same_flat = all(np.array_equal(c[p["name"]][...],
+                                           flat[p["offset"]:p["offset"] + p["numel"]].reshape(p["shape"])) for p in params)
+            check(same_flat, "equal to the numpy reassembly of the shards' masters exactly")
+            check("transformer.h.0.attn.c_attn.weight" in c, "Hugging Face names")
+            a = c.attrs
+            check(a.get("format") == "gpt2-model" and int(a.get("step", -1)) == 5 and int(a.get("n_layer", -1)) == 2
+                  and int(a.get("n_head", -1)) == 2 and int(a.get("n_embd", -1)) == 32
+                  and int(a.get("vocab_size", -1)) == 256 and int(a.get("block_size", -1)) == 32,
+                  f"root attributes format, step and model config: {dict(a)}")
+
+    # ---- damage
+    def copy(name):
+        out = os.path.join(tmp, name)
+        shutil.copytree(d, out)
+        return out
+
+    flipped = copy("flipped")
+    path = os.path.join(flipped, "optim_r00001.h5")
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(path, "wb").write(data)
+    expect_damage(flipped, ["optim_r00001.h5", "checksum"], "a flipped byte")
+    bad_out = os.path.join(tmp, "bad.h5")
+    rc, out = ckpt(["consolidate", flipped, "--out", bad_out])
+    check(rc == 1 and "optim_r00001.h5" in out and not os.path.exists(bad_out) and not os.path.exists(bad_out + ".tmp"),
+          f"consolidate of a damaged checkpoint exits 1 and writes nothing (rc={rc})")
+
+    truncated = copy("truncated")
+    path = os.path.join(truncated, "model.h5")
+    size = os.path.getsize(path)
+    os.truncate(path, size // 2)
+    expect_damage(truncated, ["model.h5", f"{size // 2} bytes", str(size)], "a truncated model.h5")
+
+    no_manifest = copy("no_manifest")
+    os.remove(os.path.join(no_manifest, "manifest.json"))
+    for cmd in (["verify"], ["inspect"], ["consolidate", "--out", bad_out]):
+        rc, out = ckpt([cmd[0], no_manifest] + cmd[1:])
+        check(rc == 2 and no_manifest in out and "not a checkpoint" in out and "missing" in out,
+              f"{cmd[0]} without manifest.json: exit 2, 'not a checkpoint' (rc={rc})")
+    check(not os.path.exists(bad_out), "still nothing written")
+
+    # Contents that disagree with the manifest under valid checksums (the manifest resealed).
+    shard0 = copy("shard0")
+    with h5py.File(os.path.join(shard0, "optim_r00000.h5"), "r+") as f:
+        f.attrs["end"] = int(f.attrs["end"]) + 1
+        del f["exp_avg_sq"]
+    reseal(shard0, "optim_r00000.h5")
+    expect_damage(shard0, ["optim_r00000.h5: attribute end", "optim_r00000.h5: no dataset /exp_avg_sq"],
+                  "a shard's attributes and datasets")
+
+    model_gone = copy("model_gone")
+    victim = params[len(params) // 2]["name"]
+    with h5py.File(os.path.join(model_gone, "model.h5"), "r+") as f:
+        del f[victim]
+        data = f["transformer.wpe.weight"][...]
+        del f["transformer.wpe.weight"]
+        f.create_dataset("transformer.wpe.weight", data=data.reshape(-1))
+    reseal(model_gone, "model.h5")
+    expect_damage(model_gone, [f"model.h5: no dataset '{victim}'", "model.h5: 'transformer.wpe.weight' has shape"],
+                  "model.h5 missing a parameter and one with a wrong shape")
+
+    gap = copy("gap")
+    mg = json.load(open(os.path.join(gap, "manifest.json")))
+    mg["shards"][1]["begin"] += 8
+    json.dump(mg, open(os.path.join(gap, "manifest.json"), "w"))
+    expect_damage(gap, ["in no shard", "optim_r00001.h5: attribute begin"], "a gap between the shards")
+
+    # ---- usage errors: exit 2 naming the argument
+    for a, needle in [([], "no command"), (["frobnicate", d], "frobnicate"), (["verify"], "PATH"),
+                      (["consolidate", d], "--out"), (["inspect", d, "--bogus"], "--bogus"),
+                      (["inspect", "/nonexistent/ckpt"], "/nonexistent/ckpt"), (["verify", d, d], "unexpected")]:
+        rc, out = ckpt(a)
+        check(rc == 2 and needle in out, f"gpt2-ckpt {' '.join(a[:1] + a[2:])}: exit 2 naming {needle!r} (rc={rc})")
+    rc, out = ckpt(["--help"])
+    check(rc == 0 and "consolidate" in out, "--help exits 0")
+
+finish()
