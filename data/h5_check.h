@@ -2,9 +2,11 @@
 // HDF5 helpers: the H5_CHECK macro, an RAII owner for hid_t, and a guard that stops HDF5 from
 // printing its error stack so our own message (which quotes the innermost HDF5 error) is the one
 // the user sees. Uses the HDF5 C API only (1.10 and later).
-// defines: H5_CHECK, H5_ID, gpt2::data::H5Id, H5ErrorSilencer, h5_error_detail
+// defines: H5_CHECK, H5_ID, gpt2::data::H5Id, H5ErrorSilencer, h5_error_detail, write_int_attr,
+// write_string_attr
 #include <hdf5.h>
 
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -90,5 +92,23 @@ class H5ErrorSilencer {
   H5E_auto2_t func_ = nullptr;
   void* data_ = nullptr;
 };
+
+// Scalar root/object attributes as every writer here stores them: int64 little-endian, and
+// variable-length UTF-8 strings (what h5py writes for str and reads back as str).
+inline void write_int_attr(hid_t loc, const char* name, int64_t value) {
+  H5Id space(H5_ID(H5Screate(H5S_SCALAR)), H5Sclose);
+  H5Id attr(H5_ID(H5Acreate2(loc, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);
+  H5_CHECK(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value));
+}
+
+inline void write_string_attr(hid_t loc, const char* name, const std::string& value) {
+  H5Id type(H5_ID(H5Tcopy(H5T_C_S1)), H5Tclose);
+  H5_CHECK(H5Tset_size(type.get(), H5T_VARIABLE));
+  H5_CHECK(H5Tset_cset(type.get(), H5T_CSET_UTF8));
+  H5Id space(H5_ID(H5Screate(H5S_SCALAR)), H5Sclose);
+  H5Id attr(H5_ID(H5Acreate2(loc, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);
+  const char* data = value.c_str();
+  H5_CHECK(H5Awrite(attr.get(), type.get(), &data));
+}
 
 }  // namespace gpt2::data

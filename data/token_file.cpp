@@ -25,22 +25,7 @@ namespace {
 
 // ------------------------------------------------------------------------------------ writing
 
-void write_string_attr(hid_t loc, const char* name, const std::string& value) {
-  // Variable-length UTF-8 strings: what h5py writes for str, and reads back as str.
-  H5Id type(H5_ID(H5Tcopy(H5T_C_S1)), H5Tclose);
-  H5_CHECK(H5Tset_size(type.get(), H5T_VARIABLE));
-  H5_CHECK(H5Tset_cset(type.get(), H5T_CSET_UTF8));
-  H5Id space(H5_ID(H5Screate(H5S_SCALAR)), H5Sclose);
-  H5Id attr(H5_ID(H5Acreate2(loc, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);
-  const char* data = value.c_str();
-  H5_CHECK(H5Awrite(attr.get(), type.get(), &data));
-}
 
-void write_int_attr(hid_t loc, const char* name, int64_t value) {
-  H5Id space(H5_ID(H5Screate(H5S_SCALAR)), H5Sclose);
-  H5Id attr(H5_ID(H5Acreate2(loc, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);
-  H5_CHECK(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value));
-}
 
 void write_dataset(hid_t file, hid_t file_type, hid_t mem_type, const void* data, size_t n) {
   const hsize_t dims[1] = {static_cast<hsize_t>(n)};

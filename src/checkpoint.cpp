@@ -38,6 +38,7 @@ namespace {
 
 using data::H5ErrorSilencer;
 using data::H5Id;
+using data::write_int_attr;
 
 // The step of a complete-looking "step_NNNNNNN" entry name, else -1 (".tmp" and others).
 int64_t step_of(const std::string& name) {
@@ -132,11 +133,6 @@ void write_bytes(hid_t loc, const std::string& name, const torch::Tensor& bytes)
   if (bytes.numel() > 0) H5_CHECK(H5Dwrite(dset.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data_ptr()));
 }
 
-void write_int_attr(hid_t loc, const char* name, int64_t value) {
-  H5Id space(H5_ID(H5Screate(H5S_SCALAR)), H5Sclose);
-  H5Id attr(H5_ID(H5Acreate2(loc, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);
-  H5_CHECK(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value));
-}
 
 int64_t read_int_attr(hid_t loc, const char* name, const std::string& path) {
   if (H5Aexists(loc, name) <= 0) throw UserError(path + ": missing attribute '" + std::string(name) + "'");

@@ -19,6 +19,8 @@ namespace {
 
 using data::H5ErrorSilencer;
 using data::H5Id;
+using data::write_int_attr;
+using data::write_string_attr;
 
 const char* const kModelKeys[] = {"n_layer", "n_head", "n_embd", "vocab_size", "block_size"};
 const char* const kShardDatasets[] = {"master", "exp_avg", "exp_avg_sq"};
@@ -182,22 +184,7 @@ bool read_int_attr(hid_t loc, const char* name, int64_t* value, std::string* why
   return true;
 }
 
-void write_int_attr(hid_t loc, const char* name, int64_t value) {
-  H5Id space(H5_ID(H5Screate(H5S_SCALAR)), H5Sclose);
-  H5Id attr(H5_ID(H5Acreate2(loc, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);
-  H5_CHECK(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value));
-}
 
-void write_string_attr(hid_t loc, const char* name, const std::string& value) {
-  // Variable-length UTF-8, as data/token_file.cpp writes them (h5py reads str).
-  H5Id type(H5_ID(H5Tcopy(H5T_C_S1)), H5Tclose);
-  H5_CHECK(H5Tset_size(type.get(), H5T_VARIABLE));
-  H5_CHECK(H5Tset_cset(type.get(), H5T_CSET_UTF8));
-  H5Id space(H5_ID(H5Screate(H5S_SCALAR)), H5Sclose);
-  H5Id attr(H5_ID(H5Acreate2(loc, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);
-  const char* data = value.c_str();
-  H5_CHECK(H5Awrite(attr.get(), type.get(), &data));
-}
 
 // Problems of one optimizer shard file's contents against its manifest entry.
 void check_shard_contents(const std::string& path, const CheckpointManifest::Shard& s, std::vector<std::string>* out) {
