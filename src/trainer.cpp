@@ -37,6 +37,7 @@
 #include "src/base/log.h"
 #include "src/generate.h"
 #include "src/metrics.h"
+#include "src/profiler.h"
 
 namespace gpt2 {
 namespace {
@@ -299,6 +300,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   const bool saving = cfg.checkpoint.every > 0;
   CheckpointWriter checkpoints(cfg, env);
   auto save_taken = Clock::now();
+  StepProfiler profiler(cfg.profile.steps, cfg.profile.dir, start_step, rank, device.is_cuda());
 
   for (int64_t step = start_step; step < tc.max_steps; ++step) {
     const bool last_step = step == tc.max_steps - 1;
@@ -320,29 +322,48 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
 
     // ---- micro-steps: forward + backward (all ranks) -------------------------------------------
     // Only the last micro-step's backward reduces: buckets are all-reduced as they fill.
+    profiler.step_begin(step);
     for (int64_t micro = 0; micro < accum; ++micro) {
       buckets.prepare_backward(/*reduce=*/micro == accum - 1);
-      const auto batch = train_loader.next();
+      data::DeviceBatch batch;
+      {
+        Phase phase("data");
+        batch = train_loader.next();
+      }
       data_wait += batch.wait_seconds;
-      const torch::Tensor loss = model->loss(batch.x, batch.y);  // (,) fp32, mean over this micro-batch
-      // Scale so the accumulated gradient is the mean over the global batch.
-      scaler.scale_loss(loss / static_cast<double>(accum * world)).backward();
+      torch::Tensor loss;
+      {
+        Phase phase("forward");
+        loss = model->loss(batch.x, batch.y);  // (,) fp32, mean over this micro-batch
+      }
+      {
+        Phase phase("backward");
+        // Scale so the accumulated gradient is the mean over the global batch.
+        scaler.scale_loss(loss / static_cast<double>(accum * world)).backward();
+      }
       loss_sum += loss.detach();
     }
 
     // ---- gradient reduction (all ranks): launch the buckets backward left, wait for all ----------
-    buckets.finish();
+    {
+      Phase phase("reduce_wait");
+      buckets.finish();
+    }
 
     // ---- clip and step (all ranks) ------------------------------------------------------------
     // fp16: unscale, and skip the step on every rank if any rank saw inf/NaN (no host sync).
-    const auto found_inf =
-        scaler.unscale_and_check(optimizer.grad_shard(), optimizer.sharded() ? comm.get() : nullptr);
-    grad_norm = optimizer.clip_grad_norm(tc.grad_clip);
     const double lr = schedule.at(step);
-    optimizer.step(lr, scaler.enabled() ? found_inf : torch::Tensor());
-    scaler.update(found_inf);
-    optimizer.gather();  // ZeRO 1/2: every rank gets the updated shards of the others
-    buckets.zero();
+    {
+      Phase phase("optimizer");
+      const auto found_inf =
+          scaler.unscale_and_check(optimizer.grad_shard(), optimizer.sharded() ? comm.get() : nullptr);
+      grad_norm = optimizer.clip_grad_norm(tc.grad_clip);
+      optimizer.step(lr, scaler.enabled() ? found_inf : torch::Tensor());
+      scaler.update(found_inf);
+      optimizer.gather();  // ZeRO 1/2: every rank gets the updated shards of the others
+      buckets.zero();
+    }
+    profiler.step_end(step);
 
     // ---- log (reduction on all ranks, printing on rank 0) --------------------------------------
     ++window_steps;

@@ -1,0 +1,36 @@
+"""--profile.steps=2 on a CPU run writes a Chrome trace that Python's json reads, with the step
+phases as user annotations around real ops, and logs the top ops by time. Run by CTest."""
+import json, os, subprocess, tempfile
+import h5py, numpy as np
+from checks import check, failures, finish
+
+BIN = os.path.join(os.environ.get("GPT2_BIN_DIR", "build/bin"), "gpt2-train")
+with tempfile.TemporaryDirectory() as d:
+    train = os.path.join(d, "train.h5")
+    with h5py.File(train, "w") as f:
+        f.create_dataset("tokens", data=(np.arange(20000) * 7 % 251).astype(np.uint16))
+        f.attrs.update(format="gpt2-tokens", format_version=1, vocab_size=256, eot_token=255, tokenizer="gpt2")
+    prof = os.path.join(d, "prof")
+    p = subprocess.run([BIN, "--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32", "--model.vocab_size=256",
+                        "--model.block_size=32", f"--data.train={train}", "--data.val=none", "--train.micro_batch=2",
+                        "--train.seq_len=16", "--train.batch_tokens=64", "--train.max_steps=6", "--train.device=cpu",
+                        "--precision.dtype=fp32", "--train.sample_tokens=0", "--log.metrics=none",
+                        "--checkpoint.resume=none", "--profile.steps=2", f"--profile.dir={prof}"],
+                       capture_output=True, text=True, errors="replace", timeout=300)
+    out = p.stdout + p.stderr
+    check(p.returncode == 0, f"gpt2-train --profile.steps=2 runs (rc={p.returncode})")
+    check("profiling steps 2-3" in out, "it profiles steps 2-3 (after two warm-up steps)")
+    path = os.path.join(prof, "trace_rank0.json")
+    check(os.path.isfile(path), f"{path} exists")
+    if os.path.isfile(path):
+        events = json.load(open(path))["traceEvents"]
+        phases = {e["name"] for e in events if e.get("cat") == "user_annotation"}
+        check({"forward", "backward", "optimizer", "data"} <= phases, f"phases in the trace: {sorted(phases)}")
+        ops = [e for e in events if e.get("name") == "aten::mm" and e.get("dur", 0) > 0]
+        check(len(ops) > 0, f"matrix multiplies are in the trace ({len(ops)})")
+        fwd = [e for e in events if e.get("name") == "forward" and e.get("cat") == "user_annotation"]
+        check(len(fwd) == 4, f"one forward range per micro-step: 2 steps x 2 micro-steps ({len(fwd)})")
+    check("top CPU ops by time" in out and "aten::mm" in out.split("top CPU ops by time")[-1],
+          "the log lists the top ops, matmuls among them")
+    if failures: print(out[-3000:])
+finish()
