@@ -61,7 +61,9 @@ void StepProfiler::step_end(int64_t step) {
   double total = 0;
   for (const auto& e : result->events()) {
     const bool gpu = e.deviceType() == c10::DeviceType::CUDA;
-    if (gpu != cuda_ || e.name().rfind("ProfilerStep", 0) == 0) continue;
+    // (Phase ranges are mirrored onto the GPU timeline as annotations: not kernels.)
+    static const std::set<std::string> phases{"data", "forward", "backward", "reduce_wait", "optimizer"};
+    if (gpu != cuda_ || e.name().rfind("ProfilerStep", 0) == 0 || (gpu && phases.count(e.name()))) continue;
     auto& slot = by_name[e.name()];
     slot.first += e.durationNs() / 1e6;
     slot.second += 1;
