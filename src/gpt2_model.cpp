@@ -1,6 +1,8 @@
 // GPT-2 model (see gpt2_model.h). HF GPT2LMHeadModel is the behavioural reference.
 #include "src/gpt2_model.h"
 
+#include "src/classifier_loss.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
@@ -134,6 +136,12 @@ GPT2Impl::GPT2Impl(const GPT2Config& cfg) : cfg_(cfg) {
 }
 
 torch::Tensor GPT2Impl::forward(const torch::Tensor& idx) {
+  // Full padded matrix for a GEMM-friendly N; padding columns are dropped by a free view.
+  auto logits = torch::nn::functional::linear(hidden(idx), transformer_->wte->weight);  // (B, T, Vp)
+  return logits.narrow(-1, 0, cfg_.vocab_size);                                          // (B, T, V) view
+}
+
+torch::Tensor GPT2Impl::hidden(const torch::Tensor& idx) {
   TORCH_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong,
               "GPT2::forward expects (B, T) int64 token ids, got ", idx.sizes(), " ", idx.scalar_type());
   const int64_t T = idx.size(1);
@@ -152,24 +160,17 @@ torch::Tensor GPT2Impl::forward(const torch::Tensor& idx) {
       x = block->forward(x);                                         // (B, T, C)
     }
   }
-  x = tr.ln_f(x);                                                   // (B, T, C)
-  // Full padded matrix for a GEMM-friendly N; padding columns are dropped by a free view.
-  auto logits = torch::nn::functional::linear(x, tr.wte->weight);  // (B, T, Vp)
-  return logits.narrow(-1, 0, cfg_.vocab_size);                     // (B, T, V) view
+  return tr.ln_f(x);                                                // (B, T, C)
 }
 
 torch::Tensor GPT2Impl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
   TORCH_CHECK(targets.sizes() == idx.sizes(), "GPT2::loss: targets ", targets.sizes(),
               " must match idx ", idx.sizes());
-  auto logits = forward(idx);                                        // (B, T, V), rows stride Vp
-  // (B*T, V): still a view (row stride Vp). Low precision is upcast; the cast also compacts rows.
-  auto flat = logits.reshape({-1, cfg_.vocab_size});
-  if (flat.scalar_type() == torch::kBFloat16 || flat.scalar_type() == torch::kHalf) {
-    flat = flat.to(torch::kFloat);
-  }
-  return torch::nn::functional::cross_entropy(
-      flat, targets.reshape({-1}),
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));
+  // The head and the loss together, chunk by chunk (src/classifier_loss.h): the logits of the
+  // whole batch never exist, in any precision.
+  const auto h = hidden(idx);  // (B, T, C)
+  return classifier_cross_entropy(h.reshape({-1, h.size(-1)}), transformer_->wte->weight, targets.reshape({-1}),
+                                  cfg_.vocab_size, kIgnoreIndex);
 }
 
 void GPT2Impl::init_weights(uint64_t seed) {

@@ -83,9 +83,12 @@ class GPT2Impl : public torch::nn::Module {
   // Returns logits (B, T, vocab_size): a view narrowed from the padded (B, T, padded_vocab) product,
   // so it is not contiguous; call .contiguous() if needed.
   torch::Tensor forward(const torch::Tensor& idx);
+  // The final hidden states (after ln_f), (B, T, C): what the tied head multiplies.
+  torch::Tensor hidden(const torch::Tensor& idx);
 
-  // Mean cross-entropy over the real vocab; targets (B, T) int64, -1 = ignored position. Computed in
-  // fp32 when the logits are bf16/fp16 (autocast), else in the logits' dtype (fp32/fp64).
+  // Mean cross-entropy over the real vocab; targets (B, T) int64, -1 = ignored position. The head
+  // and the loss run chunk by chunk without the batch's logits (src/classifier_loss.h); the
+  // softmax is fp32 for bf16/fp16/fp32 models and fp64 for fp64 ones.
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
 
   // GPT-2 init: Linear/Embedding weights N(0, 0.02); residual projections (attn.c_proj, mlp.c_proj)
