@@ -71,6 +71,7 @@ OptionList bind_options(Config& c) {
   o.add("parallel.offload_threads", &c.parallel.offload_threads, "CPU AdamW threads per rank; 0 = cores / local ranks");
   o.add("parallel.timeout_s", &c.parallel.timeout_s, "seconds before a stuck collective ends the job");
   o.add("memory.activation_checkpointing", &c.memory.activation_checkpointing, "none | full | every_k=K");
+  o.add("memory.chunked_loss", &c.memory.chunked_loss, "true: head + loss in row chunks without the batch's logits");
   o.add("checkpoint.dir", &c.checkpoint.dir, "checkpoint directory");
   o.add("checkpoint.every", &c.checkpoint.every, "steps between checkpoints; 0 = off");
   o.add("checkpoint.keep", &c.checkpoint.keep, "checkpoints kept");

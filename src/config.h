@@ -54,6 +54,7 @@ struct ParallelConfig {
 
 struct MemoryConfig {
   std::string activation_checkpointing = "none";  // none | full | every_k=K
+  bool chunked_loss = false;      // head + cross-entropy in row chunks, no batch logits (less memory, slower today)
 };
 
 struct CheckpointConfig {

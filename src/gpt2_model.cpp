@@ -166,11 +166,19 @@ torch::Tensor GPT2Impl::hidden(const torch::Tensor& idx) {
 torch::Tensor GPT2Impl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
   TORCH_CHECK(targets.sizes() == idx.sizes(), "GPT2::loss: targets ", targets.sizes(),
               " must match idx ", idx.sizes());
-  // The head and the loss together, chunk by chunk (src/classifier_loss.h): the logits of the
-  // whole batch never exist, in any precision.
-  const auto h = hidden(idx);  // (B, T, C)
-  return classifier_cross_entropy(h.reshape({-1, h.size(-1)}), transformer_->wte->weight, targets.reshape({-1}),
-                                  cfg_.vocab_size, kIgnoreIndex);
+  if (chunked_loss_) {
+    // The head and the loss together, chunk by chunk (src/classifier_loss.h): the logits of the
+    // whole batch never exist, in any precision.
+    const auto h = hidden(idx);  // (B, T, C)
+    return classifier_cross_entropy(h.reshape({-1, h.size(-1)}), transformer_->wte->weight, targets.reshape({-1}),
+                                    cfg_.vocab_size, kIgnoreIndex);
+  }
+  auto logits = forward(idx);  // (B, T, V), rows stride Vp
+  // (B*T, V): still a view (row stride Vp). Low precision is upcast; the cast also compacts rows.
+  auto flat = logits.reshape({-1, cfg_.vocab_size});
+  if (flat.scalar_type() == torch::kBFloat16 || flat.scalar_type() == torch::kHalf) flat = flat.to(torch::kFloat);
+  return torch::nn::functional::cross_entropy(
+      flat, targets.reshape({-1}), torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));
 }
 
 void GPT2Impl::init_weights(uint64_t seed) {

@@ -86,10 +86,12 @@ class GPT2Impl : public torch::nn::Module {
   // The final hidden states (after ln_f), (B, T, C): what the tied head multiplies.
   torch::Tensor hidden(const torch::Tensor& idx);
 
-  // Mean cross-entropy over the real vocab; targets (B, T) int64, -1 = ignored position. The head
-  // and the loss run chunk by chunk without the batch's logits (src/classifier_loss.h); the
+  // Mean cross-entropy over the real vocab; targets (B, T) int64, -1 = ignored position. The
   // softmax is fp32 for bf16/fp16/fp32 models and fp64 for fp64 ones.
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
+  // true: loss() runs the head and the loss chunk by chunk without the batch's logits
+  // (memory.chunked_loss); false: logits, then cross_entropy (faster today).
+  void set_chunked_loss(bool on) { chunked_loss_ = on; }
 
   // GPT-2 init: Linear/Embedding weights N(0, 0.02); residual projections (attn.c_proj, mlp.c_proj)
   // N(0, 0.02/sqrt(2*n_layer)); biases 0; LayerNorm weight 1, bias 0; padded wte rows 0.
@@ -115,6 +117,7 @@ class GPT2Impl : public torch::nn::Module {
   GPT2Config cfg_;
   Transformer transformer_{nullptr};
   int64_t checkpoint_every_ = 0;  // see set_activation_checkpointing
+  bool chunked_loss_ = false;     // see set_chunked_loss
 };
 TORCH_MODULE(GPT2);
 

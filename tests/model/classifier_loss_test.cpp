@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "src/classifier_loss.h"
+#include "src/gpt2_model.h"
 
 namespace gpt2 {
 namespace {
@@ -73,6 +74,36 @@ TEST(ClassifierCrossEntropy, Bf16WithinBf16PrecisionOfFp32) {
   EXPECT_EQ(h.grad().scalar_type(), torch::kBFloat16);
   EXPECT_LE(rel(h.grad(), want[1]), 1e-2);
   EXPECT_LE(rel(W.grad(), want[2]), 1e-2);
+}
+
+// The model's switch (memory.chunked_loss): the same loss and parameter gradients as the default
+// path (logits, then cross_entropy), in float64, with a padded vocabulary and an ignored target.
+TEST(ClassifierCrossEntropy, ModelLossIsTheSameWithAndWithoutChunks) {
+  GPT2Config cfg;
+  cfg.n_layer = 2;
+  cfg.n_head = 2;
+  cfg.n_embd = 16;
+  cfg.vocab_size = 37;  // padded to a multiple of 64 inside
+  cfg.block_size = 8;
+  GPT2 model(cfg);
+  model->init_weights(5);
+  model->to(torch::kFloat64);
+  const auto idx = torch::randint(0, 37, {3, 8}, torch::kInt64);
+  auto targets = torch::randint(0, 37, {3, 8}, torch::kInt64);
+  targets[1][2] = -1;
+  std::vector<torch::Tensor> loss, grads;
+  for (bool chunked : {false, true}) {
+    model->set_chunked_loss(chunked);
+    model->zero_grad();
+    auto l = model->loss(idx, targets);
+    l.backward();
+    loss.push_back(l.detach());
+    std::vector<torch::Tensor> g;
+    for (auto& p : model->parameters()) g.push_back(p.grad().detach().clone().flatten());
+    grads.push_back(torch::cat(g));
+  }
+  EXPECT_LE(std::abs(loss[0].item<double>() - loss[1].item<double>()), 1e-12);
+  EXPECT_LE(rel(grads[1], grads[0]), 1e-12);
 }
 
 }  // namespace
