@@ -70,6 +70,8 @@ OptionList bind_options(Config& c) {
   o.add("parallel.offload", &c.parallel.offload, "none | optimizer");
   o.add("parallel.offload_threads", &c.parallel.offload_threads, "CPU AdamW threads per rank; 0 = cores / local ranks");
   o.add("parallel.timeout_s", &c.parallel.timeout_s, "seconds before a stuck collective ends the job");
+  o.add("parallel.step_timeout_s", &c.parallel.step_timeout_s,
+        "seconds without a finished step (a hung rank anywhere) before the job ends");
   o.add("memory.activation_checkpointing", &c.memory.activation_checkpointing, "none | full | every_k=K");
   o.add("memory.chunked_loss", &c.memory.chunked_loss, "true: head + loss in row chunks without the batch's logits");
   o.add("checkpoint.dir", &c.checkpoint.dir, "checkpoint directory");
@@ -157,6 +159,7 @@ void Config::validate() const {
           "takes fp32 or bf16 gradients (set precision.reduce_dtype = fp32)");
   require(parallel.offload_threads >= 0, "parallel.offload_threads", parallel.offload_threads, "must be >= 0");
   require(parallel.timeout_s > 0, "parallel.timeout_s", parallel.timeout_s, "must be positive");
+  require(parallel.step_timeout_s > 0, "parallel.step_timeout_s", parallel.step_timeout_s, "must be positive");
   require(checkpoint.every >= 0, "checkpoint.every", checkpoint.every, "must be >= 0");
   require(checkpoint.keep > 0, "checkpoint.keep", checkpoint.keep, "must be positive");
   require(log.every > 0, "log.every", log.every, "must be positive");

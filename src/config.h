@@ -50,6 +50,7 @@ struct ParallelConfig {
   std::string offload = "none";   // none | optimizer (AdamW state in host memory, updated by the CPU)
   int64_t offload_threads = 0;    // CPU AdamW threads per rank; 0 = hardware threads / ranks on the node
   double timeout_s = 30;          // a collective older than this ends the job (dead or hung peer)
+  double step_timeout_s = 900;    // no step finished for this long on a rank (CPU or GPU, any phase): end the job
 };
 
 struct MemoryConfig {

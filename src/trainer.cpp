@@ -13,6 +13,8 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -118,12 +120,54 @@ class StopSignals {
   bool preempted_ = false;
 };
 
-// Test hook: GPT2_FAULT_AT=RANK:STEP makes that rank throw at the start of that step, and
-// GPT2_FAULT_AT=RANK:STEP:kill kill itself with SIGKILL there, so tests can check that one failing
+// A rank that hangs (stopped, deadlocked, or waiting on a peer that hangs) never finishes its
+// step. The watchdog ends this process when no step finished for step_timeout_s; the launcher
+// (mpirun, srun --kill-on-bad-exit) then ends the others, so a hang anywhere, on CPU ranks as on
+// GPUs, ends the job instead of holding the allocation. Saves and evals beat it too.
+class StepWatchdog {
+ public:
+  explicit StepWatchdog(double timeout_s) : timeout_(timeout_s) {
+    beat();
+    thread_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mutex_);
+      while (!stop_) {
+        cv_.wait_for(lock, std::chrono::milliseconds(500));
+        const double idle = std::chrono::duration<double>(Clock::now() - Clock::time_point(Clock::duration(last_.load()))).count();
+        if (!stop_ && idle > timeout_) {
+          log::error(log::format("no training step finished for %.0f s (parallel.step_timeout_s): a rank died or "
+                                 "hangs; ending the job", idle));
+          log::flush();
+          std::_Exit(kExitFailure);
+        }
+      }
+    });
+  }
+  ~StepWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void beat() { last_.store(Clock::now().time_since_epoch().count()); }
+
+ private:
+  double timeout_;
+  std::atomic<Clock::rep> last_{0};
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// Test hook: GPT2_FAULT_AT=RANK:STEP makes that rank throw at the start of that step,
+// GPT2_FAULT_AT=RANK:STEP:kill kill itself with SIGKILL there, and RANK:STEP:hang sleep forever, so tests can check that one failing
 // or vanished rank ends the whole job (tests/python/test_parallel_faults.py, test_checkpoint_faults.py).
 struct Fault {
   int64_t step = -1;
   bool kill = false;
+  bool hang = false;
 };
 Fault fault_for(int rank) {
   const char* spec = std::getenv("GPT2_FAULT_AT");
@@ -133,7 +177,7 @@ Fault fault_for(int rank) {
   char mode[8] = {0};
   const int n = std::sscanf(spec, "%d:%lld:%7s", &fault_rank, &fault_step, mode);
   if (n < 2 || fault_rank != rank) return {};
-  return {fault_step, n == 3 && std::string(mode) == "kill"};
+  return {fault_step, n == 3 && std::string(mode) == "kill", n == 3 && std::string(mode) == "hang"};
 }
 
 std::string format_duration(double seconds) {
@@ -302,16 +346,20 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   CheckpointWriter checkpoints(cfg, env);
   auto save_taken = Clock::now();
   StepProfiler profiler(cfg.profile.steps, cfg.profile.dir, start_step, rank, device.is_cuda());
+  StepWatchdog watchdog(cfg.parallel.step_timeout_s);
 
   for (int64_t step = start_step; step < tc.max_steps; ++step) {
+    watchdog.beat();
     const bool last_step = step == tc.max_steps - 1;
     if (step == fault.step && fault.kill) std::raise(SIGKILL);
+    while (step == fault.step && fault.hang) std::this_thread::sleep_for(std::chrono::seconds(1));
     if (step == fault.step) throw Error("injected fault (GPT2_FAULT_AT) at step " + std::to_string(step));
 
     // ---- eval (all ranks: one reduction) ------------------------------------------------------
     const auto pause_start = Clock::now();  // eval and sample time stays out of the step timing
     if (val_loader && ((tc.eval_every > 0 && step % tc.eval_every == 0) || last_step)) {
       const double val_loss = evaluate();
+      watchdog.beat();
       result.val_losses.emplace_back(step, val_loss);
       log::info(log::format("step %lld/%lld | val loss %.4f", (long long)step, (long long)tc.max_steps, val_loss));
       metrics.write({{"step", std::to_string(step)}, {"val_loss", json_number(val_loss)}});
@@ -424,7 +472,9 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
       const auto save_start = Clock::now();
       // A stop or the end of the run waits for the files; otherwise they may go in the background.
       const bool async = cfg.checkpoint.async && stop == 0 && !last_step;
+      watchdog.beat();
       const std::string done = checkpoints.save(step + 1, model, layout, optimizer, scaler, async);
+      watchdog.beat();
       if (!done.empty()) result.last_checkpoint = done;
       save_taken = save_start;
       log::info(log::format("checkpoint of step %lld: training paused %.2f s%s", (long long)(step + 1),

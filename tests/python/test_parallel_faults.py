@@ -1,6 +1,6 @@
 """One rank failing ends the whole job: under mpiexec -n 2, rank 1 throws at step 3 (GPT2_FAULT_AT
 test hook); every rank must be gone with a non-zero exit within 60 s and rank 1's error must be in
-the log. Also: launch/train.sh runs 2 CPU ranks to completion. Run by CTest."""
+the log. The same when rank 1 hangs at step 3 (the step watchdog ends it). Also: launch/train.sh runs 2 CPU ranks to completion. Run by CTest."""
 import os, subprocess, tempfile, time
 import h5py, numpy as np
 from checks import check, failures, finish
@@ -31,6 +31,22 @@ with tempfile.TemporaryDirectory() as d:
     check(dt < 60, f"within 60 s ({dt:.1f} s)")
     check("[rank 1/2] [error] injected fault (GPT2_FAULT_AT) at step 3" in out, "rank 1's error is in the log")
     check("step 2/40" in out and "step 5/40" not in out, "the job stopped at the failing step")
+    if failures: print(out[-3000:])
+
+    # A rank that hangs (sleeps forever at step 3): the other one waits in a collective; the step
+    # watchdog (parallel.step_timeout_s, 10 s here) ends it, and mpiexec ends the job.
+    env = dict(os.environ, GPT2_FAULT_AT="1:3:hang")
+    t0 = time.time()
+    try:
+        p = subprocess.run(mpi + [BIN] + args + ["--parallel.step_timeout_s=10"], capture_output=True, text=True,
+                           errors="replace", env=env, timeout=120)
+        rc, out = p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired:
+        rc, out = None, "timeout"
+    dt = time.time() - t0
+    check(rc is not None and rc != 0, f"a hung rank: the job exits non-zero (rc={rc})")
+    check(dt < 60, f"within 60 s ({dt:.1f} s)")
+    check("no training step finished for" in out, "the watchdog says why")
     if failures: print(out[-3000:])
 
     p = subprocess.run([os.path.join(SRC, "launch/train.sh"), "-np", "2"] + args, capture_output=True, text=True,
