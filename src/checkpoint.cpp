@@ -161,6 +161,12 @@ void read_f32_range(hid_t file, const char* name, int64_t from, int64_t n, float
   H5_CHECK(H5Dread(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), H5P_DEFAULT, out));
 }
 
+H5Id open_shard(const std::string& path) {
+  const hid_t fid = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (fid < 0) throw UserError(path + ": cannot open the optimizer shard");
+  return H5Id(fid, H5Fclose);
+}
+
 torch::Tensor read_bytes(hid_t file, const char* name) {
   if (H5Lexists(file, name, H5P_DEFAULT) <= 0) return {};
   H5Id dset(H5_ID(H5Dopen2(file, name, H5P_DEFAULT)), H5Dclose);
@@ -571,16 +577,39 @@ std::string CheckpointWriter::finish() {
 
 // ------------------------------------------------------------------------------------ resume
 
+void read_flat_range(const CheckpointManifest& m, const char* dataset, int64_t begin, int64_t end, float* out) {
+  H5ErrorSilencer quiet;
+  // Walk the range through whichever shard holds each part (ZeRO 0 checkpoints of older builds
+  // hold everything in every shard: the first one serves).
+  for (int64_t pos = begin; pos < end;) {
+    size_t k = 0;
+    while (k < m.shards.size() && !(m.shards[k].begin <= pos && pos < m.shards[k].end)) ++k;
+    if (k == m.shards.size()) {
+      throw UserError(files::join(m.dir, "manifest.json") + ": flat element " + std::to_string(pos) + " is in no shard");
+    }
+    const auto& shard = m.shards[k];
+    const int64_t hi = std::min(end, shard.end);
+    const std::string path = files::join(m.dir, shard.file);
+    H5Id file = open_shard(path);
+    if (read_int_attr(file.get(), "begin", path) != shard.begin || read_int_attr(file.get(), "end", path) != shard.end) {
+      throw UserError(path + ": its range does not match the manifest");
+    }
+    read_f32_range(file.get(), dataset, pos - shard.begin, hi - pos, out + (pos - begin), path);
+    pos = hi;
+  }
+}
+
 int64_t resume_checkpoint(const std::string& checkpoint_dir, const Config& cfg, const parallel::RankEnv& env,
                           const parallel::FlatLayout& layout, optim::ShardedAdamW& optimizer,
                           optim::LossScaler& scaler) {
   const int rank = env.rank(), world = env.world_size();
   const CheckpointManifest m = CheckpointManifest::read(checkpoint_dir);
   // The model must be the one that was saved.
+  const auto table = cfg.table();
   for (const char* key : kModelKeys) {
     const std::string saved = m.config_value(key);
     std::string now;
-    for (const auto& [k, v] : cfg.table())
+    for (const auto& [k, v] : table)
       if (k == key) now = v;
     if (!saved.empty() && saved != now) {
       throw UserError("config: " + std::string(key) + " = " + now + ": the checkpoint " + checkpoint_dir +
@@ -610,36 +639,25 @@ int64_t resume_checkpoint(const std::string& checkpoint_dir, const Config& cfg, 
 
   // This rank's range, read from the old shards that overlap it; padding stays zero.
   const int64_t begin = optimizer.shard_begin(), end = begin + optimizer.shard_numel();
+  const int64_t real_end = std::max(begin, std::min(end, m.flat_total));
   optim::ShardedAdamW::ShardState s;
-  s.master = torch::zeros({end - begin}, torch::kFloat);
-  s.exp_avg = torch::zeros({end - begin}, torch::kFloat);
-  s.exp_avg_sq = torch::zeros({end - begin}, torch::kFloat);
-  bool have_step = false;
+  for (auto [name, t] : {std::pair<const char*, torch::Tensor*>{"master", &s.master},
+                         {"exp_avg", &s.exp_avg}, {"exp_avg_sq", &s.exp_avg_sq}}) {
+    *t = torch::zeros({end - begin}, torch::kFloat);
+    read_flat_range(m, name, begin, real_end, t->data_ptr<float>());
+  }
+  // The step count (the same in every shard), and this rank's generator states from its own file.
   torch::Tensor rng_cpu, rng_cuda;
-  H5ErrorSilencer quiet;
-  for (const auto& shard : m.shards) {
-    const int64_t lo = std::max({begin, shard.begin}), hi = std::min({end, shard.end, m.flat_total});
-    const bool same_rank_file = world == m.world_size && shard.rank == rank;
-    if (lo >= hi && !same_rank_file && have_step) continue;
+  {
+    H5ErrorSilencer quiet;
+    const bool same_world = world == m.world_size;
+    const auto& shard = same_world ? m.shards.at(static_cast<size_t>(rank)) : m.shards.at(0);
     const std::string path = files::join(m.dir, shard.file);
-    const hid_t fid = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (fid < 0) throw UserError(path + ": cannot open the optimizer shard");
-    H5Id file(fid, H5Fclose);
-    if (read_int_attr(file.get(), "begin", path) != shard.begin || read_int_attr(file.get(), "end", path) != shard.end) {
-      throw UserError(path + ": its range does not match the manifest");
-    }
-    if (!have_step) {
-      s.adam_step = read_int_attr(file.get(), "adam_step", path);
-      have_step = true;
-    }
-    if (same_rank_file) {
+    H5Id file = open_shard(path);
+    s.adam_step = read_int_attr(file.get(), "adam_step", path);
+    if (same_world && shard.rank == rank) {
       rng_cpu = read_bytes(file.get(), "rng_cpu");
       rng_cuda = read_bytes(file.get(), "rng_cuda");
-    }
-    if (lo >= hi) continue;
-    for (auto [name, t] : {std::pair<const char*, torch::Tensor*>{"master", &s.master},
-                           {"exp_avg", &s.exp_avg}, {"exp_avg_sq", &s.exp_avg_sq}}) {
-      read_f32_range(file.get(), name, lo - shard.begin, hi - lo, t->data_ptr<float>() + (lo - begin), path);
     }
   }
   optimizer.load_state(s);

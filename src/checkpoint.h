@@ -114,6 +114,12 @@ class CheckpointWriter {
   std::string error_;  // from the writing thread, rethrown by finish()
 };
 
+// Reads elements [begin, end) of the flat parameter space (end <= flat_total) from the fp32
+// dataset `dataset` ("master", "exp_avg" or "exp_avg_sq") of whichever optimizer shards of `m`
+// hold them, into out[0, end - begin): any world size and ZeRO stage. Throws gpt2::UserError
+// naming the shard file when a range is in no shard or a file does not match the manifest.
+void read_flat_range(const CheckpointManifest& m, const char* dataset, int64_t begin, int64_t end, float* out);
+
 // Collective over env. Loads the checkpoint `checkpoint_dir` (from find_checkpoint) into the
 // optimizer shards, the parameters of every rank and the loss scaler; returns its step (the next
 // step to run). Throws gpt2::UserError on every rank, naming the file and what is wrong, when any

@@ -339,17 +339,6 @@ void check_manifest(const CheckpointManifest& m, const std::set<std::string>& li
   }
 }
 
-// Reads elements [from, from + n) of the 1-D fp32 dataset `name` of `file` into out.
-void read_f32_range(hid_t file, const char* name, int64_t from, int64_t n, float* out) {
-  if (n <= 0) return;
-  H5Id dset(H5_ID(H5Dopen2(file, name, H5P_DEFAULT)), H5Dclose);
-  H5Id space(H5_ID(H5Dget_space(dset.get())), H5Sclose);
-  const hsize_t start[1] = {static_cast<hsize_t>(from)}, count[1] = {static_cast<hsize_t>(n)};
-  H5_CHECK(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start, nullptr, count, nullptr));
-  H5Id mem(H5_ID(H5Screate_simple(1, count, nullptr)), H5Sclose);
-  H5_CHECK(H5Dread(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), H5P_DEFAULT, out));
-}
-
 }  // namespace
 
 // ------------------------------------------------------------------------------------ public
@@ -450,13 +439,7 @@ std::vector<std::string> verify_checkpoint(const CheckpointManifest& m) {
   std::set<std::string> listed, damaged;
   for (size_t i = 0; i < m.files.size(); ++i) {
     listed.insert(m.files[i].name);
-    std::string problem;
-    try {
-      problem = verify_checkpoint_files(m, {i}).front();
-    } catch (const std::exception& e) {  // unreadable (permissions, I/O error): report, go on
-      const std::string path = files::join(m.dir, m.files[i].name), what = e.what();
-      problem = what.find(path) == std::string::npos ? path + ": " + what : what;
-    }
+    const std::string problem = verify_checkpoint_files(m, {i}).front();  // never throws
     if (!problem.empty()) {
       problems.push_back(problem);
       damaged.insert(m.files[i].name);
@@ -508,23 +491,10 @@ int64_t consolidate_checkpoint(const CheckpointManifest& m, const std::string& o
     for (const char* key : kModelKeys) {
       write_int_attr(file.get(), key, parse_positive(m.config_value(std::string("model.") + key)));
     }
-    std::vector<H5Id> shard_files(m.shards.size());
     std::vector<float> buf;
     for (const auto& p : m.params) {
       buf.assign(static_cast<size_t>(p.numel), 0.0f);
-      // Walk the parameter's flat range through whichever shards hold each part.
-      int64_t pos = p.offset;
-      const int64_t end = p.offset + p.numel;
-      while (pos < end) {
-        size_t k = 0;
-        while (k < m.shards.size() && !(m.shards[k].begin <= pos && pos < m.shards[k].end)) ++k;
-        GPT2_ASSERT(k < m.shards.size(), "flat element " + str(pos) + " is in no shard after verification");
-        const auto& s = m.shards[k];
-        const int64_t hi = std::min(end, s.end);
-        if (!shard_files[k]) shard_files[k] = open_h5(files::join(m.dir, s.file));
-        read_f32_range(shard_files[k].get(), "master", pos - s.begin, hi - pos, buf.data() + (pos - p.offset));
-        pos = hi;
-      }
+      read_flat_range(m, "master", p.offset, p.offset + p.numel, buf.data());
       std::vector<hsize_t> dims(p.shape.begin(), p.shape.end());
       H5Id space(H5_ID(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr)), H5Sclose);
       H5Id dset(H5_ID(H5Dcreate2(file.get(), p.name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
@@ -533,7 +503,6 @@ int64_t consolidate_checkpoint(const CheckpointManifest& m, const std::string& o
       if (p.numel > 0) H5_CHECK(H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()));
       written += p.numel;
     }
-    shard_files.clear();
     if (H5Fclose(file.release()) < 0) throw UserError(tmp + ": writing failed (disk full?)");
   } catch (...) {
     try {
