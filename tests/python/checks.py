@@ -24,3 +24,11 @@ def gpt2_data(args, timeout=600):
     p = subprocess.run([exe] + args, capture_output=True, text=True, errors="replace",
                        cwd=os.environ.get("GPT2_SOURCE_DIR", "."), timeout=timeout)
     return p.returncode, p.stdout + p.stderr
+
+
+def write_tokens(path, tokens, vocab=256, eot=255):
+    """A token file in our format written with h5py (an independent writer): uint16, contiguous."""
+    import h5py, numpy as np
+    with h5py.File(path, "w") as f:
+        f.create_dataset("tokens", data=np.asarray(tokens, dtype=np.uint16))
+        f.attrs.update(format="gpt2-tokens", format_version=1, vocab_size=vocab, eot_token=eot, tokenizer="gpt2")

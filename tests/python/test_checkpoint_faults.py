@@ -6,8 +6,8 @@
   (renamed) before the kill and from step 5 otherwise, never from a partial one, and again ends
   with the uninterrupted run's loss. Run by CTest (label slow)."""
 import json, os, re, subprocess, tempfile, time
-import h5py, numpy as np
-from checks import check, failures, finish
+import numpy as np
+from checks import check, failures, finish, write_tokens
 
 BIN = os.path.join(os.environ.get("GPT2_BIN_DIR", "build/bin"), "gpt2-train")
 MPI = ["mpiexec", "-n", "2", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
@@ -35,9 +35,7 @@ def resumed_step(out):
 
 with tempfile.TemporaryDirectory() as d:
     train = os.path.join(d, "train.h5")
-    with h5py.File(train, "w") as f:
-        f.create_dataset("tokens", data=(np.arange(50000) * 7 % 251).astype(np.uint16))
-        f.attrs.update(format="gpt2-tokens", format_version=1, vocab_size=256, eot_token=255, tokenizer="gpt2")
+    write_tokens(train, np.arange(50000) * 7 % 251)
 
     def args(name, **over):
         a = {"model.n_layer": 2, "model.n_head": 2, "model.n_embd": 32, "model.vocab_size": 256,

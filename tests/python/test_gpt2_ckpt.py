@@ -7,7 +7,7 @@ exit 1 (2 when it is no checkpoint) naming the file, and consolidate must write 
 Run by CTest (env GPT2_BIN_DIR, GPT2_SOURCE_DIR)."""
 import json, os, shutil, subprocess, tempfile
 import h5py, numpy as np
-from checks import check, finish
+from checks import check, finish, write_tokens
 
 SRC = os.environ.get("GPT2_SOURCE_DIR", ".")
 BIN_DIR = os.environ.get("GPT2_BIN_DIR", "build/bin")
@@ -52,9 +52,7 @@ check(crc32c(b"123456789") == 0xE3069283, "the reference CRC-32C gives e3069283 
 
 with tempfile.TemporaryDirectory() as tmp:
     train = os.path.join(tmp, "train.h5")
-    with h5py.File(train, "w") as f:
-        f.create_dataset("tokens", data=(np.arange(20000) * 7 % 251).astype(np.uint16))
-        f.attrs.update(format="gpt2-tokens", format_version=1, vocab_size=256, eot_token=255, tokenizer="gpt2")
+    write_tokens(train, np.arange(20000) * 7 % 251)
     root = os.path.join(tmp, "ckpt")
     args = ["--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32", "--model.vocab_size=256",
             "--model.block_size=32", f"--data.train={train}", "--data.val=none", "--train.micro_batch=2",

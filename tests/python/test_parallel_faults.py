@@ -2,31 +2,32 @@
 test hook); every rank must be gone with a non-zero exit within 60 s and rank 1's error must be in
 the log. The same when rank 1 hangs at step 3 (the step watchdog ends it). Also: launch/train.sh runs 2 CPU ranks to completion. Run by CTest."""
 import os, subprocess, tempfile, time
-import h5py, numpy as np
-from checks import check, failures, finish
+import numpy as np
+from checks import check, failures, finish, write_tokens
 
 SRC = os.environ.get("GPT2_SOURCE_DIR", ".")
 BIN = os.path.join(os.environ.get("GPT2_BIN_DIR", "build/bin"), "gpt2-train")
 
 with tempfile.TemporaryDirectory() as d:
     train = os.path.join(d, "train.h5")
-    with h5py.File(train, "w") as f:
-        f.create_dataset("tokens", data=(np.arange(50000) * 7 % 251).astype(np.uint16))
-        f.attrs.update(format="gpt2-tokens", format_version=1, vocab_size=256, eot_token=255, tokenizer="gpt2")
+    write_tokens(train, np.arange(50000) * 7 % 251)
     args = ["--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32", "--model.vocab_size=256",
             "--model.block_size=32", f"--data.train={train}", "--data.val=none", "--train.micro_batch=2",
             "--train.seq_len=16", "--train.batch_tokens=64", "--train.max_steps=40", "--train.sample_tokens=0",
             "--train.device=cpu", "--precision.dtype=fp32", "--log.every=1", "--log.metrics=none"]
     mpi = ["mpiexec", "-n", "2", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
 
-    env = dict(os.environ, GPT2_FAULT_AT="1:3")
-    t0 = time.time()
-    try:
-        p = subprocess.run(mpi + [BIN] + args, capture_output=True, text=True, errors="replace", env=env, timeout=120)
-        rc, out = p.returncode, p.stdout + p.stderr
-    except subprocess.TimeoutExpired:
-        rc, out = None, "timeout"
-    dt = time.time() - t0
+    def run_faulty(fault, extra=()):
+        """The job under GPT2_FAULT_AT=fault: (exit code or None on timeout, log, seconds)."""
+        t0 = time.time()
+        try:
+            p = subprocess.run(mpi + [BIN] + args + list(extra), capture_output=True, text=True, errors="replace",
+                               env=dict(os.environ, GPT2_FAULT_AT=fault), timeout=120)
+            return p.returncode, p.stdout + p.stderr, time.time() - t0
+        except subprocess.TimeoutExpired:
+            return None, "timeout", time.time() - t0
+
+    rc, out, dt = run_faulty("1:3")
     check(rc is not None and rc != 0, f"job exits non-zero (rc={rc})")
     check(dt < 60, f"within 60 s ({dt:.1f} s)")
     check("[rank 1/2] [error] injected fault (GPT2_FAULT_AT) at step 3" in out, "rank 1's error is in the log")
@@ -35,15 +36,7 @@ with tempfile.TemporaryDirectory() as d:
 
     # A rank that hangs (sleeps forever at step 3): the other one waits in a collective; the step
     # watchdog (parallel.step_timeout_s, 10 s here) ends it, and mpiexec ends the job.
-    env = dict(os.environ, GPT2_FAULT_AT="1:3:hang")
-    t0 = time.time()
-    try:
-        p = subprocess.run(mpi + [BIN] + args + ["--parallel.step_timeout_s=10"], capture_output=True, text=True,
-                           errors="replace", env=env, timeout=120)
-        rc, out = p.returncode, p.stdout + p.stderr
-    except subprocess.TimeoutExpired:
-        rc, out = None, "timeout"
-    dt = time.time() - t0
+    rc, out, dt = run_faulty("1:3:hang", ["--parallel.step_timeout_s=10"])
     check(rc is not None and rc != 0, f"a hung rank: the job exits non-zero (rc={rc})")
     check(dt < 60, f"within 60 s ({dt:.1f} s)")
     check("no training step finished for" in out, "the watchdog says why")

@@ -1,15 +1,13 @@
 """--profile.steps=2 on a CPU run writes a Chrome trace that Python's json reads, with the step
 phases as user annotations around real ops, and logs the top ops by time. Run by CTest."""
 import json, os, subprocess, tempfile
-import h5py, numpy as np
-from checks import check, failures, finish
+import numpy as np
+from checks import check, failures, finish, write_tokens
 
 BIN = os.path.join(os.environ.get("GPT2_BIN_DIR", "build/bin"), "gpt2-train")
 with tempfile.TemporaryDirectory() as d:
     train = os.path.join(d, "train.h5")
-    with h5py.File(train, "w") as f:
-        f.create_dataset("tokens", data=(np.arange(20000) * 7 % 251).astype(np.uint16))
-        f.attrs.update(format="gpt2-tokens", format_version=1, vocab_size=256, eot_token=255, tokenizer="gpt2")
+    write_tokens(train, np.arange(20000) * 7 % 251)
     prof = os.path.join(d, "prof")
     p = subprocess.run([BIN, "--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32", "--model.vocab_size=256",
                         "--model.block_size=32", f"--data.train={train}", "--data.val=none", "--train.micro_batch=2",

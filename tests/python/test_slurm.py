@@ -6,8 +6,8 @@ end with the loss of an uninterrupted mpiexec run (1e-5 relative). The daemons a
 Exits 77 (skipped) only when the Slurm or MUNGE programs are not installed
 (apt-get install slurmctld slurmd slurm-client munge). Run by CTest."""
 import json, os, pwd, re, shutil, signal, socket, subprocess, sys, tempfile, time
-import h5py, numpy as np
-from checks import check, failures, finish
+import numpy as np
+from checks import check, failures, finish, write_tokens
 
 SRC = os.path.abspath(os.environ.get("GPT2_SOURCE_DIR", "."))
 BIN = os.path.abspath(os.path.join(os.environ.get("GPT2_BIN_DIR", "build/bin"), "gpt2-train"))
@@ -152,9 +152,7 @@ def token_file(path, n):
     out = []
     while len(out) < n:
         out.extend(sentences[rng.integers(0, len(sentences))]); out.append(255)
-    with h5py.File(path, "w") as f:
-        f.create_dataset("tokens", data=np.asarray(out[:n], dtype=np.uint16))
-        f.attrs.update(format="gpt2-tokens", format_version=1, vocab_size=256, eot_token=255, tokenizer="gpt2")
+    write_tokens(path, out[:n])
 
 
 def main():
