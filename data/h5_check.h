@@ -2,13 +2,14 @@
 // HDF5 helpers: the H5_CHECK macro, an RAII owner for hid_t, and a guard that stops HDF5 from
 // printing its error stack so our own message (which quotes the innermost HDF5 error) is the one
 // the user sees. Uses the HDF5 C API only (1.10 and later).
-// defines: H5_CHECK, H5_ID, gpt2::data::H5Id, H5ErrorSilencer, h5_error_detail, write_int_attr,
-// write_string_attr
+// defines: H5_CHECK, H5_ID, gpt2::data::H5Id, H5ErrorSilencer, h5_error_detail, open_h5, has_link,
+// dataset_dims, read_int_attr, write_int_attr, write_string_attr
 #include <hdf5.h>
 
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "src/base/errors.h"
 
@@ -92,6 +93,46 @@ class H5ErrorSilencer {
   H5E_auto2_t func_ = nullptr;
   void* data_ = nullptr;
 };
+
+// Opens an HDF5 file read-only; gpt2::UserError naming the path (and HDF5's reason) when it cannot.
+inline H5Id open_h5(const std::string& path) {
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (f < 0) {
+    const std::string detail = h5_error_detail();
+    throw UserError(path + ": cannot open as HDF5" + (detail.empty() ? "" : " (" + detail + ")"));
+  }
+  return H5Id(f, H5Fclose);
+}
+
+inline bool has_link(hid_t loc, const std::string& name) { return H5Lexists(loc, name.c_str(), H5P_DEFAULT) > 0; }
+
+// The dataset's dims, and whether its type is a 4-byte float (fp32).
+inline std::vector<hsize_t> dataset_dims(hid_t dset, bool* is_f32) {
+  H5Id type(H5_ID(H5Dget_type(dset)), H5Tclose);
+  *is_f32 = H5Tget_class(type.get()) == H5T_FLOAT && H5Tget_size(type.get()) == 4;
+  H5Id space(H5_ID(H5Dget_space(dset)), H5Sclose);
+  const int nd = H5Sget_simple_extent_ndims(space.get());
+  H5_CHECK(nd);
+  std::vector<hsize_t> dims(static_cast<size_t>(nd));
+  if (nd > 0) H5_CHECK(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr));
+  return dims;
+}
+
+// An integer attribute; false (with *why) when missing or not an integer.
+inline bool read_int_attr(hid_t loc, const char* name, int64_t* value, std::string* why) {
+  if (H5Aexists(loc, name) <= 0) {
+    *why = "missing attribute '" + std::string(name) + "'";
+    return false;
+  }
+  H5Id attr(H5_ID(H5Aopen(loc, name, H5P_DEFAULT)), H5Aclose);
+  H5Id type(H5_ID(H5Aget_type(attr.get())), H5Tclose);
+  if (H5Tget_class(type.get()) != H5T_INTEGER) {
+    *why = "attribute '" + std::string(name) + "' is not an integer";
+    return false;
+  }
+  H5_CHECK(H5Aread(attr.get(), H5T_NATIVE_INT64, value));
+  return true;
+}
 
 // Scalar root/object attributes as every writer here stores them: int64 little-endian, and
 // variable-length UTF-8 strings (what h5py writes for str and reads back as str).

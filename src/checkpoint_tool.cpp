@@ -1,4 +1,5 @@
-// gpt2-ckpt's logic (see checkpoint_tool.h). No MPI and no torch: HDF5 C API and the manifest.
+// gpt2-ckpt's logic (see checkpoint_tool.h). No MPI: the HDF5 C API and the manifest; torch only to
+// move weights between layouts (export-hf, import-hf).
 #include "src/checkpoint_tool.h"
 
 #include <algorithm>
@@ -13,12 +14,18 @@
 #include "data/h5_check.h"
 #include "src/base/files.h"
 #include "src/base/json.h"
+#include "src/hf_import.h"
+#include "src/model_weights.h"
 
 namespace gpt2::ckpt {
 namespace {
 
+using data::dataset_dims;
+using data::has_link;
 using data::H5ErrorSilencer;
 using data::H5Id;
+using data::open_h5;
+using data::read_int_attr;
 using data::write_int_attr;
 using data::write_string_attr;
 
@@ -29,15 +36,23 @@ constexpr char kUsage[] =
     "usage: gpt2-ckpt inspect PATH [--json]\n"
     "       gpt2-ckpt verify PATH\n"
     "       gpt2-ckpt consolidate PATH --out FILE\n"
+    "       gpt2-ckpt export-hf PATH --out DIR\n"
+    "       gpt2-ckpt import-hf HF_DIR --out FILE\n"
     "PATH is a checkpoint directory (it holds manifest.json) or a checkpoint root (checkpoint.dir:\n"
-    "the newest complete step_* directory under it is used). Runs without MPI.\n"
+    "the newest complete step_* directory under it is used); export-hf also takes a model FILE.\n"
+    "Runs without MPI.\n"
     "\n"
     "  inspect      step, world size, ZeRO stage, dtype, parameter count, files (size, CRC-32C),\n"
     "               shards and their flat ranges, loss scale, model config; --json: the manifest\n"
     "  verify       every file's size and CRC-32C, the shards' HDF5 contents against the manifest,\n"
     "               their coverage of the flat parameter space, model.h5's parameters and shapes\n"
     "  consolidate  verifies, then writes FILE (via FILE.tmp): one fp32 dataset per parameter\n"
-    "               (Hugging Face names, manifest shapes) from the shards' fp32 masters\n"
+    "               (Hugging Face names, manifest shapes) from the shards' fp32 masters: a model\n"
+    "               file that gpt2-generate and train.init_from read\n"
+    "  export-hf    writes DIR/model.safetensors + DIR/config.json (fp32) that transformers'\n"
+    "               GPT2LMHeadModel.from_pretrained(DIR) loads\n"
+    "  import-hf    reads a Hugging Face GPT-2 directory (config.json + model.safetensors) and\n"
+    "               writes a model FILE (fine-tune it with --train.init_from=FILE)\n"
     "\n"
     "Exit status: 0 good, 1 damaged checkpoint (each problem printed, naming the file),\n"
     "2 usage error or PATH is not a checkpoint.\n";
@@ -138,53 +153,12 @@ void pretty(const json::Value& v, int indent, std::string& s) {
   s += std::string(static_cast<size_t>(indent), ' ') + "}";
 }
 
-// ---- HDF5 pieces
-
-H5Id open_h5(const std::string& path) {
-  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (f < 0) {
-    const std::string detail = data::h5_error_detail();
-    throw UserError(path + ": cannot open as HDF5" + (detail.empty() ? "" : " (" + detail + ")"));
-  }
-  return H5Id(f, H5Fclose);
-}
-
-bool has_link(hid_t loc, const std::string& name) { return H5Lexists(loc, name.c_str(), H5P_DEFAULT) > 0; }
-
-// The dataset's dims, and whether its type is a 4-byte float (fp32).
-std::vector<hsize_t> dataset_dims(hid_t dset, bool* is_f32) {
-  H5Id type(H5_ID(H5Dget_type(dset)), H5Tclose);
-  *is_f32 = H5Tget_class(type.get()) == H5T_FLOAT && H5Tget_size(type.get()) == 4;
-  H5Id space(H5_ID(H5Dget_space(dset)), H5Sclose);
-  const int nd = H5Sget_simple_extent_ndims(space.get());
-  H5_CHECK(nd);
-  std::vector<hsize_t> dims(static_cast<size_t>(nd));
-  if (nd > 0) H5_CHECK(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr));
-  return dims;
-}
+// ---- HDF5 pieces: open_h5, has_link, dataset_dims, read_int_attr are in data/h5_check.h
 
 std::string dims_str(const std::vector<hsize_t>& dims) {
   std::vector<int64_t> d(dims.begin(), dims.end());
   return shape_str(d);
 }
-
-// An integer attribute; false (with *why) when missing or not an integer.
-bool read_int_attr(hid_t loc, const char* name, int64_t* value, std::string* why) {
-  if (H5Aexists(loc, name) <= 0) {
-    *why = "missing attribute '" + std::string(name) + "'";
-    return false;
-  }
-  H5Id attr(H5_ID(H5Aopen(loc, name, H5P_DEFAULT)), H5Aclose);
-  H5Id type(H5_ID(H5Aget_type(attr.get())), H5Tclose);
-  if (H5Tget_class(type.get()) != H5T_INTEGER) {
-    *why = "attribute '" + std::string(name) + "' is not an integer";
-    return false;
-  }
-  H5_CHECK(H5Aread(attr.get(), H5T_NATIVE_INT64, value));
-  return true;
-}
-
-
 
 // Problems of one optimizer shard file's contents against its manifest entry.
 void check_shard_contents(const std::string& path, const CheckpointManifest::Shard& s, std::vector<std::string>* out) {
@@ -472,60 +446,39 @@ std::vector<std::string> verify_checkpoint(const CheckpointManifest& m) {
 int64_t consolidate_checkpoint(const CheckpointManifest& m, const std::string& out) {
   auto problems = verify_checkpoint(m);
   if (!problems.empty()) throw Damaged(std::move(problems));
-
-  const std::string tmp = out + ".tmp";
-  H5ErrorSilencer quiet;
+  GPT2Config cfg;
+  cfg.n_layer = parse_positive(m.config_value("model.n_layer"));
+  cfg.n_head = parse_positive(m.config_value("model.n_head"));
+  cfg.n_embd = parse_positive(m.config_value("model.n_embd"));
+  cfg.vocab_size = parse_positive(m.config_value("model.vocab_size"));
+  cfg.block_size = parse_positive(m.config_value("model.block_size"));
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
   int64_t written = 0;
-  try {
-    const hid_t fid = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (fid < 0) {
-      const std::string detail = data::h5_error_detail();
-      throw UserError(tmp + ": cannot create" + (detail.empty() ? "" : " (" + detail + ")") +
-                      " (does the directory exist and is it writable?)");
-    }
-    H5Id file(fid, H5Fclose);
-    write_string_attr(file.get(), "format", "gpt2-model");
-    write_int_attr(file.get(), "format_version", 1);
-    write_int_attr(file.get(), "step", m.step);
-    write_string_attr(file.get(), "source", m.dir);
-    for (const char* key : kModelKeys) {
-      write_int_attr(file.get(), key, parse_positive(m.config_value(std::string("model.") + key)));
-    }
-    std::vector<float> buf;
-    for (const auto& p : m.params) {
-      buf.assign(static_cast<size_t>(p.numel), 0.0f);
-      read_flat_range(m, "master", p.offset, p.offset + p.numel, buf.data());
-      std::vector<hsize_t> dims(p.shape.begin(), p.shape.end());
-      H5Id space(H5_ID(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr)), H5Sclose);
-      H5Id dset(H5_ID(H5Dcreate2(file.get(), p.name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
-                                 H5P_DEFAULT)),
-                H5Dclose);
-      if (p.numel > 0) H5_CHECK(H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()));
-      written += p.numel;
-    }
-    if (H5Fclose(file.release()) < 0) throw UserError(tmp + ": writing failed (disk full?)");
-  } catch (...) {
-    try {
-      files::remove_file(tmp);
-    } catch (const std::exception&) {
-    }
-    throw;
+  for (const auto& p : m.params) {
+    names.push_back(p.name);
+    shapes.push_back(p.shape);
+    written += p.numel;
   }
-  files::rename_file(tmp, out);
+  write_model_file(out, cfg, m.step, m.dir, names, shapes, [&](size_t i, float* buf) {
+    const auto& p = m.params[i];
+    read_flat_range(m, "master", p.offset, p.offset + p.numel, buf);
+  });
   return written;
 }
 
 int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   std::string command;
   try {
-    if (args.empty()) throw usage_error("no command given: inspect, verify or consolidate");
+    if (args.empty()) throw usage_error("no command given: inspect, verify, consolidate, export-hf or import-hf");
     command = args[0];
     if (command == "-h" || command == "--help" || command == "help") {
       out << kUsage;
       return kExitOk;
     }
-    if (command != "inspect" && command != "verify" && command != "consolidate") {
-      throw usage_error("unknown command '" + command + "' (inspect, verify or consolidate)");
+    const bool writes = command == "consolidate" || command == "export-hf" || command == "import-hf";
+    if (command != "inspect" && command != "verify" && !writes) {
+      throw usage_error("unknown command '" + command + "' (inspect, verify, consolidate, export-hf or import-hf)");
     }
     std::string path, out_file;
     bool as_json = false, have_out = false;
@@ -538,14 +491,14 @@ int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostre
         if (command != "inspect") throw usage_error(command + ": --json is an option of inspect only");
         as_json = true;
       } else if (a == "--out" || a.rfind("--out=", 0) == 0) {
-        if (command != "consolidate") throw usage_error(command + ": --out is an option of consolidate only");
+        if (!writes) throw usage_error(command + ": --out is an option of consolidate, export-hf and import-hf");
         if (a == "--out") {
-          if (i + 1 >= args.size()) throw usage_error("consolidate: --out needs a FILE");
+          if (i + 1 >= args.size()) throw usage_error(command + ": --out needs a path");
           out_file = args[++i];
         } else {
           out_file = a.substr(6);
         }
-        if (out_file.empty()) throw usage_error("consolidate: --out needs a FILE");
+        if (out_file.empty()) throw usage_error(command + ": --out needs a path");
         have_out = true;
       } else if (a.size() > 1 && a[0] == '-') {
         throw usage_error(command + ": unknown option '" + a + "'");
@@ -557,8 +510,24 @@ int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostre
       }
     }
     if (path.empty()) throw usage_error(command + ": missing PATH (a checkpoint directory or a checkpoint root)");
-    if (command == "consolidate" && !have_out) throw usage_error("consolidate: missing --out FILE");
+    if (writes && !have_out) throw usage_error(command + ": missing --out " + (command == "export-hf" ? "DIR" : "FILE"));
 
+    if (command == "import-hf" || (command == "export-hf" && files::is_regular_file(path))) {
+      // Model files and Hugging Face directories: through the model (model_weights.h).
+      const WeightsSource source = find_weights(path);
+      if (command == "import-hf" && source.kind != WeightsSource::Kind::hf_dir) {
+        throw usage_error("import-hf: " + path + " is not a Hugging Face directory (config.json + model.safetensors)");
+      }
+      GPT2 model(source.config);
+      load_weights(model, source);
+      if (command == "import-hf") {
+        save_model_file(model, out_file, source.step, path);
+      } else {
+        save_hf_weights(model, out_file);
+      }
+      out << "wrote " << out_file << ": " << model->num_parameters() << " parameters from " << source.describe() << "\n";
+      return kExitOk;
+    }
     const std::string dir = resolve_checkpoint(path);
     const CheckpointManifest m = read_manifest(dir);
     if (command == "inspect") {
@@ -575,6 +544,15 @@ int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostre
       uint64_t bytes = 0;
       for (const auto& f : m.files) bytes += f.bytes;
       out << "OK " << dir << ": " << m.files.size() << " files, " << bytes << " bytes\n";
+      return kExitOk;
+    }
+    if (command == "export-hf") {
+      auto problems = verify_checkpoint(m);
+      if (!problems.empty()) throw Damaged(std::move(problems));
+      GPT2 model = load_model(dir);
+      save_hf_weights(model, out_file);
+      out << "wrote " << out_file << ": " << model->num_parameters() << " parameters from " << dir << " (step "
+          << m.step << ")\n";
       return kExitOk;
     }
     const int64_t n = consolidate_checkpoint(m, out_file);

@@ -1,6 +1,7 @@
 #pragma once
 // gpt2-ckpt's logic, without MPI (the tool never calls MPI_Init): find a checkpoint, describe it,
-// verify it deeply, and consolidate its sharded fp32 masters into one HDF5 file of full weights.
+// verify it deeply, consolidate its sharded fp32 masters into one model file (model_weights.h),
+// and move weights to and from Hugging Face directories (export-hf, import-hf).
 // Layout: docs/DESIGN.md "Checkpoint layout as built"; manifest reading: src/checkpoint.h.
 // Exit codes (src/base/errors.h): kExitOk; kExitFailure when the checkpoint is damaged (every
 // problem printed, one per line, naming the file); kExitUsage for usage errors, a path that is

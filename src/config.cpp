@@ -63,6 +63,8 @@ OptionList bind_options(Config& c) {
   o.add("train.sample_every", &c.train.sample_every, "steps between samples; 0 = at the end only");
   o.add("train.sample_tokens", &c.train.sample_tokens, "tokens per sample; 0 = no samples");
   o.add("train.device", &c.train.device, "auto | cpu | cuda");
+  o.add("train.init_from", &c.train.init_from,
+        "none | weights to fine-tune: a checkpoint, a model file (gpt2-ckpt consolidate/import-hf) or a Hugging Face dir");
   o.add("precision.dtype", &c.precision.dtype, "bf16 | fp16 | fp32");
   o.add("precision.reduce_dtype", &c.precision.reduce_dtype, "fp32 | bf16 | fp16: gradient accumulation and all-reduce");
   o.add("parallel.bucket_mb", &c.parallel.bucket_mb, "gradient bucket size in MiB");
@@ -80,6 +82,7 @@ OptionList bind_options(Config& c) {
   o.add("checkpoint.resume", &c.checkpoint.resume, "auto | none | PATH");
   o.add("checkpoint.async", &c.checkpoint.async, "true: snapshot to host memory, write in the background");
   o.add("log.metrics", &c.log.metrics, "metrics.jsonl path; none = no file");
+  o.add("log.tensorboard", &c.log.tensorboard, "TensorBoard event directory; none = off");
   o.add("log.every", &c.log.every, "steps between metric lines");
   o.add("log.peak_tflops", &c.log.peak_tflops, "MFU denominator in TFLOP/s; 0 = 989 on CUDA");
   o.add("profile.steps", &c.profile.steps, "steps to trace; 0 = off");
@@ -242,7 +245,7 @@ ParseResult parse_config(int argc, const char* const argv[]) {
     throw UserError(std::string("config: ") + e.what());
   }
   // "none" spells an empty value (an option cannot be given an empty argument).
-  for (std::string* optional : {&cfg.data.val, &cfg.log.metrics}) {
+  for (std::string* optional : {&cfg.data.val, &cfg.log.metrics, &cfg.log.tensorboard, &cfg.train.init_from}) {
     if (*optional == "none") optional->clear();
   }
   cfg.validate();

@@ -37,6 +37,7 @@ struct TrainConfig {
   int64_t sample_every = 0;       // 0 = only at the end
   int64_t sample_tokens = 64;     // tokens per sample
   std::string device = "auto";    // auto | cpu | cuda
+  std::string init_from;          // weights to start from (model_weights.h): checkpoint, model file, HF dir; "" = GPT-2 init
 };
 
 struct PrecisionConfig {
@@ -68,6 +69,7 @@ struct CheckpointConfig {
 
 struct LogConfig {
   std::string metrics = "runs/metrics.jsonl";  // one JSON object per logged step; "none" = no file
+  std::string tensorboard = "runs/tensorboard";  // TensorBoard event files (the same scalars); "none" = off
   int64_t every = 10;             // steps between metric lines
   double peak_tflops = 0;         // MFU denominator; 0 = 989 on CUDA (H100/H200 dense bf16), none on CPU
 };

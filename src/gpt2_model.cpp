@@ -5,7 +5,9 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -90,6 +92,23 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   return c_proj(y);
 }
 
+torch::Tensor CausalSelfAttentionImpl::forward_cached(const torch::Tensor& x, torch::Tensor& keys,
+                                                     torch::Tensor& values, int64_t start, const torch::Tensor& mask) {
+  const int64_t B = x.size(0), t = x.size(1), C = x.size(2);
+  const int64_t hs = C / n_head_;
+  auto qkv = c_attn(x).split(C, /*dim=*/2);                          // 3 x (B, t, C)
+  auto q = qkv[0].view({B, t, n_head_, hs}).transpose(1, 2);         // (B, nh, t, hs)
+  keys.narrow(2, start, t).copy_(qkv[1].view({B, t, n_head_, hs}).transpose(1, 2));
+  values.narrow(2, start, t).copy_(qkv[2].view({B, t, n_head_, hs}).transpose(1, 2));
+  auto k = keys.narrow(2, 0, start + t);                             // (B, nh, start + t, hs)
+  auto v = values.narrow(2, 0, start + t);
+  // Without a mask: one new position sees everything before it; a first chunk is plain causal.
+  const bool causal = !mask.defined() && start == 0 && t > 1;
+  auto y = torch::scaled_dot_product_attention(q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt,
+                                               /*dropout_p=*/0.0, causal);  // (B, nh, t, hs)
+  return c_proj(y.transpose(1, 2).contiguous().view({B, t, C}));
+}
+
 MLPImpl::MLPImpl(const GPT2Config& cfg) {
   c_fc = register_module("c_fc", torch::nn::Linear(cfg.n_embd, 4 * cfg.n_embd));
   c_proj = register_module("c_proj", torch::nn::Linear(4 * cfg.n_embd, cfg.n_embd));
@@ -139,6 +158,56 @@ torch::Tensor GPT2Impl::forward(const torch::Tensor& idx) {
   // Full padded matrix for a GEMM-friendly N; padding columns are dropped by a free view.
   auto logits = torch::nn::functional::linear(hidden(idx), transformer_->wte->weight);  // (B, T, Vp)
   return logits.narrow(-1, 0, cfg_.vocab_size);                                          // (B, T, V) view
+}
+
+KVCache GPT2Impl::make_kv_cache(int64_t capacity, const std::vector<int64_t>& pad) {
+  if (capacity < 1 || capacity > cfg_.block_size) {
+    throw UserError("KV cache capacity " + std::to_string(capacity) + " must be in [1, model.block_size = " +
+                    std::to_string(cfg_.block_size) + "]");
+  }
+  const auto& w = transformer_->wte->weight;
+  const int64_t B = static_cast<int64_t>(pad.size());
+  KVCache cache;
+  for (int64_t i = 0; i < cfg_.n_layer; ++i) {
+    cache.keys.push_back(torch::zeros({B, cfg_.n_head, capacity, cfg_.n_embd / cfg_.n_head}, w.options()));
+    cache.values.push_back(torch::zeros_like(cache.keys.back()));
+  }
+  cache.pad = pad;
+  cache.pad_tensor = torch::tensor(pad, torch::kLong).to(w.device());
+  return cache;
+}
+
+torch::Tensor GPT2Impl::forward_cached(const torch::Tensor& idx, KVCache& cache) {
+  TORCH_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong && idx.size(0) == static_cast<int64_t>(cache.pad.size()),
+              "GPT2::forward_cached expects (B, t) int64 ids with B = the cache's rows, got ", idx.sizes());
+  const int64_t t = idx.size(1), start = cache.length, end = start + t;
+  if (end > cache.capacity()) {
+    throw UserError("KV cache overflow: " + std::to_string(end) + " positions, capacity " +
+                    std::to_string(cache.capacity()));
+  }
+  auto& tr = *transformer_;
+  const auto opts = idx.options();
+  // Position of query i in row b: start + i - pad[b], clamped at 0 for padding.
+  auto q_abs = torch::arange(start, end, opts);                                           // (t)
+  auto pos = (q_abs.unsqueeze(0) - cache.pad_tensor.unsqueeze(1)).clamp_min(0);           // (B, t)
+  torch::Tensor mask;  // (B, 1, t, end); undefined = causal
+  const bool padded = std::any_of(cache.pad.begin(), cache.pad.end(), [](int64_t p) { return p > 0; });
+  if (padded || (start > 0 && t > 1)) {
+    auto k_abs = torch::arange(end, opts);                                                // (end)
+    auto causal = k_abs.view({1, 1, 1, end}) <= q_abs.view({1, 1, t, 1});                 // (1, 1, t, end)
+    auto real_key = k_abs.view({1, 1, 1, end}) >= cache.pad_tensor.view({-1, 1, 1, 1});   // (B, 1, 1, end)
+    auto self = k_abs.view({1, 1, 1, end}) == q_abs.view({1, 1, t, 1});                  // padding sees itself
+    mask = causal & (real_key | self);
+  }
+  auto x = tr.wte(idx) + tr.wpe(pos);                                                     // (B, t, C)
+  for (size_t i = 0; i < tr.blocks.size(); ++i) {
+    auto& block = *tr.blocks[i];
+    x = x + block.attn->forward_cached(block.ln_1(x), cache.keys[i], cache.values[i], start, mask);
+    x = x + block.mlp(block.ln_2(x));
+  }
+  cache.length = end;
+  auto last = tr.ln_f(x.select(1, t - 1));                                                // (B, C)
+  return torch::nn::functional::linear(last, tr.wte->weight).narrow(-1, 0, cfg_.vocab_size);  // (B, V)
 }
 
 torch::Tensor GPT2Impl::hidden(const torch::Tensor& idx) {

@@ -28,6 +28,12 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GPT2Config& cfg);
   torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
+  // Inference with a key/value cache: x (B, t, C) are the positions [start, start + t); their keys
+  // and values are written into keys/values (B, n_head, capacity, head_size) at [start, start + t)
+  // and the queries attend to [0, start + t) under `mask` ((B, 1, t, start + t) bool, true =
+  // attend), or causally when `mask` is undefined. Returns (B, t, C).
+  torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values, int64_t start,
+                               const torch::Tensor& mask);
 
   torch::nn::Linear c_attn{nullptr};  // C -> 3C (q, k, v concatenated along the output)
   torch::nn::Linear c_proj{nullptr};  // C -> C, residual projection
@@ -73,6 +79,18 @@ class TransformerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Transformer);
 
+// Keys and values of every layer for a batch being generated (generate.h), so each new token costs
+// one position of compute instead of the whole context. Sequences of different lengths are
+// left-padded: row b's first pad[b] positions are padding, never attended to (except by
+// themselves, which keeps their values finite), and its positions count from the first real token.
+struct KVCache {
+  std::vector<torch::Tensor> keys, values;  // per layer, (B, n_head, capacity, head_size)
+  std::vector<int64_t> pad;                 // left padding per row
+  torch::Tensor pad_tensor;                 // the same, (B) int64 on the model's device
+  int64_t length = 0;                       // positions filled, padding included
+  int64_t capacity() const { return keys.empty() ? 0 : keys.front().size(2); }
+};
+
 class GPT2Impl : public torch::nn::Module {
  public:
   // Validates cfg. Parameters start with LibTorch's default init: call init_weights() for GPT-2's
@@ -83,6 +101,13 @@ class GPT2Impl : public torch::nn::Module {
   // Returns logits (B, T, vocab_size): a view narrowed from the padded (B, T, padded_vocab) product,
   // so it is not contiguous; call .contiguous() if needed.
   torch::Tensor forward(const torch::Tensor& idx);
+  // Inference step with a cache: idx (B, t) are the next t positions of every row; appends their
+  // keys/values at cache.length, advances it, and returns the logits of the last position,
+  // (B, vocab_size). Throws gpt2::UserError when cache.length + t exceeds the cache's capacity.
+  torch::Tensor forward_cached(const torch::Tensor& idx, KVCache& cache);
+  // An empty cache for `batch` rows of up to `capacity` (<= block_size) positions, left padding
+  // `pad` (size batch), on the model's device and dtype.
+  KVCache make_kv_cache(int64_t capacity, const std::vector<int64_t>& pad);
   // The final hidden states (after ln_f), (B, T, C): what the tied head multiplies.
   torch::Tensor hidden(const torch::Tensor& idx);
 

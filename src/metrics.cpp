@@ -14,26 +14,36 @@
 
 namespace gpt2 {
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
-  const std::string parent = files::parent_path(path);
-  try {
-    if (!parent.empty()) files::create_directories(parent);
-  } catch (const UserError& e) {
-    throw UserError("log.metrics = " + path + ": " + e.what());
+MetricsWriter::MetricsWriter(const std::string& jsonl_path, const std::string& tensorboard_dir) {
+  if (!jsonl_path.empty()) {
+    const std::string parent = files::parent_path(jsonl_path);
+    try {
+      if (!parent.empty()) files::create_directories(parent);
+    } catch (const UserError& e) {
+      throw UserError("log.metrics = " + jsonl_path + ": " + e.what());
+    }
+    jsonl_.open(jsonl_path, std::ios::out | std::ios::app);
+    if (!jsonl_) throw UserError("log.metrics = " + jsonl_path + ": cannot open for writing");
   }
-  out_.open(path, std::ios::out | std::ios::app);
-  if (!out_) throw UserError("log.metrics = " + path + ": cannot open for writing");
+  if (!tensorboard_dir.empty()) {
+    try {
+      tensorboard_ = TensorBoardWriter(tensorboard_dir);
+    } catch (const UserError& e) {
+      throw UserError(std::string("log.tensorboard = ") + tensorboard_dir + ": " + e.what());
+    }
+  }
 }
 
-void MetricsWriter::write(const std::vector<std::pair<std::string, std::string>>& fields) {
-  if (!out_.is_open()) return;
-  std::string line = "{";
-  for (size_t i = 0; i < fields.size(); ++i) {
-    line += (i ? ", \"" : "\"") + fields[i].first + "\": " + fields[i].second;
+void MetricsWriter::write(int64_t step, const std::vector<std::pair<std::string, double>>& values,
+                          const std::vector<std::pair<std::string, int64_t>>& counts) {
+  if (jsonl_.is_open()) {
+    std::string line = "{\"step\": " + std::to_string(step);
+    for (const auto& [name, v] : values) line += ", \"" + name + "\": " + json_number(v);
+    for (const auto& [name, n] : counts) line += ", \"" + name + "\": " + std::to_string(n);
+    jsonl_ << line << "}\n";
+    jsonl_.flush();
   }
-  line += "}\n";
-  out_ << line;
-  out_.flush();
+  tensorboard_.add_scalars(step, values);
 }
 
 std::string json_number(double v) {

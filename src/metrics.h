@@ -1,6 +1,7 @@
 #pragma once
-// metrics.jsonl: one JSON object per line, written by rank 0, flushed per line so a crashed run
-// keeps what it logged. Also the FLOP count behind MFU and the memory figures the lines carry.
+// The scalars of a run, written by rank 0 to metrics.jsonl (one JSON object per line) and to
+// TensorBoard event files (tensorboard.h) under the same names, each flushed per write so a
+// crashed run keeps what it logged. Also the FLOP count behind MFU and the memory figures.
 #include <cstdint>
 #include <fstream>
 #include <string>
@@ -8,21 +9,24 @@
 #include <vector>
 
 #include "src/model_config.h"
+#include "src/tensorboard.h"
 
 namespace gpt2 {
 
 class MetricsWriter {
  public:
   MetricsWriter() = default;  // writes nothing
-  // Creates parent directories; throws gpt2::UserError naming the path when it cannot write.
-  explicit MetricsWriter(const std::string& path);
-  // Fields in order; values are already-formatted JSON numbers (or quoted strings).
-  void write(const std::vector<std::pair<std::string, std::string>>& fields);
-  bool enabled() const { return out_.is_open(); }
+  // "" turns a sink off. Creates directories; throws gpt2::UserError naming the key and path when
+  // it cannot write.
+  MetricsWriter(const std::string& jsonl_path, const std::string& tensorboard_dir);
+  // One line {"step": step, name: value, ..., count: n, ...}; TensorBoard gets the values (not the
+  // counts) as scalars at `step`. Non-finite values are null in JSON.
+  void write(int64_t step, const std::vector<std::pair<std::string, double>>& values,
+             const std::vector<std::pair<std::string, int64_t>>& counts = {});
 
  private:
-  std::ofstream out_;
-  std::string path_;
+  std::ofstream jsonl_;
+  TensorBoardWriter tensorboard_;
 };
 
 // JSON number text for a double ("null" when not finite, since JSON has no NaN).

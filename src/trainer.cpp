@@ -39,6 +39,7 @@
 #include "src/base/log.h"
 #include "src/generate.h"
 #include "src/metrics.h"
+#include "src/model_weights.h"
 #include "src/profiler.h"
 
 namespace gpt2 {
@@ -220,6 +221,15 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   // Same seed on every rank: identical initial weights without a broadcast.
   GPT2 model(cfg.model);
   model->init_weights(tc.seed);
+  if (!tc.init_from.empty()) {  // fine-tuning: the weights, not the optimizer state or the step
+    try {
+      const WeightsSource source = find_weights(tc.init_from);
+      load_weights(model, source);
+      log::info("initial weights from ", source.describe());
+    } catch (const UserError& e) {
+      throw UserError("train.init_from = " + tc.init_from + ": " + e.what());
+    }
+  }
   model->set_activation_checkpointing(cfg.checkpoint_every());  // 0 = none, 1 = every block, K = every K-th
   model->set_chunked_loss(cfg.memory.chunked_loss);
   model->to(device, compute_dtype);
@@ -304,7 +314,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
 
   std::optional<data::Gpt2Tokenizer> tokenizer;
   if (env.is_main() && tc.sample_tokens > 0) tokenizer.emplace(data::Gpt2Tokenizer::load(cfg.data.tokenizer_dir));
-  MetricsWriter metrics = env.is_main() && !cfg.log.metrics.empty() ? MetricsWriter(cfg.log.metrics) : MetricsWriter();
+  MetricsWriter metrics = env.is_main() ? MetricsWriter(cfg.log.metrics, cfg.log.tensorboard) : MetricsWriter();
   const double peak_flops =
       cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops * 1e12 : (device.is_cuda() ? 989e12 : 0.0);
   const double flops_tok = flops_per_token(cfg.model, num_params, T);
@@ -362,7 +372,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
       watchdog.beat();
       result.val_losses.emplace_back(step, val_loss);
       log::info(log::format("step %lld/%lld | val loss %.4f", (long long)step, (long long)tc.max_steps, val_loss));
-      metrics.write({{"step", std::to_string(step)}, {"val_loss", json_number(val_loss)}});
+      metrics.write(step, {{"val_loss", val_loss}});
     }
 
     // ---- sample (rank 0 only; no collectives) -------------------------------------------------
@@ -432,21 +442,22 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
         timed_seconds += elapsed;
         timed_steps += window_steps;
       }
-      const double eta = seconds_since(run_start) / static_cast<double>(step + 1) * (tc.max_steps - step - 1);
+      // Over the steps this process ran (a resumed run starts counting at its first step).
+      const double eta = seconds_since(run_start) / static_cast<double>(step + 1 - start_step) * (tc.max_steps - step - 1);
       log::info(log::format("step %lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | mfu %.1f%% | mem %.2f GiB | eta %s",
                             (long long)step, (long long)tc.max_steps, step_loss, lr, norm, ms_per_step,
                             tok_per_sec, 100.0 * mfu, mem, format_duration(eta).c_str()));
-      metrics.write({{"step", std::to_string(step)},
-                     {"loss", json_number(step_loss)},
-                     {"lr", json_number(lr)},
-                     {"grad_norm", json_number(norm)},
-                     {"tokens_per_sec", json_number(tok_per_sec)},
-                     {"ms_per_step", json_number(ms_per_step)},
-                     {"mfu", json_number(mfu)},
-                     {"peak_mem_gib", json_number(mem)},
-                     {"data_wait_frac", json_number(data_wait / elapsed)},
-                     {"loss_scale", json_number(scaler.enabled() ? scaler.scale() : 1.0)},
-                     {"tokens", std::to_string((step + 1) * tokens_per_step)}});
+      metrics.write(step,
+                    {{"loss", step_loss},
+                     {"lr", lr},
+                     {"grad_norm", norm},
+                     {"tokens_per_sec", tok_per_sec},
+                     {"ms_per_step", ms_per_step},
+                     {"mfu", mfu},
+                     {"peak_mem_gib", mem},
+                     {"data_wait_frac", data_wait / elapsed},
+                     {"loss_scale", scaler.enabled() ? scaler.scale() : 1.0}},
+                    {{"tokens", (step + 1) * tokens_per_step}});
       if (!std::isfinite(step_loss)) throw Error("training loss is not finite at step " + std::to_string(step));
       result.losses.resize(step + 1, std::nan(""));
       result.losses[step] = step_loss;

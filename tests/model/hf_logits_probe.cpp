@@ -1,26 +1,25 @@
 // Test probe driven by tests/python/test_hf_*.py and test_model_*.py (not a product tool).
-//   hf_logits_probe logits HF_DIR IN.safetensors OUT.safetensors
-//       loads HF_DIR (config.json + model.safetensors) through hf_import, reads "idx" and "targets"
-//       (B, T) int64 from IN, writes "logits" (B, T, V) and "loss" () in fp32 to OUT.
+//   hf_logits_probe logits MODEL IN.safetensors OUT.safetensors
+//       loads MODEL (an HF directory, a checkpoint or a model file: model_weights.h), reads "idx"
+//       and "targets" (B, T) int64 from IN, writes "logits" (B, T, V) and "loss" () in fp32 to
+//       OUT. Runs in fp32 on the device GPT2_TEST_DEVICE names (default cpu).
 //   hf_logits_probe export HF_DIR OUT_DIR     load HF_DIR, write it back with save_hf_weights.
 //   hf_logits_probe count N_LAYER N_HEAD N_EMBD VOCAB BLOCK   print GPT2Config::num_parameters().
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
 #include "src/base/errors.h"
 #include "src/gpt2_model.h"
 #include "src/hf_import.h"
+#include "src/model_weights.h"
 #include "src/safetensors.h"
 
 namespace {
 
-gpt2::GPT2 load(const std::string& dir) {
-  gpt2::GPT2 model(gpt2::hf_config_from_json(dir + "/config.json"));
-  gpt2::load_hf_weights(model, dir + "/model.safetensors");
-  return model;
-}
+gpt2::GPT2 load(const std::string& path) { return gpt2::load_model(path); }
 
 torch::Tensor find(const gpt2::NamedTensors& tensors, const std::string& name) {
   for (const auto& [n, t] : tensors) {
@@ -33,11 +32,14 @@ int run(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "logits" && argc == 5) {
     gpt2::GPT2 model = load(argv[2]);
+    const char* env_device = std::getenv("GPT2_TEST_DEVICE");
+    const torch::Device device(env_device != nullptr && *env_device ? env_device : "cpu");
+    model->to(device);
     const auto in = gpt2::read_safetensors(argv[3]);
     torch::NoGradGuard no_grad;
-    const auto idx = find(in, "idx"), targets = find(in, "targets");
-    auto logits = model->forward(idx).contiguous().to(torch::kFloat);
-    auto loss = model->loss(idx, targets).to(torch::kFloat);
+    const auto idx = find(in, "idx").to(device), targets = find(in, "targets").to(device);
+    auto logits = model->forward(idx).contiguous().to(torch::kCPU, torch::kFloat);
+    auto loss = model->loss(idx, targets).to(torch::kCPU, torch::kFloat);
     gpt2::write_safetensors(argv[4], {{"logits", logits}, {"loss", loss}});
     return 0;
   }

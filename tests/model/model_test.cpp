@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -331,6 +332,109 @@ TEST(ModelGenerate, RejectsBadArguments) {
   EXPECT_HAS(user_error([&] { sample_tokens(model, {100}, 1, 1.0, 0, 0); }), "100");
   EXPECT_HAS(user_error([&] { sample_tokens(model, {1}, 1, -1.0, 0, 0); }), "temperature");
   EXPECT_HAS(user_error([&] { sample_tokens(model, {1}, 1, 1.0, -2, 0); }), "top_k");
+}
+
+// Generation with the KV cache against a plain loop over GPT2::forward, the training path: each row
+// alone, its context cut by the rule generate.h states (restart at the last block_size/2 tokens).
+std::vector<int64_t> reference_greedy(GPT2& model, std::vector<int64_t> tokens, int64_t n_new) {
+  torch::NoGradGuard no_grad;
+  const int64_t window = model->config().block_size, restart = window / 2;
+  int64_t start = 0;
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < n_new; ++i) {
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    if (n - start > window) start = n - restart;
+    auto idx = torch::tensor(std::vector<int64_t>(tokens.begin() + start, tokens.end())).view({1, -1});
+    out.push_back(model->forward(idx)[0][-1].argmax().item<int64_t>());
+    tokens.push_back(out.back());
+  }
+  return out;
+}
+
+TEST(ModelGenerate, KvCacheGreedyEqualsFullRecomputeAcrossWindowRestarts) {
+  GPT2 model(tiny_config(100));
+  randomise(model, 21);
+  model->to(torch::kDouble);  // no argmax near-ties between two float orders of summation
+  // Ragged prompts (left padding); 40 new tokens cross block_size = 16 several times.
+  const std::vector<std::vector<int64_t>> prompts = {{5}, {1, 2, 3}, {9, 8, 7, 6, 5, 4, 3}, std::vector<int64_t>(20, 11)};
+  SamplingOptions o;
+  o.max_new_tokens = 40;
+  o.temperature = 0.0;
+  GenerationStats stats;
+  const auto cached = generate(model, prompts, o, {}, &stats);
+  o.kv_cache = false;
+  const auto recomputed = generate(model, prompts, o);
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const auto ref = reference_greedy(model, prompts[b], 40);
+    EXPECT_EQ(cached[b], ref) << "row " << b;
+    EXPECT_EQ(recomputed[b], ref) << "row " << b;
+  }
+  EXPECT_GE(stats.rebuilds, 4);
+  EXPECT_EQ(stats.new_tokens, 160);
+  EXPECT_EQ(stats.prompt_tokens, 31);
+}
+
+TEST(ModelGenerate, CachedLogitsEqualForwardWithPadding) {
+  GPT2 model(tiny_config(100));
+  randomise(model, 22);
+  model->to(torch::kDouble);
+  torch::NoGradGuard no_grad;
+  // Row 0: 3 padding positions then {4, 5, 6}; row 1: {1, 2, 3, 4, 5, 6}. Prefill, then two single steps.
+  auto cache = model->make_kv_cache(16, {3, 0});
+  auto first = model->forward_cached(torch::tensor({0, 0, 0, 4, 5, 6, 1, 2, 3, 4, 5, 6}, torch::kLong).view({2, 6}), cache);
+  auto second = model->forward_cached(torch::tensor({7, 8}, torch::kLong).view({2, 1}), cache);
+  auto third = model->forward_cached(torch::tensor({9, 9}, torch::kLong).view({2, 1}), cache);
+  auto ref = [&](std::vector<int64_t> ids) { return model->forward(torch::tensor(ids).view({1, -1}))[0][-1]; };
+  EXPECT_TRUE(torch::allclose(first[0], ref({4, 5, 6}), 0, 1e-12));
+  EXPECT_TRUE(torch::allclose(first[1], ref({1, 2, 3, 4, 5, 6}), 0, 1e-12));
+  EXPECT_TRUE(torch::allclose(second[0], ref({4, 5, 6, 7}), 0, 1e-12));
+  EXPECT_TRUE(torch::allclose(third[1], ref({1, 2, 3, 4, 5, 6, 8, 9}), 0, 1e-12));
+  EXPECT_EQ(cache.length, 8);
+  EXPECT_HAS(user_error([&] { model->forward_cached(torch::zeros({2, 9}, torch::kLong), cache); }), "capacity 16");
+}
+
+TEST(ModelGenerate, TopPKeepsTheNucleusAndStopTokenEndsARow) {
+  GPT2 model(tiny_config(100));
+  randomise(model, 23, 0.1);  // flat-ish distributions: the nucleus holds several ids
+  model->to(torch::kDouble);
+  const std::vector<int64_t> prompt = {3, 1, 4};
+  SamplingOptions o;
+  o.max_new_tokens = 12;
+  o.top_p = 0.3;
+  o.seed = 8;
+  std::vector<std::vector<int64_t>> seen;
+  const auto out = generate(model, {prompt}, o, [&](const std::vector<int64_t>& ids) { seen.push_back(ids); }).front();
+  ASSERT_EQ(out.size(), 12u);
+  ASSERT_EQ(seen.size(), 12u);
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> ctx = prompt;
+  int64_t nucleus_total = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int64_t id = out[i];
+    EXPECT_EQ(seen[i][0], id);
+    auto probs = torch::softmax(model->forward(torch::tensor(ctx).view({1, -1}))[0][-1], 0);
+    auto [sorted, order] = probs.sort(0, true);
+    const auto cum = sorted.cumsum(0);
+    int64_t keep = 1;  // smallest prefix whose mass reaches 0.3
+    while (cum[keep - 1].item<double>() < 0.3) ++keep;
+    nucleus_total += keep;
+    auto nucleus = order.narrow(0, 0, keep);
+    EXPECT_TRUE((nucleus == id).any().item<bool>()) << id << " outside the top-p nucleus of " << keep;
+    ctx.push_back(id);
+  }
+  EXPECT_GT(nucleus_total, 12) << "every nucleus had one id: the test would not see a wrong cut";
+  // A tiny top_p is greedy; a stop token ends the row with it.
+  o.top_p = 1e-9;
+  o.temperature = 1.0;
+  const auto greedy = reference_greedy(model, prompt, 12);
+  EXPECT_EQ(generate(model, {prompt}, o).front(), greedy);
+  o.stop_token = greedy[4];
+  const auto stopped = generate(model, {prompt, prompt}, o);
+  const auto cut = static_cast<size_t>(std::find(greedy.begin(), greedy.end(), greedy[4]) - greedy.begin()) + 1;
+  EXPECT_EQ(stopped[0], std::vector<int64_t>(greedy.begin(), greedy.begin() + cut));
+  EXPECT_EQ(stopped[1], stopped[0]);
+  o.top_p = 1.5;
+  EXPECT_HAS(user_error([&] { generate(model, {prompt}, o); }), "top_p");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ from safetensors.torch import load_file, save_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
 PROBE = os.path.join(os.environ.get("GPT2_TEST_BIN_DIR", "build/tests"), "hf_logits_probe")
+# GPT2_TEST_DEVICE=cuda runs both models on the GPU (the GPU machine's check); fp32 either way.
+DEVICE = os.environ.get("GPT2_TEST_DEVICE", "cpu")
 REL_TOL = 1e-4
 
 
@@ -63,12 +65,12 @@ class HfParity(unittest.TestCase):
         targets = torch.randint(0, 50257, (3, 64), generator=g)
         got = self.probe_logits(self.dir, idx, targets)
         with torch.no_grad():
-            ref = self.model(idx).logits
+            ref = self.model.to(DEVICE)(idx.to(DEVICE)).logits.cpu()
             # HF's labels= shifts internally; our loss takes already-shifted targets.
             ref_loss = torch.nn.functional.cross_entropy(ref.reshape(-1, ref.size(-1)), targets.reshape(-1))
         self.assertEqual(tuple(got["logits"].shape), (3, 64, 50257))
         rel = ((got["logits"] - ref).abs().max() / ref.abs().max()).item()
-        print(f"logits max|diff|/max|ref| = {rel:.3e}")
+        print(f"[{DEVICE}] logits max|diff|/max|ref| = {rel:.3e}")
         self.assertLessEqual(rel, REL_TOL)
         loss_rel = abs(got["loss"].item() - ref_loss.item()) / abs(ref_loss.item())
         print(f"loss {got['loss'].item():.6f} vs HF {ref_loss.item():.6f} (rel {loss_rel:.3e})")
@@ -78,7 +80,7 @@ class HfParity(unittest.TestCase):
         idx = torch.tensor([[50256, 15496, 11, 995]])
         got = self.probe_logits(self.dir, idx, idx)
         with torch.no_grad():
-            ref = self.model(idx).logits
+            ref = self.model.to(DEVICE)(idx.to(DEVICE)).logits.cpu()
         rel = ((got["logits"] - ref).abs().max() / ref.abs().max()).item()
         self.assertLessEqual(rel, REL_TOL)
 
@@ -89,7 +91,7 @@ class HfParity(unittest.TestCase):
         back = GPT2LMHeadModel.from_pretrained(out_dir).eval()
         ref = self.model.state_dict()
         for name, t in back.state_dict().items():
-            self.assertTrue(torch.equal(t, ref[name]), name)
+            self.assertTrue(torch.equal(t.cpu(), ref[name].cpu()), name)
         self.assertTrue(back.lm_head.weight.data_ptr() == back.transformer.wte.weight.data_ptr())
 
     def test_missing_and_misshaped_tensors_are_named(self):
