@@ -14,8 +14,8 @@ import time
 import unittest
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 
+from test_hf_parity import small_hf_model
 from test_tokenizer_tiktoken import load_local_tiktoken  # tiktoken's gpt2 from the repo's vocab files
 
 BIN_DIR = os.environ.get("GPT2_BIN_DIR", "build/bin")
@@ -25,19 +25,8 @@ DEVICE = os.environ.get("GPT2_TEST_DEVICE", "cpu")
 EOT = 50256
 
 
-def random_hf_model(seed=0, n_layer=2, n_head=4, n_embd=64, n_positions=64):
-    torch.manual_seed(seed)
-    cfg = GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=50257, n_positions=n_positions)
-    model = GPT2LMHeadModel(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".ln_" in name or name.endswith(".bias"):
-                p.copy_(torch.randn_like(p) * 0.2 + (1.0 if name.endswith("weight") else 0.0))
-            elif "wte" not in name:
-                # A default-initialised model mostly repeats its last token (the tied embedding
-                # dominates); 10x larger blocks and positions make greedy outputs varied.
-                p.mul_(10.0)
-    return model
+def random_hf_model(seed=0, **sizes):
+    return small_hf_model(seed, sharpen=10.0, **sizes)
 
 
 def generate(*args, timeout=300):

@@ -20,15 +20,20 @@ DEVICE = os.environ.get("GPT2_TEST_DEVICE", "cpu")
 REL_TOL = 1e-4
 
 
-def small_hf_model(seed=0):
+def small_hf_model(seed=0, n_layer=2, n_head=4, n_embd=64, n_positions=64, sharpen=1.0):
+    """A random HF GPT-2 whose LayerNorms and biases are random too. sharpen > 1 scales every
+    weight but the token embedding: a default-initialised model mostly repeats its last token
+    under greedy decoding (the tied embedding dominates); 10x gives varied greedy outputs."""
     torch.manual_seed(seed)
-    cfg = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=50257, n_positions=64)
+    cfg = GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=50257, n_positions=n_positions)
     model = GPT2LMHeadModel(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if ".ln_" in name or name.endswith(".bias"):
                 # Defaults (1 and 0) would hide a swapped weight/bias or a missing bias.
                 p.copy_(torch.randn_like(p) * 0.2 + (1.0 if name.endswith("weight") else 0.0))
+            elif "wte" not in name:
+                p.mul_(sharpen)
     return model
 
 
