@@ -42,6 +42,7 @@ GradBuckets::GradBuckets(const std::vector<torch::Tensor>& params, const FlatLay
   flat_ = torch::zeros({layout.padded}, convert ? options.dtype(grad_dtype) : options);
   if (convert) {
     params_ = params;
+    fresh_.assign(params.size(), 1);
   } else {
     // The accumulator adds into an existing .grad in place, so gradients land in the flat buffer.
     for (size_t i = 0; i < params.size(); ++i) {
@@ -86,12 +87,25 @@ void GradBuckets::prepare_backward(bool reduce) {
   }
 }
 
+void GradBuckets::zero() {
+  flat_.zero_();
+  std::fill(fresh_.begin(), fresh_.end(), 1);
+}
+
 void GradBuckets::add_converted(int param) {
   auto& p = params_[param];
   const at::Tensor grad = p.grad();
   if (!grad.defined()) return;
   at::NoGradGuard no_grad;
-  flat_.narrow(0, layout_.offset[param], layout_.numel[param]).view(p.sizes()).add_(grad);
+  auto dst = flat_.narrow(0, layout_.offset[param], layout_.numel[param]).view(p.sizes());
+  // The first gradient since zero() is a converting copy (one vectorised pass); an fp32 += bf16
+  // add runs as a slower mixed-dtype kernel.
+  if (fresh_[param]) {
+    dst.copy_(grad);
+    fresh_[param] = 0;
+  } else {
+    dst.add_(grad);
+  }
   p.mutable_grad().reset();  // the next backward hands its gradient over without an add
 }
 

@@ -50,7 +50,7 @@ class GradBuckets {
   // shard of the flat space (ZeRO 2; the rest holds this rank's own contribution).
   void finish();
   // Zeroes every gradient in place.
-  void zero() { flat_.zero_(); }
+  void zero();
 
   // The flat gradient buffer (FlatLayout order, padded).
   const torch::Tensor& flat() const { return flat_; }
@@ -74,6 +74,7 @@ class GradBuckets {
   bool shard_gradients_;
   torch::Tensor flat_;
   std::vector<torch::Tensor> params_;  // only when converting (grad_dtype differs)
+  std::vector<char> fresh_;            // converting: no gradient added to param i since zero()
   std::vector<int> bucket_of_;  // param index -> bucket
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep the hooks alive

@@ -117,6 +117,9 @@ class GPT2Impl : public torch::nn::Module {
   // true: loss() runs the head and the loss chunk by chunk without the batch's logits
   // (memory.chunked_loss); false: logits, then cross_entropy (faster today).
   void set_chunked_loss(bool on) { chunked_loss_ = on; }
+  // true (default): on CUDA, the loss over the padded logits runs as one fused kernel each way
+  // (src/kernels/cross_entropy.h) instead of a cast to fp32, log_softmax and nll.
+  void set_fused_loss(bool on) { fused_loss_ = on; }
 
   // GPT-2 init: Linear/Embedding weights N(0, 0.02); residual projections (attn.c_proj, mlp.c_proj)
   // N(0, 0.02/sqrt(2*n_layer)); biases 0; LayerNorm weight 1, bias 0; padded wte rows 0.
@@ -143,6 +146,7 @@ class GPT2Impl : public torch::nn::Module {
   Transformer transformer_{nullptr};
   int64_t checkpoint_every_ = 0;  // see set_activation_checkpointing
   bool chunked_loss_ = false;     // see set_chunked_loss
+  bool fused_loss_ = true;        // see set_fused_loss
 };
 TORCH_MODULE(GPT2);
 

@@ -98,19 +98,29 @@ TEST(GradBuckets, BufferOfAnotherDtypeAccumulatesConvertedGradients) {
     s.loss(s.input(comm->rank()).to(torch::kFloat)).backward();
   }
   buckets.finish();
-  for (int r = 0; r < comm->world_size(); ++r) {
-    Stack ref(3, 8);
-    for (auto& w : ref.weights) w = w.detach().to(torch::kFloat).set_requires_grad(true);
-    ref.loss(ref.input(r).to(torch::kFloat)).backward();
-    for (int i = 0; i < 3; ++i) {
-      auto got = buckets.flat().narrow(0, layout.offset[i], layout.numel[i]);
-      got.sub_(2 * ref.weights[i].grad().to(torch::kDouble).flatten());  // peel off rank r's share
+  // The buffer minus `times` x every rank's fp32 gradient (computed independently) is zero.
+  auto expect_sum_of_ranks = [&](double times) {
+    for (int r = 0; r < comm->world_size(); ++r) {
+      Stack ref(3, 8);
+      for (auto& w : ref.weights) w = w.detach().to(torch::kFloat).set_requires_grad(true);
+      ref.loss(ref.input(r).to(torch::kFloat)).backward();
+      for (int i = 0; i < 3; ++i) {
+        auto got = buckets.flat().narrow(0, layout.offset[i], layout.numel[i]);
+        got.sub_(times * ref.weights[i].grad().to(torch::kDouble).flatten());  // peel off rank r's share
+      }
     }
-  }
-  for (int i = 0; i < 3; ++i) {
-    EXPECT_FALSE(s.weights[i].grad().defined()) << i;
-    EXPECT_LE(buckets.flat().narrow(0, layout.offset[i], layout.numel[i]).abs().max().item<double>(), 1e-12) << i;
-  }
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_FALSE(s.weights[i].grad().defined()) << i;
+      EXPECT_LE(buckets.flat().narrow(0, layout.offset[i], layout.numel[i]).abs().max().item<double>(), 1e-12) << i;
+    }
+  };
+  expect_sum_of_ranks(2);
+  // After zero() the next step starts over (its first gradient is copied in, not added).
+  buckets.zero();
+  buckets.prepare_backward(true);
+  s.loss(s.input(comm->rank()).to(torch::kFloat)).backward();
+  buckets.finish();
+  expect_sum_of_ranks(1);
 }
 
 TEST(GradBuckets, FirstBucketIsReducedBeforeBackwardFinishes) {

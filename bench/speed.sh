@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# GPU speed, one call: build, the kernel checks (tests/kernels on the GPU), then for each size in
+# SIZES (default "124m 1558m") ours (fused loss on and off) vs the PyTorch peer eager and
+# torch.compile'd, same shapes, same call; a profile of ours for 124m (top kernels); and the
+# 2-GPU scaling of ours when the machine has two GPUs. Prints a table at the end.
+#   source .device-deps/gpu-env.sh && SIZES=124m bash bench/speed.sh
+set -uo pipefail
+source bench/common.sh
+[ -x build-gpu/bin/gpt2-train ] || bench_build || exit 1
+[ -f "$out/tok/train.h5" ] || bench_data
+table="$out/speed_table.txt"
+: >"$table"
+row() { printf "| %-44s | %10s | %9s | %8s | %6s |\n" "$@" >>"$table"; }
+row "run" "tokens/s" "ms/step" "peak GiB" "MFU"
+row "---" "---" "---" "---" "---"
+
+echo "== kernel checks (GPU)"
+./build-gpu/tests/gpt2_kernel_tests 2>&1 | grep -E "OK|FAILED|SKIPPED|PASSED|Failure|error" | head -20
+
+# ours NAME SIZE B STEPS ARGS...: a run of gpt2-train, summarised into the table.
+ours() {
+  local name=$1 size=$2 B=$3 steps=$4; shift 4
+  build-gpu/bin/gpt2-train --config "configs/gpt2-$size.ini" --data.train="$out/tok/train.h5" --data.val=none \
+    --train.micro_batch="$B" --train.batch_tokens=$((B * 1024)) --train.max_steps="$steps" --train.warmup_steps=5 \
+    --train.sample_tokens=0 --log.every=5 --log.metrics="$out/$name.jsonl" --checkpoint.resume=none "$@" \
+    >"$out/$name.log" 2>&1 || { tail -5 "$out/$name.log"; return; }
+  python3 - "$name" "$out/$name.jsonl" >>"$table" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[2]) if '"loss"' in l]
+last = [r for r in rows if r["step"] >= 10] or rows[1:]
+tok = sum(r["tokens_per_sec"] for r in last) / len(last); ms = sum(r["ms_per_step"] for r in last) / len(last)
+print(f"| {'ours ' + sys.argv[1]:<44} | {tok:10,.0f} | {ms:9.1f} | {rows[-1]['peak_mem_gib']:8.2f} | {100*rows[-1]['mfu']:5.1f}% |")
+PY
+  tail -1 "$table"
+}
+peer() {
+  local name=$1; shift
+  local line
+  line=$(python3 .device-deps/torch_peer.py "$@" 2>&1 | grep RESULT)
+  echo "$line"
+  python3 - "$name" "$line" >>"$table" <<'PY'
+import re, sys
+name, line = sys.argv[1], sys.argv[2]
+num = lambda k: (re.search(re.escape(k) + r"=([0-9.,]+)", line) or [None, "nan"])[1].replace(",", "")
+print(f"| {name:<44} | {float(num('tok/s')):10,.0f} | {float(num('ms/step')):9.1f} | {float(num('peakGiB')):8.2f} | {num('MFU(989T)')}% |")
+PY
+}
+
+for size in ${SIZES:-124m 1558m}; do
+  if [ "$size" = 124m ]; then B=32; S=124M; else B=8; S=1558M; fi
+  echo "== $size B=$B T=1024 bf16"
+  ours "${size}_fused" "$size" "$B" 30
+  ours "${size}_unfused" "$size" "$B" 30 --train.fused_loss=false
+  peer "torch eager $size" --size "$S" --B "$B" --steps 20
+  peer "torch.compile $size" --size "$S" --B "$B" --steps 20 --compile
+done
+
+if [[ " ${SIZES:-124m 1558m} " == *" 124m "* ]]; then
+  echo "== profile of ours, 124m (fused loss)"
+  build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --data.train="$out/tok/train.h5" --data.val=none \
+    --train.micro_batch=32 --train.batch_tokens=32768 --train.max_steps=12 --train.sample_tokens=0 --log.every=5 \
+    --log.metrics=none --checkpoint.resume=none --profile.steps=3 --profile.dir="$out/prof" >"$out/prof.log" 2>&1
+  grep -A16 "trace of" "$out/prof.log" | sed 's/^\[[^]]*\] \[rank 0\/1\] \[info\] //'
+  gzip -f "$out/prof/trace_rank0.json" 2>/dev/null
+fi
+
+gpus=$(nvidia-smi -L | wc -l)
+if [ "$gpus" -ge 2 ]; then
+  echo "== 2 GPUs, 124m B=32 per GPU"
+  GPT2_BIN=build-gpu/bin/gpt2-train launch/train.sh -np 2 --config configs/gpt2-124m.ini --data.train="$out/tok/train.h5" \
+    --data.val=none --train.micro_batch=32 --train.batch_tokens=65536 --train.max_steps=30 --train.warmup_steps=5 \
+    --train.sample_tokens=0 --log.every=5 --log.metrics="$out/two_gpu.jsonl" --checkpoint.resume=none >"$out/two_gpu.log" 2>&1
+  bench_summary "2 GPUs 124m" "$out/two_gpu.jsonl"
+else
+  echo "2-GPU scaling: not run ($gpus GPU on this machine)" | tee -a "$table"
+fi
+echo "== table"
+cat "$table"

@@ -1,0 +1,125 @@
+// The fused CUDA cross-entropy (src/kernels/cross_entropy.h) against LibTorch's cross_entropy on
+// the same logits, in fp32 (relative error <= 1e-5) and bf16/fp16 (<= 1e-2): loss, gradient,
+// padding columns, ignored rows, unaligned rows, and the model's loss with and without it.
+// Needs a GPU: every case but the argument checks skips cleanly without one (CI).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+
+#include "src/gpt2_model.h"
+#include "src/kernels/cross_entropy.h"
+
+namespace gpt2 {
+namespace {
+
+constexpr int64_t kIgnore = -1;
+
+#define REQUIRE_CUDA()                                                            \
+  do {                                                                            \
+    if (!kernels::have_cuda_kernels() || !torch::cuda::is_available())            \
+      GTEST_SKIP() << "needs a CUDA device (runs on the GPU machine)";            \
+  } while (0)
+
+double rel_error(const torch::Tensor& got, const torch::Tensor& ref) {
+  const auto g = got.to(torch::kCPU, torch::kDouble), r = ref.to(torch::kCPU, torch::kDouble);
+  return ((g - r).abs().max() / r.abs().max().clamp_min(1e-30)).item<double>();
+}
+
+// Loss and gradient of both paths for logits (rows, width) of which `vocab` columns are classes.
+void compare(torch::ScalarType dtype, int64_t rows, int64_t width, int64_t vocab, double tol, double scale = 1.0,
+             bool overwrite = false) {
+  torch::manual_seed(rows * 7 + width);
+  const auto dev = torch::Device(torch::kCUDA);
+  auto base = (torch::randn({rows, width}, torch::dtype(torch::kFloat).device(dev)) * 3).to(dtype);
+  auto targets = torch::randint(0, vocab, {rows}, torch::dtype(torch::kLong).device(dev));
+  targets.index_put_({torch::arange(0, rows, 5, targets.options())}, kIgnore);  // every 5th row ignored
+
+  auto ours_in = base.clone().requires_grad_(true);
+  // overwrite: the logits are a temporary (as in the model), whose buffer the gradient reuses.
+  auto logits = overwrite ? ours_in * 1 : ours_in;
+  auto ours = kernels::cross_entropy(logits, targets, vocab, kIgnore, overwrite);
+  (ours * scale).backward();
+  if (overwrite) EXPECT_TRUE(torch::equal(ours_in.detach(), base)) << "the leaf itself is never overwritten";
+
+  auto ref_in = base.clone().requires_grad_(true);
+  auto ref = torch::nn::functional::cross_entropy(
+      ref_in.narrow(1, 0, vocab).to(torch::kFloat), targets,
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnore));
+  (ref * scale).backward();
+
+  const std::string what = std::string(c10::toString(dtype)) + " " + std::to_string(rows) + "x" + std::to_string(width) +
+                           " vocab " + std::to_string(vocab);
+  EXPECT_EQ(ours.scalar_type(), torch::kFloat) << what;
+  EXPECT_LE(rel_error(ours, ref), tol) << what << ": loss " << ours.item<double>() << " vs " << ref.item<double>();
+  EXPECT_EQ(ours_in.grad().scalar_type(), dtype) << what;
+  EXPECT_LE(rel_error(ours_in.grad(), ref_in.grad()), tol) << what << ": gradient";
+  if (width > vocab) {
+    EXPECT_EQ(ours_in.grad().narrow(1, vocab, width - vocab).abs().max().item<double>(), 0.0) << what << ": padding";
+  }
+}
+
+TEST(FusedCrossEntropy, Fp32MatchesLibTorch) {
+  REQUIRE_CUDA();
+  compare(torch::kFloat, 67, 128, 113, 1e-5);
+  compare(torch::kFloat, 16, 50304, 50257, 1e-5, 3.0);  // GPT-2's padded head, a scaled upstream gradient
+  compare(torch::kFloat, 9, 101, 101, 1e-5);            // rows not 16-byte aligned: the scalar path
+  compare(torch::kFloat, 16, 50304, 50257, 1e-5, 2.0, /*overwrite=*/true);
+}
+
+TEST(FusedCrossEntropy, Bf16AndFp16MatchLibTorch) {
+  REQUIRE_CUDA();
+  for (auto dtype : {torch::kBFloat16, torch::kHalf}) {
+    compare(dtype, 67, 128, 113, 1e-2);
+    compare(dtype, 32, 50304, 50257, 1e-2);
+    compare(dtype, 9, 101, 97, 1e-2);
+    compare(dtype, 32, 50304, 50257, 1e-2, 1.0, /*overwrite=*/true);
+  }
+}
+
+TEST(FusedCrossEntropy, AllRowsIgnoredGivesZero) {
+  REQUIRE_CUDA();
+  auto logits = torch::randn({4, 64}, torch::dtype(torch::kFloat).device(torch::kCUDA)).requires_grad_(true);
+  auto targets = torch::full({4}, kIgnore, torch::dtype(torch::kLong).device(torch::kCUDA));
+  auto loss = kernels::cross_entropy(logits, targets, 64, kIgnore);
+  loss.backward();
+  EXPECT_EQ(loss.item<double>(), 0.0);
+  EXPECT_EQ(logits.grad().abs().max().item<double>(), 0.0);
+}
+
+TEST(FusedCrossEntropy, ModelLossWithAndWithoutFusedKernel) {
+  REQUIRE_CUDA();
+  GPT2Config cfg;
+  cfg.n_layer = 2;
+  cfg.n_head = 2;
+  cfg.n_embd = 64;
+  cfg.vocab_size = 1000;  // padded to 1024 inside
+  cfg.block_size = 32;
+  GPT2 model(cfg);
+  model->init_weights(3);
+  model->to(torch::kCUDA, torch::kBFloat16);
+  auto idx = torch::randint(0, 1000, {4, 32}, torch::dtype(torch::kLong).device(torch::kCUDA));
+  auto targets = torch::randint(0, 1000, {4, 32}, idx.options());
+  std::vector<torch::Tensor> grads[2];
+  double losses[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    model->set_fused_loss(fused == 1);
+    model->zero_grad();
+    auto loss = model->loss(idx, targets);
+    loss.backward();
+    losses[fused] = loss.item<double>();
+    for (auto& p : model->parameters()) grads[fused].push_back(p.grad().clone());
+  }
+  EXPECT_LE(std::abs(losses[1] - losses[0]) / losses[0], 1e-3) << losses[1] << " vs " << losses[0];
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_LE(rel_error(grads[1][i], grads[0][i]), 2e-2) << "parameter " << i;
+}
+
+TEST(FusedCrossEntropy, RejectsTensorsOutsideTheContract) {
+  // Runs everywhere: CPU tensors are refused by name.
+  auto logits = torch::randn({4, 64});
+  auto targets = torch::zeros({4}, torch::kLong);
+  EXPECT_ANY_THROW(kernels::cross_entropy(logits, targets, 64, kIgnore));
+}
+
+}  // namespace
+}  // namespace gpt2
