@@ -1,5 +1,7 @@
 #include "src/profiler.h"
 
+#include <torch/cuda.h>
+
 #include <torch/csrc/autograd/profiler_kineto.h>
 #ifdef GPT2_WITH_CUDA
 #include <nvtx3/nvToolsExt.h>
@@ -43,6 +45,9 @@ StepProfiler::~StepProfiler() {
 
 void StepProfiler::step_begin(int64_t step) {
   if (steps_ <= 0 || step != begin_) return;
+  // The host runs ahead of the GPU: without a synchronisation at both ends the window would hold
+  // kernels of the step before and miss the last step's (which ran after disableProfiler).
+  if (cuda_) torch::cuda::synchronize();
   std::set<ActivityType> activities{ActivityType::CPU};
   if (cuda_) activities.insert(ActivityType::CUDA);
   const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
@@ -55,6 +60,7 @@ void StepProfiler::step_begin(int64_t step) {
 void StepProfiler::step_end(int64_t step) {
   if (!active_ || step != begin_ + steps_ - 1) return;
   active_ = false;
+  if (cuda_) torch::cuda::synchronize();
   const auto result = prof::disableProfiler();
   // Time per name: CUDA kernels when there are any, else CPU ops (nested ops count in each).
   std::map<std::string, std::pair<double, int64_t>> by_name;
