@@ -3,8 +3,8 @@
 //   gpt2-generate MODEL [--prompt TEXT]... [--prompt_file FILE] [--max_new_tokens N]
 //                 [--temperature T] [--top_k K] [--top_p P] [--seed S] [--device auto|cpu|cuda]
 //                 [--dtype auto|fp32|bf16|fp16] [--ids] [--no_kv_cache] [--ignore_eot]
-// One prompt streams its tokens to stdout as they come; several are printed when done. Speed goes
-// to stderr. Exit 0 ok, 2 bad input (named), 1 anything else.
+// One prompt streams its tokens to stdout as they come; several are printed when done (text stops
+// before the <|endoftext|> that ended a sample; --ids prints it). Speed goes to stderr. Exit 0 ok, 2 bad input (named), 1 anything else.
 // defines: main. uses: generate (src/generate.h), Gpt2Tokenizer (data/).
 #include <boost/program_options.hpp>
 #include <torch/torch.h>
@@ -207,7 +207,7 @@ int run(int argc, char** argv) {
   if (stream) {
     std::cout << (o.ids ? decode(prompts[0]) : data::unicode::to_valid_utf8(decode(prompts[0]))) << std::flush;
     on_tokens = [&](const std::vector<int64_t>& ids) {
-      if (ids[0] < 0) return;
+      if (ids[0] < 0 || (!o.ids && ids[0] == o.sampling.stop_token)) return;  // text ends at <|endoftext|>
       pending += o.ids ? " " + std::to_string(ids[0]) : decode({ids[0]});
       const size_t n = o.ids ? pending.size() : complete_utf8_prefix(pending);
       std::cout << pending.substr(0, n) << std::flush;
@@ -222,6 +222,7 @@ int run(int argc, char** argv) {
     for (size_t i = 0; i < outputs.size(); ++i) {
       std::vector<int64_t> all = prompts[i];
       all.insert(all.end(), outputs[i].begin(), outputs[i].end());
+      if (!o.ids && all.size() > prompts[i].size() && all.back() == o.sampling.stop_token) all.pop_back();
       std::cout << "=== sample " << i << " ===\n"
                 << (o.ids ? decode(all) : data::unicode::to_valid_utf8(decode(all))) << "\n";
     }

@@ -104,6 +104,27 @@ class Generate(unittest.TestCase):
         self.assertNotEqual(a[1], c[1])
         self.assertEqual(len(ids_of(a[1])[0]), 22)
 
+    def test_text_stops_before_endoftext(self):
+        # A model whose every next token is <|endoftext|> (ln_f outputs its bias, which only the
+        # EOT row of the tied head lines up with): --ids shows the stop token, text leaves it out.
+        d = os.path.join(self.tmp.name, "eot")
+        m = random_hf_model(seed=3)
+        with torch.no_grad():
+            v = torch.randn(m.config.n_embd)
+            m.transformer.ln_f.weight.zero_()
+            m.transformer.ln_f.bias.copy_(v)
+            m.transformer.wte.weight[EOT].copy_(10 * v)
+        m.save_pretrained(d)
+        rc, ids_out, err = generate(d, "--ids", "--prompt", "464", "--max_new_tokens", "8", *self.dev)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(ids_of(ids_out), [[464, EOT]])
+        rc, text, err = generate(d, "--prompt", "The", "--prompt", "A", "--max_new_tokens", "8", *self.dev)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(text, "=== sample 0 ===\nThe\n=== sample 1 ===\nA\n")
+        rc, text, err = generate(d, "--prompt", "The", "--max_new_tokens", "8", *self.dev)
+        self.assertEqual((rc, text), (0, "The\n"), err)
+        self.assertIn("generated 1 tokens", err)
+
     def test_prompt_file_batch_and_unconditional(self):
         pf = os.path.join(self.tmp.name, "prompts.txt")
         with open(pf, "w") as f:
