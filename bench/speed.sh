@@ -50,7 +50,7 @@ for size in ${SIZES:-124m 1558m}; do
   if [ "$size" = 124m ]; then B=32; S=124M; else B=8; S=1558M; fi
   echo "== $size B=$B T=1024 bf16"
   ours "${size}_fused" "$size" "$B" 30
-  ours "${size}_unfused" "$size" "$B" 30 --train.fused_loss=false
+  ours "${size}_unfused" "$size" "$B" 30 --train.fused_kernels=false
   peer "torch eager $size" --size "$S" --B "$B" --steps 20
   peer "torch.compile $size" --size "$S" --B "$B" --steps 20 --compile
 done

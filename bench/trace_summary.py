@@ -14,7 +14,7 @@ def kind(n):
     low = n.lower()
     if "nvjet" in n or "gemm" in low or "cutlass" in low: return "matmul"
     if "sdpa" in low or "flash" in low or "fmha" in low: return "attention"
-    if "layer_norm" in low or "gammabeta" in low: return "layernorm"
+    if "layer_norm" in low or "gammabeta" in low or "partial_sums" in n or "finish_sums" in n: return "layernorm"
     if "forward_kernel" in n or "backward_kernel" in n: return "fused cross-entropy"
     if "adam" in low or "multi_tensor" in low: return "optimizer"
     if "reduce_kernel" in n: return "reductions (bias grads, norms)"

@@ -63,7 +63,8 @@ OptionList bind_options(Config& c) {
   o.add("train.sample_every", &c.train.sample_every, "steps between samples; 0 = at the end only");
   o.add("train.sample_tokens", &c.train.sample_tokens, "tokens per sample; 0 = no samples");
   o.add("train.device", &c.train.device, "auto | cpu | cuda");
-  o.add("train.fused_loss", &c.train.fused_loss, "CUDA: fused cross-entropy kernels; false = LibTorch's ops");
+  o.add("train.fused_kernels", &c.train.fused_kernels,
+        "CUDA: fused cross-entropy and LayerNorm kernels (src/kernels); false = LibTorch's ops");
   o.add("train.init_from", &c.train.init_from,
         "none | weights to fine-tune: a checkpoint, a model file (gpt2-ckpt consolidate/import-hf) or a Hugging Face dir");
   o.add("precision.dtype", &c.precision.dtype, "bf16 | fp16 | fp32");

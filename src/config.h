@@ -37,7 +37,7 @@ struct TrainConfig {
   int64_t sample_every = 0;       // 0 = only at the end
   int64_t sample_tokens = 64;     // tokens per sample
   std::string device = "auto";    // auto | cpu | cuda
-  bool fused_loss = true;         // CUDA: the loss as one fused kernel each way (src/kernels/cross_entropy.h)
+  bool fused_kernels = true;      // CUDA: src/kernels' cross-entropy and LayerNorm instead of LibTorch's
   std::string init_from;          // weights to start from (model_weights.h): checkpoint, model file, HF dir; "" = GPT-2 init
 };
 

@@ -14,6 +14,7 @@
 #include "src/activation_checkpoint.h"
 #include "src/base/errors.h"
 #include "src/kernels/cross_entropy.h"
+#include "src/kernels/layer_norm.h"
 
 namespace gpt2 {
 namespace {
@@ -35,6 +36,14 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // a 72 ms gpt2-124m step on an H200), while at::linear folds the bias into the GEMM.
 torch::Tensor project(const torch::nn::Linear& layer, const torch::Tensor& x) {
   return at::linear(x, layer->weight, layer->bias);
+}
+
+// LayerNorm: on CUDA (when asked) with the faster weight/bias gradients of src/kernels/layer_norm.h.
+torch::Tensor normalize(torch::nn::LayerNorm& ln, const torch::Tensor& x, bool fused) {
+  if (fused && x.is_cuda() && kernels::have_cuda_kernels() && x.scalar_type() != torch::kDouble) {
+    return kernels::layer_norm(x, ln->weight, ln->bias, kLayerNormEps);
+  }
+  return ln(x);
 }
 
 void require_positive(int64_t value, const char* key) {
@@ -135,8 +144,8 @@ BlockImpl::BlockImpl(const GPT2Config& cfg) {
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
-  auto h = x + attn(ln_1(x));   // (B, T, C)
-  return h + mlp(ln_2(h));      // (B, T, C)
+  auto h = x + attn(normalize(ln_1, x, fused_kernels));   // (B, T, C)
+  return h + mlp(normalize(ln_2, h, fused_kernels));      // (B, T, C)
 }
 
 TransformerImpl::TransformerImpl(const GPT2Config& cfg) {
@@ -237,7 +246,7 @@ torch::Tensor GPT2Impl::hidden(const torch::Tensor& idx) {
       x = block->forward(x);                                         // (B, T, C)
     }
   }
-  return tr.ln_f(x);                                                // (B, T, C)
+  return normalize(tr.ln_f, x, fused_kernels_);                     // (B, T, C)
 }
 
 torch::Tensor GPT2Impl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
@@ -250,7 +259,7 @@ torch::Tensor GPT2Impl::loss(const torch::Tensor& idx, const torch::Tensor& targ
     return classifier_cross_entropy(h.reshape({-1, h.size(-1)}), transformer_->wte->weight, targets.reshape({-1}),
                                     cfg_.vocab_size, kIgnoreIndex);
   }
-  if (fused_loss_ && kernels::have_cuda_kernels() && idx.is_cuda() &&
+  if (fused_kernels_ && kernels::have_cuda_kernels() && idx.is_cuda() &&
       transformer_->wte->weight.scalar_type() != torch::kDouble) {
     // The padded (B*T, Vp) logits straight into the fused kernel: no fp32 copy of them exists, and
     // their gradient overwrites them (the head's matmul saved its inputs, not its output).
@@ -286,6 +295,11 @@ void GPT2Impl::init_weights(uint64_t seed) {
   }
   auto& wte = transformer_->wte->weight;
   wte.narrow(0, cfg_.vocab_size, cfg_.padded_vocab_size() - cfg_.vocab_size).zero_();
+}
+
+void GPT2Impl::set_fused_kernels(bool on) {
+  fused_kernels_ = on;
+  for (auto& block : transformer_->blocks) block->fused_kernels = on;
 }
 
 void GPT2Impl::set_activation_checkpointing(int64_t every_k) {

@@ -58,6 +58,7 @@ class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const GPT2Config& cfg);
   torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
+  bool fused_kernels = true;  // CUDA: LayerNorms through src/kernels/layer_norm.h
 
   torch::nn::LayerNorm ln_1{nullptr};
   CausalSelfAttention attn{nullptr};
@@ -118,8 +119,9 @@ class GPT2Impl : public torch::nn::Module {
   // (memory.chunked_loss); false: logits, then cross_entropy (faster today).
   void set_chunked_loss(bool on) { chunked_loss_ = on; }
   // true (default): on CUDA, the loss over the padded logits runs as one fused kernel each way
-  // (src/kernels/cross_entropy.h) instead of a cast to fp32, log_softmax and nll.
-  void set_fused_loss(bool on) { fused_loss_ = on; }
+  // (src/kernels/cross_entropy.h) instead of a cast to fp32, log_softmax and nll, and LayerNorms
+  // take their weight/bias gradients from src/kernels/layer_norm.h.
+  void set_fused_kernels(bool on);
 
   // GPT-2 init: Linear/Embedding weights N(0, 0.02); residual projections (attn.c_proj, mlp.c_proj)
   // N(0, 0.02/sqrt(2*n_layer)); biases 0; LayerNorm weight 1, bias 0; padded wte rows 0.
@@ -146,7 +148,7 @@ class GPT2Impl : public torch::nn::Module {
   Transformer transformer_{nullptr};
   int64_t checkpoint_every_ = 0;  // see set_activation_checkpointing
   bool chunked_loss_ = false;     // see set_chunked_loss
-  bool fused_loss_ = true;        // see set_fused_loss
+  bool fused_kernels_ = true;     // see set_fused_kernels
 };
 TORCH_MODULE(GPT2);
 

@@ -232,7 +232,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   }
   model->set_activation_checkpointing(cfg.checkpoint_every());  // 0 = none, 1 = every block, K = every K-th
   model->set_chunked_loss(cfg.memory.chunked_loss);
-  model->set_fused_loss(tc.fused_loss);
+  model->set_fused_kernels(tc.fused_kernels);
   model->to(device, compute_dtype);
   const int64_t num_params = model->num_parameters(/*count_padding=*/true);
   log_settings(cfg, env, device, accum, num_params);

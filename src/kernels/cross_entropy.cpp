@@ -10,7 +10,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "parallel/cuda_check.h"
-#include "src/kernels/cross_entropy_launch.h"
+#include "src/kernels/dtype.h"
 #endif
 
 namespace gpt2::kernels {
@@ -26,15 +26,6 @@ bool have_cuda_kernels() {
 #ifdef GPT2_WITH_CUDA
 namespace {
 
-Dtype dtype_of(const torch::Tensor& t) {
-  switch (t.scalar_type()) {
-    case torch::kFloat: return Dtype::kF32;
-    case torch::kHalf: return Dtype::kF16;
-    case torch::kBFloat16: return Dtype::kBF16;
-    default: throw std::invalid_argument(std::string("kernels::cross_entropy: logits dtype ") + c10::toString(t.scalar_type()));
-  }
-}
-
 class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
@@ -44,7 +35,7 @@ class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
     auto f32 = logits.options().dtype(torch::kFloat);
     auto loss = torch::empty({rows}, f32), lse = torch::empty({rows}, f32);
     const auto stream = c10::cuda::getCurrentCUDAStream(logits.device().index()).stream();
-    CUDA_CHECK(launch_cross_entropy_forward(dtype_of(logits), logits.data_ptr(), targets.data_ptr<int64_t>(), rows,
+    CUDA_CHECK(launch_cross_entropy_forward(dtype_of(logits, "kernels::cross_entropy"), logits.data_ptr(), targets.data_ptr<int64_t>(), rows,
                                             stride, vocab, ignore_index, loss.data_ptr<float>(),
                                             lse.data_ptr<float>(), stream));
     // Counted rows stay on the device: no host synchronisation inside a step.
@@ -65,7 +56,7 @@ class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
     auto scale = (grads[0].to(torch::kFloat) / saved[3]).reshape({1}).contiguous();
     auto grad = ctx->saved_data["overwrite_logits"].toBool() ? logits : torch::empty_like(logits);
     const auto stream = c10::cuda::getCurrentCUDAStream(logits.device().index()).stream();
-    CUDA_CHECK(launch_cross_entropy_backward(dtype_of(logits), logits.data_ptr(), targets.data_ptr<int64_t>(),
+    CUDA_CHECK(launch_cross_entropy_backward(dtype_of(logits, "kernels::cross_entropy"), logits.data_ptr(), targets.data_ptr<int64_t>(),
                                              saved[2].data_ptr<float>(), scale.data_ptr<float>(), logits.size(0),
                                              logits.size(1), vocab, ignore_index, grad.data_ptr(), stream));
     return {grad, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};

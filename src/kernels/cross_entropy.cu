@@ -1,4 +1,4 @@
-// Cross-entropy kernels (cross_entropy_launch.h): one block per row, fp32 math, 16-byte loads
+// Cross-entropy kernels (launch.h): one block per row, fp32 math, 16-byte loads
 // when the rows allow them. Memory-bound: forward reads the row once, backward reads it and writes
 // the gradient once.
 #include <cuda_bf16.h>
@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "src/kernels/cross_entropy_launch.h"
+#include "src/kernels/launch.h"
 
 namespace gpt2::kernels {
 namespace {

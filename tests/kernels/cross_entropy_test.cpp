@@ -103,7 +103,7 @@ TEST(FusedCrossEntropy, ModelLossWithAndWithoutFusedKernel) {
   std::vector<torch::Tensor> grads[2];
   double losses[2];
   for (int fused = 0; fused < 2; ++fused) {
-    model->set_fused_loss(fused == 1);
+    model->set_fused_kernels(fused == 1);
     model->zero_grad();
     auto loss = model->loss(idx, targets);
     loss.backward();
