@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -191,9 +192,6 @@ FileRecord record_of(const std::string& path) {
   return r;
 }
 
-const char* const kModelKeys[] = {"model.n_layer", "model.n_head", "model.n_embd", "model.vocab_size",
-                                  "model.block_size"};
-
 }  // namespace
 
 // ------------------------------------------------------------------------------------ manifest
@@ -319,6 +317,20 @@ std::string CheckpointManifest::config_value(const std::string& key) const {
   for (const auto& [k, v] : config)
     if (k == key) return v;
   return "";
+}
+
+GPT2Config CheckpointManifest::model_config() const {
+  GPT2Config c;
+  for (const auto& key : kGPT2ConfigKeys) {
+    const std::string k = std::string("model.") + key.name, v = config_value(k);
+    char* end = nullptr;
+    const long long n = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0') {
+      throw UserError(files::join(dir, "manifest.json") + ": config " + k + " = '" + v + "' is not an integer");
+    }
+    c.*key.field = n;
+  }
+  return c;
 }
 
 std::string find_checkpoint(const std::string& dir) {
@@ -606,13 +618,14 @@ int64_t resume_checkpoint(const std::string& checkpoint_dir, const Config& cfg, 
   const CheckpointManifest m = CheckpointManifest::read(checkpoint_dir);
   // The model must be the one that was saved.
   const auto table = cfg.table();
-  for (const char* key : kModelKeys) {
+  for (const auto& model_key : kGPT2ConfigKeys) {
+    const std::string key = std::string("model.") + model_key.name;
     const std::string saved = m.config_value(key);
     std::string now;
     for (const auto& [k, v] : table)
       if (k == key) now = v;
     if (!saved.empty() && saved != now) {
-      throw UserError("config: " + std::string(key) + " = " + now + ": the checkpoint " + checkpoint_dir +
+      throw UserError("config: " + key + " = " + now + ": the checkpoint " + checkpoint_dir +
                       " was trained with " + saved + "; resume with the same model, or checkpoint.resume = none");
     }
   }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "src/base/json.h"
+#include "src/model_config.h"
 
 namespace gpt2 {
 struct Config;
@@ -65,6 +66,9 @@ struct CheckpointManifest {
   // Throws gpt2::UserError naming `dir`/manifest.json and the key for anything missing or wrong.
   static CheckpointManifest read(const std::string& dir);
   std::string config_value(const std::string& key) const;  // "" when absent
+  // The model.* sizes; gpt2::UserError naming manifest.json and the key when one is missing or not
+  // an integer.
+  GPT2Config model_config() const;
 };
 
 // The checkpoint directory a resume spec names: `dir` itself when it holds manifest.json, else the

@@ -29,7 +29,6 @@ using data::read_int_attr;
 using data::write_int_attr;
 using data::write_string_attr;
 
-const char* const kModelKeys[] = {"n_layer", "n_head", "n_embd", "vocab_size", "block_size"};
 const char* const kShardDatasets[] = {"master", "exp_avg", "exp_avg_sq"};
 
 constexpr char kUsage[] =
@@ -220,8 +219,8 @@ void check_manifest(const CheckpointManifest& m, const std::set<std::string>& li
   }
   if (m.world_size < 1) out->push_back(mf + ": world_size " + str(m.world_size) + " is not positive");
   if (!listed.count("model.h5")) out->push_back(mf + ": model.h5 is not in its files list");
-  for (const char* key : kModelKeys) {
-    const std::string k = std::string("model.") + key;
+  for (const auto& key : kGPT2ConfigKeys) {
+    const std::string k = std::string("model.") + key.name;
     const std::string v = m.config_value(k);
     if (v.empty()) {
       out->push_back(mf + ": config has no " + k);
@@ -446,12 +445,6 @@ std::vector<std::string> verify_checkpoint(const CheckpointManifest& m) {
 int64_t consolidate_checkpoint(const CheckpointManifest& m, const std::string& out) {
   auto problems = verify_checkpoint(m);
   if (!problems.empty()) throw Damaged(std::move(problems));
-  GPT2Config cfg;
-  cfg.n_layer = parse_positive(m.config_value("model.n_layer"));
-  cfg.n_head = parse_positive(m.config_value("model.n_head"));
-  cfg.n_embd = parse_positive(m.config_value("model.n_embd"));
-  cfg.vocab_size = parse_positive(m.config_value("model.vocab_size"));
-  cfg.block_size = parse_positive(m.config_value("model.block_size"));
   std::vector<std::string> names;
   std::vector<std::vector<int64_t>> shapes;
   int64_t written = 0;
@@ -460,7 +453,7 @@ int64_t consolidate_checkpoint(const CheckpointManifest& m, const std::string& o
     shapes.push_back(p.shape);
     written += p.numel;
   }
-  write_model_file(out, cfg, m.step, m.dir, names, shapes, [&](size_t i, float* buf) {
+  write_model_file(out, m.model_config(), m.step, m.dir, names, shapes, [&](size_t i, float* buf) {
     const auto& p = m.params[i];
     read_flat_range(m, "master", p.offset, p.offset + p.numel, buf);
   });
@@ -512,9 +505,19 @@ int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostre
     if (path.empty()) throw usage_error(command + ": missing PATH (a checkpoint directory or a checkpoint root)");
     if (writes && !have_out) throw usage_error(command + ": missing --out " + (command == "export-hf" ? "DIR" : "FILE"));
 
-    if (command == "import-hf" || (command == "export-hf" && files::is_regular_file(path))) {
-      // Model files and Hugging Face directories: through the model (model_weights.h).
-      const WeightsSource source = find_weights(path);
+    if (command == "import-hf" || command == "export-hf") {
+      // Weights go through the model (model_weights.h). A checkpoint is verified as `verify` does
+      // (exit 1 when damaged), so loading it need not check its files' CRCs a second time.
+      std::string from = path;
+      bool verified = false;
+      if (command == "export-hf" && !files::is_regular_file(path)) {
+        from = resolve_checkpoint(path);
+        auto problems = verify_checkpoint(read_manifest(from));
+        if (!problems.empty()) throw Damaged(std::move(problems));
+        verified = true;
+      }
+      WeightsSource source = find_weights(from);
+      source.files_verified = verified;
       if (command == "import-hf" && source.kind != WeightsSource::Kind::hf_dir) {
         throw usage_error("import-hf: " + path + " is not a Hugging Face directory (config.json + model.safetensors)");
       }
@@ -544,15 +547,6 @@ int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostre
       uint64_t bytes = 0;
       for (const auto& f : m.files) bytes += f.bytes;
       out << "OK " << dir << ": " << m.files.size() << " files, " << bytes << " bytes\n";
-      return kExitOk;
-    }
-    if (command == "export-hf") {
-      auto problems = verify_checkpoint(m);
-      if (!problems.empty()) throw Damaged(std::move(problems));
-      GPT2 model = load_model(dir);
-      save_hf_weights(model, out_file);
-      out << "wrote " << out_file << ": " << model->num_parameters() << " parameters from " << dir << " (step "
-          << m.step << ")\n";
       return kExitOk;
     }
     const int64_t n = consolidate_checkpoint(m, out_file);

@@ -22,4 +22,16 @@ struct GPT2Config {
   static constexpr int64_t kVocabPadMultiple = 64;  // tensor-core friendly; 50257 -> 50304
 };
 
+// The five sizes by name: the [model] keys without "model.", and the attribute names of model
+// files (model_weights.h). One table for every place that reads, writes or compares them.
+struct GPT2ConfigKey {
+  const char* name;
+  int64_t GPT2Config::*field;
+};
+inline constexpr GPT2ConfigKey kGPT2ConfigKeys[] = {{"n_layer", &GPT2Config::n_layer},
+                                                    {"n_head", &GPT2Config::n_head},
+                                                    {"n_embd", &GPT2Config::n_embd},
+                                                    {"vocab_size", &GPT2Config::vocab_size},
+                                                    {"block_size", &GPT2Config::block_size}};
+
 }  // namespace gpt2

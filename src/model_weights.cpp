@@ -3,7 +3,6 @@
 
 #include <torch/torch.h>
 
-#include <cstdlib>
 #include <map>
 #include <utility>
 
@@ -19,23 +18,7 @@ namespace {
 using data::H5ErrorSilencer;
 using data::H5Id;
 
-const std::pair<const char*, int64_t GPT2Config::*> kModelKeys[] = {
-    {"n_layer", &GPT2Config::n_layer},       {"n_head", &GPT2Config::n_head},
-    {"n_embd", &GPT2Config::n_embd},         {"vocab_size", &GPT2Config::vocab_size},
-    {"block_size", &GPT2Config::block_size}};
-
-int64_t parse_int(const std::string& text, const std::string& where) {
-  char* end = nullptr;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0') throw UserError(where + ": '" + text + "' is not an integer");
-  return v;
-}
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
+std::string shape_str(torch::IntArrayRef shape) { return c10::str(shape); }  // "[768, 2304]"
 
 bool is_hf_dir(const std::string& dir) {
   return files::is_regular_file(files::join(dir, "config.json")) &&
@@ -61,7 +44,7 @@ void load_model_file(GPT2& model, const std::string& path) {
     if (!f32) throw UserError(path + ": '" + name + "' is not fp32");
     if (shape != item.value().sizes().vec()) {
       throw UserError(path + ": '" + name + "' has shape " + shape_str(shape) + ", the model needs " +
-                      shape_str(item.value().sizes().vec()));
+                      shape_str(item.value().sizes()));
     }
     auto values = torch::empty(shape, torch::kFloat);
     if (values.numel() > 0) {
@@ -71,10 +54,10 @@ void load_model_file(GPT2& model, const std::string& path) {
   }
 }
 
-void load_checkpoint_masters(GPT2& model, const std::string& dir) {
+void load_checkpoint_masters(GPT2& model, const std::string& dir, bool files_verified) {
   const CheckpointManifest m = CheckpointManifest::read(dir);
   std::string damage;
-  for (const auto& problem : verify_checkpoint_files(m)) {
+  for (const auto& problem : files_verified ? std::vector<std::string>() : verify_checkpoint_files(m)) {
     if (!problem.empty()) damage += "\n  " + problem;
   }
   if (!damage.empty()) throw UserError("checkpoint " + dir + " is damaged, nothing was loaded:" + damage);
@@ -86,7 +69,7 @@ void load_checkpoint_masters(GPT2& model, const std::string& dir) {
     const auto& p = *it->second;
     if (p.shape != item.value().sizes().vec()) {
       throw UserError(dir + "/manifest.json: '" + p.name + "' has shape " + shape_str(p.shape) +
-                      ", the model needs " + shape_str(item.value().sizes().vec()));
+                      ", the model needs " + shape_str(item.value().sizes()));
     }
     auto values = torch::empty(p.shape, torch::kFloat);
     read_flat_range(m, "master", p.offset, p.offset + p.numel, values.data_ptr<float>());
@@ -115,7 +98,7 @@ WeightsSource find_weights(const std::string& path) {
     H5ErrorSilencer quiet;
     H5Id file = data::open_h5(path);
     std::string why;
-    for (const auto& [key, field] : kModelKeys) {
+    for (const auto& [key, field] : kGPT2ConfigKeys) {
       if (!data::read_int_attr(file.get(), key, &(s.config.*field), &why)) {
         throw UserError(path + ": not a gpt2 model file: " + why + " (model files come from gpt2-ckpt consolidate or import-hf)");
       }
@@ -133,12 +116,7 @@ WeightsSource find_weights(const std::string& path) {
                       "file, nor a Hugging Face directory (config.json + model.safetensors)");
     }
     const CheckpointManifest m = CheckpointManifest::read(s.path);
-    for (const auto& [key, field] : kModelKeys) {
-      const std::string k = std::string("model.") + key;
-      const std::string v = m.config_value(k);
-      if (v.empty()) throw UserError(s.path + "/manifest.json: config lacks " + k);
-      s.config.*field = parse_int(v, s.path + "/manifest.json: " + k);
-    }
+    s.config = m.model_config();
     s.step = m.step;
   }
   s.config.validate();
@@ -147,14 +125,14 @@ WeightsSource find_weights(const std::string& path) {
 
 void load_weights(GPT2& model, const WeightsSource& source) {
   const GPT2Config& have = model->config();
-  for (const auto& [key, field] : kModelKeys) {
+  for (const auto& [key, field] : kGPT2ConfigKeys) {
     if (have.*field != source.config.*field) {
       throw UserError(key + std::string(" is ") + std::to_string(source.config.*field) + " in " + source.path +
                       ", the model has " + std::to_string(have.*field) + " (model." + key + ")");
     }
   }
   switch (source.kind) {
-    case WeightsSource::Kind::checkpoint: load_checkpoint_masters(model, source.path); break;
+    case WeightsSource::Kind::checkpoint: load_checkpoint_masters(model, source.path, source.files_verified); break;
     case WeightsSource::Kind::model_file: load_model_file(model, source.path); break;
     case WeightsSource::Kind::hf_dir: load_hf_weights(model, files::join(source.path, "model.safetensors")); break;
   }
@@ -184,7 +162,7 @@ void write_model_file(const std::string& path, const GPT2Config& config, int64_t
     data::write_int_attr(file.get(), "format_version", 1);
     data::write_int_attr(file.get(), "step", step);
     data::write_string_attr(file.get(), "source", source);
-    for (const auto& [key, field] : kModelKeys) data::write_int_attr(file.get(), key, config.*field);
+    for (const auto& [key, field] : kGPT2ConfigKeys) data::write_int_attr(file.get(), key, config.*field);
     std::vector<float> buf;
     for (size_t i = 0; i < names.size(); ++i) {
       int64_t numel = 1;

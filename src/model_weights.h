@@ -25,6 +25,7 @@ struct WeightsSource {
   std::string path;    // the checkpoint directory itself for a checkpoint root
   GPT2Config config;
   int64_t step = 0;    // training steps behind the weights (0 for Hugging Face)
+  bool files_verified = false;   // a checkpoint whose files the caller has CRC-checked already
   std::string describe() const;  // "checkpoint runs/ckpt/step_0000100 (step 100)" etc.
 };
 
@@ -32,7 +33,8 @@ struct WeightsSource {
 WeightsSource find_weights(const std::string& path);
 
 // Copies the weights into `model` (any device and dtype). The model's config must equal the
-// source's in every key; a difference is named ("n_layer is 12 in PATH, the model has 4").
+// source's in every key; a difference is named ("n_layer is 12 in PATH, the model has 4"). A
+// checkpoint's files are CRC-checked first unless source.files_verified.
 void load_weights(GPT2& model, const WeightsSource& source);
 
 // find_weights + a GPT2 of that config (CPU, fp32) + load_weights.
