@@ -219,9 +219,21 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   const int64_t mb = tc.micro_batch, T = tc.seq_len;
 
   // Same seed on every rank: identical initial weights without a broadcast.
+  // A checkpoint to resume (checkpoint.resume): found first, because its weights replace any
+  // initial ones, so train.init_from is read only when there is none.
+  std::string resume_from;
+  if (cfg.checkpoint.resume != "none") {
+    const bool automatic = cfg.checkpoint.resume == "auto";
+    resume_from = find_checkpoint(automatic ? cfg.checkpoint.dir : cfg.checkpoint.resume);
+    if (resume_from.empty() && !automatic) {
+      throw UserError("config: checkpoint.resume = " + cfg.checkpoint.resume +
+                      ": no checkpoint there (neither manifest.json nor latest)");
+    }
+  }
+
   GPT2 model(cfg.model);
   model->init_weights(tc.seed);
-  if (!tc.init_from.empty()) {  // fine-tuning: the weights, not the optimizer state or the step
+  if (!tc.init_from.empty() && resume_from.empty()) {  // fine-tuning: the weights, not the optimizer state or the step
     try {
       const WeightsSource source = find_weights(tc.init_from);
       load_weights(model, source);
@@ -274,16 +286,8 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
 
   // ---- resume (all ranks): optimizer shards, parameters, loss scale; the data order needs only
   // the step (Note [Batch layout]).
-  int64_t start_step = 0;
-  if (cfg.checkpoint.resume != "none") {
-    const bool automatic = cfg.checkpoint.resume == "auto";
-    const std::string from = find_checkpoint(automatic ? cfg.checkpoint.dir : cfg.checkpoint.resume);
-    if (from.empty() && !automatic) {
-      throw UserError("config: checkpoint.resume = " + cfg.checkpoint.resume +
-                      ": no checkpoint there (neither manifest.json nor latest)");
-    }
-    if (!from.empty()) start_step = resume_checkpoint(from, cfg, env, layout, optimizer, scaler);
-  }
+  const int64_t start_step =
+      resume_from.empty() ? 0 : resume_checkpoint(resume_from, cfg, env, layout, optimizer, scaler);
   if (start_step >= tc.max_steps && tc.max_steps > 0) {
     log::info("the checkpoint is at step ", start_step, " >= train.max_steps ", tc.max_steps, ": nothing to do");
   }
