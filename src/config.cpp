@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "src/base/errors.h"
+#include "src/base/files.h"
 
 namespace po = boost::program_options;
 
@@ -84,7 +85,8 @@ OptionList bind_options(Config& c) {
   o.add("checkpoint.resume", &c.checkpoint.resume, "auto | none | PATH");
   o.add("checkpoint.async", &c.checkpoint.async, "true: snapshot to host memory, write in the background");
   o.add("log.metrics", &c.log.metrics, "metrics.jsonl path; none = no file");
-  o.add("log.tensorboard", &c.log.tensorboard, "TensorBoard event directory; none = off");
+  o.add("log.tensorboard", &c.log.tensorboard,
+        "TensorBoard event directory; auto = beside log.metrics (DIR/tensorboard, off when it is none); none = off");
   o.add("log.every", &c.log.every, "steps between metric lines");
   o.add("log.peak_tflops", &c.log.peak_tflops, "MFU denominator in TFLOP/s; 0 = 989 on CUDA");
   o.add("profile.steps", &c.profile.steps, "steps to trace; 0 = off");
@@ -249,6 +251,11 @@ ParseResult parse_config(int argc, const char* const argv[]) {
   // "none" spells an empty value (an option cannot be given an empty argument).
   for (std::string* optional : {&cfg.data.val, &cfg.log.metrics, &cfg.log.tensorboard, &cfg.train.init_from}) {
     if (*optional == "none") optional->clear();
+  }
+  // The event files live beside metrics.jsonl, so a run that writes no metrics file (as the tests
+  // do) writes no events either, and runs never share a directory by default.
+  if (cfg.log.tensorboard == "auto") {
+    cfg.log.tensorboard = cfg.log.metrics.empty() ? "" : files::join(files::parent_path(cfg.log.metrics), "tensorboard");
   }
   cfg.validate();
   return result;

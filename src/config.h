@@ -70,7 +70,8 @@ struct CheckpointConfig {
 
 struct LogConfig {
   std::string metrics = "runs/metrics.jsonl";  // one JSON object per logged step; "none" = no file
-  std::string tensorboard = "runs/tensorboard";  // TensorBoard event files (the same scalars); "none" = off
+  std::string tensorboard = "auto";  // TensorBoard event files (the same scalars); auto = the metrics
+                                     // file's directory + /tensorboard (off with metrics); "none" = off
   int64_t every = 10;             // steps between metric lines
   double peak_tflops = 0;         // MFU denominator; 0 = 989 on CUDA (H100/H200 dense bf16), none on CPU
 };

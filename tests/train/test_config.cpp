@@ -52,6 +52,15 @@ TEST(Config, ValNoneMeansNoEval) {
   EXPECT_TRUE(r.config.data.val.empty());
 }
 
+TEST(Config, TensorBoardDefaultsToBesideTheMetricsFile) {
+  const auto ini = write_ini("tb.ini", kIni);
+  EXPECT_EQ(parse({"--config", ini, "--log.metrics=runs/x/metrics.jsonl"}).config.log.tensorboard, "runs/x/tensorboard");
+  EXPECT_EQ(parse({"--config", ini, "--log.metrics=m.jsonl"}).config.log.tensorboard, "tensorboard");
+  EXPECT_EQ(parse({"--config", ini, "--log.metrics=none"}).config.log.tensorboard, "");
+  EXPECT_EQ(parse({"--config", ini, "--log.metrics=none", "--log.tensorboard=tb"}).config.log.tensorboard, "tb");
+  EXPECT_EQ(parse({"--config", ini, "--log.tensorboard=none"}).config.log.tensorboard, "");
+}
+
 TEST(Config, HelpListsKeysWithDefaults) {
   auto r = parse({"--help"});
   EXPECT_TRUE(r.help);
