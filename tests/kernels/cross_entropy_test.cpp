@@ -40,7 +40,9 @@ void compare(torch::ScalarType dtype, int64_t rows, int64_t width, int64_t vocab
   auto logits = overwrite ? ours_in * 1 : ours_in;
   auto ours = kernels::cross_entropy(logits, targets, vocab, kIgnore, overwrite);
   (ours * scale).backward();
-  if (overwrite) EXPECT_TRUE(torch::equal(ours_in.detach(), base)) << "the leaf itself is never overwritten";
+  if (overwrite) {
+    EXPECT_TRUE(torch::equal(ours_in.detach(), base)) << "the leaf itself is never overwritten";
+  }
 
   auto ref_in = base.clone().requires_grad_(true);
   auto ref = torch::nn::functional::cross_entropy(
