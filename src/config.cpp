@@ -252,13 +252,13 @@ ParseResult parse_config(int argc, const char* const argv[]) {
   for (std::string* optional : {&cfg.data.val, &cfg.log.metrics, &cfg.log.tensorboard, &cfg.train.init_from}) {
     if (*optional == "none") optional->clear();
   }
-  // The event files live beside metrics.jsonl, so a run that writes no metrics file (as the tests
-  // do) writes no events either, and runs never share a directory by default.
-  if (cfg.log.tensorboard == "auto") {
-    cfg.log.tensorboard = cfg.log.metrics.empty() ? "" : files::join(files::parent_path(cfg.log.metrics), "tensorboard");
-  }
   cfg.validate();
   return result;
+}
+
+std::string LogConfig::tensorboard_dir() const {
+  if (tensorboard != "auto") return tensorboard;
+  return metrics.empty() ? "" : files::join(files::parent_path(metrics), "tensorboard");
 }
 
 }  // namespace gpt2

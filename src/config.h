@@ -70,10 +70,14 @@ struct CheckpointConfig {
 
 struct LogConfig {
   std::string metrics = "runs/metrics.jsonl";  // one JSON object per logged step; "none" = no file
-  std::string tensorboard = "auto";  // TensorBoard event files (the same scalars); auto = the metrics
-                                     // file's directory + /tensorboard (off with metrics); "none" = off
+  std::string tensorboard = "auto";  // TensorBoard event files (the same scalars); see tensorboard_dir()
   int64_t every = 10;             // steps between metric lines
   double peak_tflops = 0;         // MFU denominator; 0 = 989 on CUDA (H100/H200 dense bf16), none on CPU
+
+  // The event directory: `tensorboard`, or for "auto" the tensorboard/ folder beside the metrics
+  // file, so a run without a metrics file (as the tests) writes no events either and runs never
+  // share a folder by default; "" = off.
+  std::string tensorboard_dir() const;
 };
 
 struct ProfileConfig {

@@ -319,7 +319,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
 
   std::optional<data::Gpt2Tokenizer> tokenizer;
   if (env.is_main() && tc.sample_tokens > 0) tokenizer.emplace(data::Gpt2Tokenizer::load(cfg.data.tokenizer_dir));
-  MetricsWriter metrics = env.is_main() ? MetricsWriter(cfg.log.metrics, cfg.log.tensorboard) : MetricsWriter();
+  MetricsWriter metrics = env.is_main() ? MetricsWriter(cfg.log.metrics, cfg.log.tensorboard_dir()) : MetricsWriter();
   const double peak_flops =
       cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops * 1e12 : (device.is_cuda() ? 989e12 : 0.0);
   const double flops_tok = flops_per_token(cfg.model, num_params, T);

@@ -54,11 +54,11 @@ TEST(Config, ValNoneMeansNoEval) {
 
 TEST(Config, TensorBoardDefaultsToBesideTheMetricsFile) {
   const auto ini = write_ini("tb.ini", kIni);
-  EXPECT_EQ(parse({"--config", ini, "--log.metrics=runs/x/metrics.jsonl"}).config.log.tensorboard, "runs/x/tensorboard");
-  EXPECT_EQ(parse({"--config", ini, "--log.metrics=m.jsonl"}).config.log.tensorboard, "tensorboard");
-  EXPECT_EQ(parse({"--config", ini, "--log.metrics=none"}).config.log.tensorboard, "");
-  EXPECT_EQ(parse({"--config", ini, "--log.metrics=none", "--log.tensorboard=tb"}).config.log.tensorboard, "tb");
-  EXPECT_EQ(parse({"--config", ini, "--log.tensorboard=none"}).config.log.tensorboard, "");
+  EXPECT_EQ(parse({"--config", ini, "--log.metrics=runs/x/metrics.jsonl"}).config.log.tensorboard_dir(), "runs/x/tensorboard");
+  EXPECT_EQ(parse({"--config", ini, "--log.metrics=m.jsonl"}).config.log.tensorboard_dir(), "tensorboard");
+  EXPECT_EQ(parse({"--config", ini, "--log.metrics=none"}).config.log.tensorboard_dir(), "");
+  EXPECT_EQ(parse({"--config", ini, "--log.metrics=none", "--log.tensorboard=tb"}).config.log.tensorboard_dir(), "tb");
+  EXPECT_EQ(parse({"--config", ini, "--log.tensorboard=none"}).config.log.tensorboard_dir(), "");
 }
 
 TEST(Config, HelpListsKeysWithDefaults) {
