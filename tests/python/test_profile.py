@@ -28,7 +28,9 @@ with tempfile.TemporaryDirectory() as d:
         check(len(ops) > 0, f"matrix multiplies are in the trace ({len(ops)})")
         fwd = [e for e in events if e.get("name") == "forward" and e.get("cat") == "user_annotation"]
         check(len(fwd) == 4, f"one forward range per micro-step: 2 steps x 2 micro-steps ({len(fwd)})")
-    check("top CPU ops by time" in out and "aten::mm" in out.split("top CPU ops by time")[-1],
-          "the log lists the top ops, matmuls among them")
+    # The projections run as at::linear -> aten::addmm (bias folded in), the head as aten::mm; which
+    # of them makes the top 15 depends on timing, so any matrix multiply counts.
+    top = out.split("top CPU ops by time")[-1] if "top CPU ops by time" in out else ""
+    check(any(op in top for op in ("aten::mm", "aten::addmm")), "the log lists the top ops, matmuls among them")
     if failures: print(out[-3000:])
 finish()
