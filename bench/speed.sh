@@ -15,7 +15,7 @@ row "run" "tokens/s" "ms/step" "peak GiB" "MFU"
 row "---" "---" "---" "---" "---"
 
 echo "== kernel checks (GPU)"
-./build-gpu/tests/gpt2_kernel_tests 2>&1 | grep -E "OK|FAILED|SKIPPED|PASSED|Failure|error" | head -20
+./build-gpu/tests/gpt2_kernel_tests >"$out/kernel_tests.log" 2>&1; grep -E "^\[ *(OK|FAILED|SKIPPED|PASSED) |Failure|Expected|Which is|rel_error" "$out/kernel_tests.log" | head -40
 
 # ours NAME SIZE B STEPS ARGS...: a run of gpt2-train, summarised into the table.
 ours() {

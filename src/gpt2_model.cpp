@@ -10,11 +10,13 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "src/activation_checkpoint.h"
 #include "src/base/errors.h"
 #include "src/kernels/cross_entropy.h"
 #include "src/kernels/layer_norm.h"
+#include "src/kernels/linear.h"
 
 namespace gpt2 {
 namespace {
@@ -33,17 +35,24 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 // x W^T + b through ATen's linear, not torch::nn::Linear::forward: the C++ module runs a 3-D input
 // as matmul and then `+= bias`, a broadcast add in an unvectorised kernel per projection (6.8 ms of
-// a 72 ms gpt2-124m step on an H200), while at::linear folds the bias into the GEMM.
-torch::Tensor project(const torch::nn::Linear& layer, const torch::Tensor& x) {
+// a 72 ms gpt2-124m step on an H200), while at::linear folds the bias into the GEMM. On CUDA (when
+// asked) the bias gradient comes from src/kernels/linear.h.
+torch::Tensor project(const torch::nn::Linear& layer, const torch::Tensor& x, bool fused) {
+  if (fused && kernels::linear_applies(x, layer->weight, layer->bias)) {
+    return kernels::linear(x, layer->weight, layer->bias);
+  }
   return at::linear(x, layer->weight, layer->bias);
 }
 
-// LayerNorm: on CUDA (when asked) with the faster weight/bias gradients of src/kernels/layer_norm.h.
-torch::Tensor normalize(torch::nn::LayerNorm& ln, const torch::Tensor& x, bool fused) {
-  if (fused && x.is_cuda() && kernels::have_cuda_kernels() && x.scalar_type() != torch::kDouble) {
-    return kernels::layer_norm(x, ln->weight, ln->bias, kLayerNormEps);
+// (s, ln(s)) for s = x + y, or s = x when y is undefined: on CUDA (when asked) one fused kernel
+// each way (src/kernels/layer_norm.h).
+std::pair<torch::Tensor, torch::Tensor> add_and_normalize(torch::nn::LayerNorm& ln, const torch::Tensor& x,
+                                                          const torch::Tensor& y, bool fused) {
+  if (fused && kernels::residual_layer_norm_applies(x, y, ln->weight, ln->bias)) {
+    return kernels::residual_layer_norm(x, y, ln->weight, ln->bias, kLayerNormEps);
   }
-  return ln(x);
+  auto s = y.defined() ? x + y : x;
+  return {s, ln(s)};
 }
 
 void require_positive(int64_t value, const char* key) {
@@ -97,7 +106,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   const int64_t hs = C / n_head_;
   // One fused matmul for q, k and v; the splits below are views, no copies.
-  auto qkv = project(c_attn, x).split(C, /*dim=*/2);                 // 3 x (B, T, C)
+  auto qkv = project(c_attn, x, fused_kernels).split(C, /*dim=*/2);  // 3 x (B, T, C)
   auto q = qkv[0].view({B, T, n_head_, hs}).transpose(1, 2);         // (B, nh, T, hs)
   auto k = qkv[1].view({B, T, n_head_, hs}).transpose(1, 2);         // (B, nh, T, hs)
   auto v = qkv[2].view({B, T, n_head_, hs}).transpose(1, 2);         // (B, nh, T, hs)
@@ -106,14 +115,14 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto y = torch::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                                /*is_causal=*/true);  // (B, nh, T, hs)
   y = y.transpose(1, 2).contiguous().view({B, T, C});               // (B, T, C)
-  return project(c_proj, y);
+  return project(c_proj, y, fused_kernels);
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward_cached(const torch::Tensor& x, torch::Tensor& keys,
                                                      torch::Tensor& values, int64_t start, const torch::Tensor& mask) {
   const int64_t B = x.size(0), t = x.size(1), C = x.size(2);
   const int64_t hs = C / n_head_;
-  auto qkv = project(c_attn, x).split(C, /*dim=*/2);                 // 3 x (B, t, C)
+  auto qkv = project(c_attn, x, fused_kernels).split(C, /*dim=*/2);  // 3 x (B, t, C)
   auto q = qkv[0].view({B, t, n_head_, hs}).transpose(1, 2);         // (B, nh, t, hs)
   keys.narrow(2, start, t).copy_(qkv[1].view({B, t, n_head_, hs}).transpose(1, 2));
   values.narrow(2, start, t).copy_(qkv[2].view({B, t, n_head_, hs}).transpose(1, 2));
@@ -123,7 +132,7 @@ torch::Tensor CausalSelfAttentionImpl::forward_cached(const torch::Tensor& x, to
   const bool causal = !mask.defined() && start == 0 && t > 1;
   auto y = torch::scaled_dot_product_attention(q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt,
                                                /*dropout_p=*/0.0, causal);  // (B, nh, t, hs)
-  return project(c_proj, y.transpose(1, 2).contiguous().view({B, t, C}));
+  return project(c_proj, y.transpose(1, 2).contiguous().view({B, t, C}), fused_kernels);
 }
 
 MLPImpl::MLPImpl(const GPT2Config& cfg) {
@@ -133,7 +142,10 @@ MLPImpl::MLPImpl(const GPT2Config& cfg) {
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   // HF "gelu_new" is the tanh approximation.
-  return project(c_proj, torch::gelu(project(c_fc, x), "tanh"));  // (B, T, 4C) -> (B, T, C)
+  if (fused_kernels && kernels::mlp_applies(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias)) {
+    return kernels::mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias);  // (B, T, C) -> (B, T, C)
+  }
+  return project(c_proj, torch::gelu(project(c_fc, x, false), "tanh"), false);       // (B, T, 4C) -> (B, T, C)
 }
 
 BlockImpl::BlockImpl(const GPT2Config& cfg) {
@@ -143,9 +155,15 @@ BlockImpl::BlockImpl(const GPT2Config& cfg) {
   mlp = register_module("mlp", MLP(cfg));
 }
 
+std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_pair(const torch::Tensor& x, const torch::Tensor& pending) {
+  auto [r, n1] = add_and_normalize(ln_1, x, pending, fused_kernels);  // r = x + pending, (B, T, C)
+  auto [h, n2] = add_and_normalize(ln_2, r, attn(n1), fused_kernels);  // h = r + attn(ln_1(r))
+  return {h, mlp(n2)};                                                  // the output is h + mlp(ln_2(h))
+}
+
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
-  auto h = x + attn(normalize(ln_1, x, fused_kernels));   // (B, T, C)
-  return h + mlp(normalize(ln_2, h, fused_kernels));      // (B, T, C)
+  auto [h, m] = forward_pair(x, torch::Tensor());
+  return h + m;  // (B, T, C)
 }
 
 TransformerImpl::TransformerImpl(const GPT2Config& cfg) {
@@ -238,15 +256,18 @@ torch::Tensor GPT2Impl::hidden(const torch::Tensor& idx) {
   auto& tr = *transformer_;
   auto pos = torch::arange(T, idx.options());                       // (T)
   auto x = tr.wte(idx) + tr.wpe(pos);                               // (B, T, C)
+  torch::Tensor pending;  // the last block's MLP output, still to be added to x by the next LayerNorm
   for (size_t i = 0; i < tr.blocks.size(); ++i) {
     std::shared_ptr<BlockImpl> block = tr.blocks[i].ptr();  // the lambda keeps it for the recompute
     if (checkpoint_every_ > 0 && static_cast<int64_t>(i) % checkpoint_every_ == 0) {
+      if (pending.defined()) x = x + pending;                       // a checkpointed block takes one tensor
+      pending = torch::Tensor();
       x = checkpointed([block](const torch::Tensor& in) { return block->forward(in); }, x);  // (B, T, C)
     } else {
-      x = block->forward(x);                                         // (B, T, C)
+      std::tie(x, pending) = block->forward_pair(x, pending);       // x + pending is the stream
     }
   }
-  return normalize(tr.ln_f, x, fused_kernels_);                     // (B, T, C)
+  return add_and_normalize(tr.ln_f, x, pending, fused_kernels_).second;  // (B, T, C)
 }
 
 torch::Tensor GPT2Impl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
@@ -261,11 +282,11 @@ torch::Tensor GPT2Impl::loss(const torch::Tensor& idx, const torch::Tensor& targ
   }
   if (fused_kernels_ && kernels::have_cuda_kernels() && idx.is_cuda() &&
       transformer_->wte->weight.scalar_type() != torch::kDouble) {
-    // The padded (B*T, Vp) logits straight into the fused kernel: no fp32 copy of them exists, and
-    // their gradient overwrites them (the head's matmul saved its inputs, not its output).
-    auto logits = torch::nn::functional::linear(hidden(idx), transformer_->wte->weight);  // (B, T, Vp)
-    return kernels::cross_entropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}), cfg_.vocab_size,
-                                  kIgnoreIndex, /*overwrite_logits=*/true);
+    // The head and the loss as one node: the padded (B*T, Vp) logits are the only logits-sized
+    // buffer, and the loss kernel turns them into their gradient (src/kernels/cross_entropy.h).
+    const auto h = hidden(idx);  // (B, T, C)
+    return kernels::head_cross_entropy(h.reshape({-1, h.size(-1)}), transformer_->wte->weight, targets.reshape({-1}),
+                                       cfg_.vocab_size, kIgnoreIndex);
   }
   auto logits = forward(idx);  // (B, T, V), rows stride Vp
   // (B*T, V): still a view (row stride Vp). Low precision is upcast; the cast also compacts rows.
@@ -299,7 +320,11 @@ void GPT2Impl::init_weights(uint64_t seed) {
 
 void GPT2Impl::set_fused_kernels(bool on) {
   fused_kernels_ = on;
-  for (auto& block : transformer_->blocks) block->fused_kernels = on;
+  for (auto& block : transformer_->blocks) {
+    block->fused_kernels = on;
+    block->attn->fused_kernels = on;
+    block->mlp->fused_kernels = on;
+  }
 }
 
 void GPT2Impl::set_activation_checkpointing(int64_t every_k) {

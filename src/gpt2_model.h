@@ -7,6 +7,7 @@
 #include <torch/nn.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "src/model_config.h"
@@ -37,6 +38,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
   torch::nn::Linear c_attn{nullptr};  // C -> 3C (q, k, v concatenated along the output)
   torch::nn::Linear c_proj{nullptr};  // C -> C, residual projection
+  bool fused_kernels = true;          // CUDA: projections through src/kernels/linear.h
 
  private:
   int64_t n_head_;
@@ -50,6 +52,7 @@ class MLPImpl : public torch::nn::Module {
 
   torch::nn::Linear c_fc{nullptr};    // C -> 4C
   torch::nn::Linear c_proj{nullptr};  // 4C -> C, residual projection
+  bool fused_kernels = true;          // CUDA: c_fc + GELU and c_proj through src/kernels/linear.h
 };
 TORCH_MODULE(MLP);
 
@@ -58,7 +61,11 @@ class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const GPT2Config& cfg);
   torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
-  bool fused_kernels = true;  // CUDA: LayerNorms through src/kernels/layer_norm.h
+  // The same block with the residual adds left to the next LayerNorm: the input is x + pending
+  // (pending may be undefined: just x), the output is (h, m) with h + m the block's output.
+  // Chained through the model, every residual add fuses with the LayerNorm that reads it.
+  std::pair<torch::Tensor, torch::Tensor> forward_pair(const torch::Tensor& x, const torch::Tensor& pending);
+  bool fused_kernels = true;  // CUDA: add + LayerNorm through src/kernels/layer_norm.h
 
   torch::nn::LayerNorm ln_1{nullptr};
   CausalSelfAttention attn{nullptr};
@@ -118,9 +125,10 @@ class GPT2Impl : public torch::nn::Module {
   // true: loss() runs the head and the loss chunk by chunk without the batch's logits
   // (memory.chunked_loss); false: logits, then cross_entropy (faster today).
   void set_chunked_loss(bool on) { chunked_loss_ = on; }
-  // true (default): on CUDA, the loss over the padded logits runs as one fused kernel each way
-  // (src/kernels/cross_entropy.h) instead of a cast to fp32, log_softmax and nll, and LayerNorms
-  // take their weight/bias gradients from src/kernels/layer_norm.h.
+  // true (default): on CUDA, the head and the loss run as one node whose loss kernel also writes
+  // the logits' gradient (src/kernels/cross_entropy.h) instead of a cast to fp32, log_softmax and
+  // nll; every residual add runs fused with the LayerNorm after it (src/kernels/layer_norm.h); the
+  // linear layers take their bias gradients, and c_fc its GELU backward, from src/kernels/linear.h.
   void set_fused_kernels(bool on);
 
   // GPT-2 init: Linear/Embedding weights N(0, 0.02); residual projections (attn.c_proj, mlp.c_proj)

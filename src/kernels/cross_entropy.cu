@@ -1,6 +1,6 @@
-// Cross-entropy kernels (launch.h): one block per row, fp32 math, 16-byte loads
-// when the rows allow them. Memory-bound: forward reads the row once, backward reads it and writes
-// the gradient once.
+// Cross-entropy kernels (launch.h): one block per row, fp32 math, 16-byte loads when the rows
+// allow them. Memory-bound: forward reads the row once, backward reads it and writes the gradient
+// once.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -27,33 +27,49 @@ __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
   return {m, a.s * __expf(a.m - m) + b.s * __expf(b.m - m)};
 }
 
-__device__ __forceinline__ MaxSum add_value(MaxSum a, float x) { return merge(a, MaxSum{x, 1.0f}); }
-
-// VEC elements of T in one 16-byte (or smaller) load.
+// (max, sum of exp) of a pack's class columns (j < vocab; padding columns count for nothing).
 template <typename T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-  T v[VEC];
-};
+__device__ __forceinline__ MaxSum pack_max_sum(const Pack<T, VEC>& pk, int64_t p, int64_t vocab) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    if (p * VEC + i < vocab) m = fmaxf(m, to_float(pk.v[i]));
+  }
+  if (m == -INFINITY) return {m, 0.0f};
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    if (p * VEC + i < vocab) s += __expf(to_float(pk.v[i]) - m);
+  }
+  return {m, s};
+}
 
+// A pack of the gradient (exp(x - l) - one_hot(t)) * k over the classes, 0 on padding columns.
 template <typename T, int VEC>
-__global__ void __launch_bounds__(kThreads) forward_kernel(const T* __restrict__ logits, const int64_t* __restrict__ targets,
-                                                           int64_t row_stride, int64_t vocab, int64_t ignore_index,
-                                                           float* __restrict__ loss, float* __restrict__ lse) {
+__device__ __forceinline__ Pack<T, VEC> grad_pack(const Pack<T, VEC>& pk, int64_t p, int64_t vocab, int64_t t, float l,
+                                                  float k) {
+  Pack<T, VEC> out;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    const int64_t j = p * VEC + i;
+    out.v[i] = from_float<T>(j < vocab ? (__expf(to_float(pk.v[i]) - l) - (j == t ? 1.0f : 0.0f)) * k : 0.0f);
+  }
+  return out;
+}
+
+// Loss and log-sum-exp of a row (rows are whole packs: VEC divides row_stride).
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_forward(const T* __restrict__ logits, const int64_t* __restrict__ targets, int64_t row_stride,
+                          int64_t vocab, int64_t ignore_index, float* __restrict__ loss, float* __restrict__ lse) {
+  using P = Pack<T, VEC>;
   const int64_t row = blockIdx.x;
   const T* x = logits + row * row_stride;
+  const int64_t packs = row_stride / VEC;
   MaxSum acc{-INFINITY, 0.0f};
-  const int64_t packs = vocab / VEC;
   for (int64_t p = threadIdx.x; p < packs; p += kThreads) {
-    const Pack<T, VEC> pk = reinterpret_cast<const Pack<T, VEC>*>(x)[p];
-    float m = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) m = fmaxf(m, to_float(pk.v[i]));
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) s += __expf(to_float(pk.v[i]) - m);
-    acc = merge(acc, MaxSum{m, s});
+    acc = merge(acc, pack_max_sum<T, VEC>(reinterpret_cast<const P*>(x)[p], p, vocab));
   }
-  for (int64_t j = packs * VEC + threadIdx.x; j < vocab; j += kThreads) acc = add_value(acc, to_float(x[j]));
 
   // Block reduction: warps by shuffles, then the first warp over the warps' results.
   for (int offset = 16; offset > 0; offset >>= 1) {
@@ -83,39 +99,20 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const T* __restrict__
   }
 }
 
+// One row's gradient; grad may be the logits themselves (each element is read before it is
+// written, by the same thread).
 template <typename T, int VEC>
-__global__ void __launch_bounds__(kThreads) backward_kernel(const T* logits, const int64_t* __restrict__ targets,
-                                                            const float* __restrict__ lse, const float* __restrict__ scale,
-                                                            int64_t row_stride, int64_t vocab, int64_t ignore_index,
-                                                            T* grad) {  // grad may be logits itself
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_backward(const T* logits, const int64_t* __restrict__ targets, const float* __restrict__ lse,
+                           const float* __restrict__ scale, int64_t row_stride, int64_t vocab, int64_t ignore_index,
+                           T* grad) {
+  using P = Pack<T, VEC>;
   const int64_t row = blockIdx.x;
-  const T* x = logits + row * row_stride;
-  T* g = grad + row * row_stride;
   const int64_t t = targets[row];
-  const float k = t == ignore_index ? 0.0f : scale[0];
-  const float l = lse[row];
-  const int64_t packs = row_stride / VEC;  // the padded width: padding columns get zeros
-  for (int64_t p = threadIdx.x; p < packs; p += kThreads) {
-    const Pack<T, VEC> pk = reinterpret_cast<const Pack<T, VEC>*>(x)[p];
-    Pack<T, VEC> out;
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      const int64_t j = p * VEC + i;
-      const float d = j < vocab ? (__expf(to_float(pk.v[i]) - l) - (j == t ? 1.0f : 0.0f)) * k : 0.0f;
-      out.v[i] = from_float<T>(d);
-    }
-    reinterpret_cast<Pack<T, VEC>*>(g)[p] = out;
-  }
-  for (int64_t j = packs * VEC + threadIdx.x; j < row_stride; j += kThreads) {
-    const float d = j < vocab ? (__expf(to_float(x[j]) - l) - (j == t ? 1.0f : 0.0f)) * k : 0.0f;
-    g[j] = from_float<T>(d);
-  }
-}
-
-// 16-byte packs when every row starts 16-byte aligned, else one element at a time.
-template <typename T>
-bool can_pack(const void* p, int64_t row_stride) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (row_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+  const float l = lse[row], k = t == ignore_index ? 0.0f : scale[0];
+  const P* x = reinterpret_cast<const P*>(logits + row * row_stride);
+  P* g = reinterpret_cast<P*>(grad + row * row_stride);
+  for (int64_t p = threadIdx.x; p < row_stride / VEC; p += kThreads) g[p] = grad_pack<T, VEC>(x[p], p, vocab, t, l, k);
 }
 
 template <typename T>
@@ -123,10 +120,12 @@ cudaError_t forward(const void* logits, const int64_t* targets, int64_t rows, in
                     int64_t ignore_index, float* loss, float* lse, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   const T* x = static_cast<const T*>(logits);
+  const auto grid = static_cast<unsigned>(rows);
   if (can_pack<T>(logits, row_stride)) {
-    forward_kernel<T, 16 / sizeof(T)><<<rows, kThreads, 0, stream>>>(x, targets, row_stride, vocab, ignore_index, loss, lse);
+    cross_entropy_forward<T, 16 / sizeof(T)><<<grid, kThreads, 0, stream>>>(x, targets, row_stride, vocab, ignore_index,
+                                                                            loss, lse);
   } else {
-    forward_kernel<T, 1><<<rows, kThreads, 0, stream>>>(x, targets, row_stride, vocab, ignore_index, loss, lse);
+    cross_entropy_forward<T, 1><<<grid, kThreads, 0, stream>>>(x, targets, row_stride, vocab, ignore_index, loss, lse);
   }
   return cudaGetLastError();
 }
@@ -138,10 +137,10 @@ cudaError_t backward(const void* logits, const int64_t* targets, const float* ls
   const T* x = static_cast<const T*>(logits);
   T* g = static_cast<T*>(grad);
   if (can_pack<T>(logits, row_stride) && can_pack<T>(grad, row_stride)) {
-    backward_kernel<T, 16 / sizeof(T)><<<rows, kThreads, 0, stream>>>(x, targets, lse, scale, row_stride, vocab,
+    cross_entropy_backward<T, 16 / sizeof(T)><<<rows, kThreads, 0, stream>>>(x, targets, lse, scale, row_stride, vocab,
                                                                       ignore_index, g);
   } else {
-    backward_kernel<T, 1><<<rows, kThreads, 0, stream>>>(x, targets, lse, scale, row_stride, vocab, ignore_index, g);
+    cross_entropy_backward<T, 1><<<rows, kThreads, 0, stream>>>(x, targets, lse, scale, row_stride, vocab, ignore_index, g);
   }
   return cudaGetLastError();
 }

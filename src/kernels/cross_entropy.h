@@ -7,10 +7,12 @@
 // Contract: logits (N, Vp) contiguous CUDA fp32/bf16/fp16; only the first `vocab` columns are
 // classes (padding columns get zero gradient); targets (N) int64 in [0, vocab) or ignore_index
 // (ignored rows count for nothing; any other id makes the loss NaN). Returns the mean over counted
-// rows as an fp32 scalar, differentiable with respect to the logits. With `overwrite_logits` the
-// gradient is written over the logits themselves (backward may then run only once): for a caller
-// whose logits are a temporary nobody else reads, like the model's head output, this saves the
-// largest buffer of the step (3.3 GB in bf16 for gpt2-124m at B=32).
+// rows as an fp32 scalar, differentiable with respect to the logits.
+//
+// head_cross_entropy(h, W, ...) is the language-model head and this loss in one autograd node:
+// logits = h W^T exist only inside it, backward overwrites them with their gradient and runs the
+// two GEMMs on that, so no other logits-sized buffer exists. h (N, C) and W (Vp, C) CUDA of one
+// dtype; targets as above.
 #include <torch/types.h>
 
 #include <cstdint>
@@ -22,6 +24,8 @@ bool have_cuda_kernels();
 
 // Throws std::invalid_argument for tensors outside the contract, std::logic_error without CUDA.
 torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab,
-                            int64_t ignore_index, bool overwrite_logits = false);
+                            int64_t ignore_index);
+torch::Tensor head_cross_entropy(const torch::Tensor& h, const torch::Tensor& weight, const torch::Tensor& targets,
+                                 int64_t vocab, int64_t ignore_index);
 
 }  // namespace gpt2::kernels

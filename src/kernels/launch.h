@@ -1,6 +1,7 @@
 #pragma once
 // Raw launchers of the kernels in this folder (*.cu), free of torch headers so nvcc
-// compiles them quickly. Contracts: cross_entropy.h, layer_norm.h.
+// compiles them quickly. Contracts: cross_entropy.h, layer_norm.h, linear.h. Every buffer is
+// row-major and contiguous; "partial" buffers are fp32 scratch the caller allocates.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -20,16 +21,37 @@ cudaError_t launch_cross_entropy_backward(Dtype dtype, const void* logits, const
                                           const float* scale, int64_t rows, int64_t row_stride, int64_t vocab,
                                           int64_t ignore_index, void* grad, cudaStream_t stream);
 
-}  // namespace gpt2::kernels
+// LayerNorm over rows x cols. `s` is the normalised input: x in forward, the saved s in backward.
+struct LayerNormArgs {
+  const void* s;
+  const void* gamma;
+  const void* beta;  // forward only
+  int64_t rows, cols;
+};
+// Whether the kernels take rows of `cols` elements (they keep a row in registers: up to 2048
+// bf16/fp16 or 1024 fp32 columns in 16-byte packs, up to 256 otherwise; buffers 16-byte aligned
+// for the packed path).
+bool layer_norm_supported(Dtype dtype, int64_t cols);
+// Forward: with y, s_out = x + y (rounded to dtype) is normalised, else x; out = (s - mean) * rstd
+// * gamma + beta; mean and rstd (fp32, per row) are what backward takes.
+cudaError_t launch_layer_norm_forward(Dtype dtype, const LayerNormArgs& args, float eps, const void* y, void* s_out,
+                                      void* out, float* mean, float* rstd, cudaStream_t stream);
+// Backward: dx = LayerNorm input gradient of dout (+ ds when given: the gradient that reached s
+// directly), dgamma = sum_r dout * xhat, dbeta = sum_r dout. `partial` holds
+// 2 * layer_norm_backward_blocks(rows) * cols floats.
+int64_t layer_norm_backward_blocks(int64_t rows);
+cudaError_t launch_layer_norm_backward(Dtype dtype, const LayerNormArgs& args, const void* dout, const void* ds,
+                                       const float* mean, const float* rstd, void* dx, float* partial, void* dgamma,
+                                       void* dbeta, cudaStream_t stream);
 
-namespace gpt2::kernels {
-
-// LayerNorm weight/bias gradients over rows x cols (row-major dy and x of `dtype`, fp32 mean and
-// rstd per row): dgamma[c] = sum_r dy[r,c] (x[r,c] - mean[r]) rstd[r], dbeta[c] = sum_r dy[r,c],
-// written in `dtype`. `partial` is scratch of 2 * layer_norm_chunks(rows) * cols floats.
-int64_t layer_norm_chunks(int64_t rows);
-cudaError_t launch_layer_norm_param_grads(Dtype dtype, const void* dy, const void* x, const float* mean,
-                                          const float* rstd, int64_t rows, int64_t cols, float* partial,
-                                          void* dgamma, void* dbeta, cudaStream_t stream);
+// Column sums of a (rows, cols): sums[c] = sum_r a[r, c] (a bias gradient), written in dtype.
+// `partial` holds column_sum_chunks(rows) * cols floats.
+int64_t column_sum_chunks(int64_t rows);
+cudaError_t launch_column_sum(Dtype dtype, const void* a, int64_t rows, int64_t cols, float* partial, void* sums,
+                              cudaStream_t stream);
+// GELU (tanh) backward with the bias gradient of the layer before it: dpre = dout * gelu'(pre),
+// dbias[c] = sum_r dpre[r, c]. `partial` as for launch_column_sum.
+cudaError_t launch_gelu_backward(Dtype dtype, const void* dout, const void* pre, int64_t rows, int64_t cols,
+                                 void* dpre, float* partial, void* dbias, cudaStream_t stream);
 
 }  // namespace gpt2::kernels

@@ -1,8 +1,9 @@
-// LayerNorm with the two-pass weight/bias gradient (layer_norm.h) as an autograd function.
+// The residual LayerNorm (layer_norm.h) as an autograd function over the CUDA launchers.
 #include "src/kernels/layer_norm.h"
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <stdexcept>
 
 #ifdef GPT2_WITH_CUDA
@@ -17,48 +18,101 @@ namespace gpt2::kernels {
 #ifdef GPT2_WITH_CUDA
 namespace {
 
-class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
+bool aligned16(const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+cudaStream_t stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+
+class ResidualLayerNorm : public torch::autograd::Function<ResidualLayerNorm> {
  public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight, const torch::Tensor& bias, double eps) {
-    auto [y, mean, rstd] = at::native_layer_norm(x, {x.size(-1)}, weight, bias, eps);
-    ctx->save_for_backward({x, weight, bias, mean, rstd});
-    return y;
+  // Outputs: (s, out) with y, (out) without.
+  // y is optional rather than undefined: autograd records every Tensor argument as an input.
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                                const std::optional<torch::Tensor>& y_opt, const torch::Tensor& weight,
+                                                const torch::Tensor& bias, double eps) {
+    const torch::Tensor y = y_opt.value_or(torch::Tensor());
+    const int64_t cols = x.size(-1), rows = x.numel() / cols;
+    auto out = torch::empty_like(x);
+    auto s = y.defined() ? torch::empty_like(x) : x;
+    const auto f32 = x.options().dtype(torch::kFloat);
+    auto mean = torch::empty({rows}, f32), rstd = torch::empty({rows}, f32);
+    const LayerNormArgs args{x.data_ptr(), weight.data_ptr(), bias.data_ptr(), rows, cols};
+    CUDA_CHECK(launch_layer_norm_forward(dtype_of(x, "kernels::residual_layer_norm"), args, static_cast<float>(eps),
+                                         y.defined() ? y.data_ptr() : nullptr, y.defined() ? s.data_ptr() : nullptr,
+                                         out.data_ptr(), mean.data_ptr<float>(), rstd.data_ptr<float>(), stream_of(x)));
+    ctx->save_for_backward({s, weight, mean, rstd});
+    ctx->saved_data["residual"] = y.defined();
+    if (y.defined()) return {s, out};
+    return {out};
   }
 
-  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
-                                               torch::autograd::tensor_list grads) {
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &x = saved[0], &weight = saved[1], &bias = saved[2], &mean = saved[3], &rstd = saved[4];
-    const auto dy = grads[0].contiguous();
-    const int64_t cols = x.size(-1), rows = x.numel() / cols;
-    // The input gradient from ATen; its GammaBeta kernel is skipped (output_mask false, false).
-    auto dx = std::get<0>(at::native_layer_norm_backward(dy, x, {cols}, mean, rstd, weight, bias, {true, false, false}));
-    auto dgamma = torch::empty_like(weight), dbeta = torch::empty_like(bias);
-    auto partial = torch::empty({2 * layer_norm_chunks(rows) * cols}, x.options().dtype(torch::kFloat));
-    const auto mean32 = mean.to(torch::kFloat).contiguous(), rstd32 = rstd.to(torch::kFloat).contiguous();
-    const auto xc = x.contiguous();
-    const auto stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-    CUDA_CHECK(launch_layer_norm_param_grads(dtype_of(x, "kernels::layer_norm"), dy.data_ptr(), xc.data_ptr(),
-                                             mean32.data_ptr<float>(), rstd32.data_ptr<float>(), rows, cols,
-                                             partial.data_ptr<float>(), dgamma.data_ptr(), dbeta.data_ptr(), stream));
-    return {dx, dgamma, dbeta, torch::Tensor()};
+    const auto &s = saved[0], &weight = saved[1], &mean = saved[2], &rstd = saved[3];
+    const bool residual = ctx->saved_data["residual"].toBool();
+    const auto ds = residual && grads[0].defined() ? grads[0].contiguous() : torch::Tensor();
+    auto dout = grads[residual ? 1 : 0];
+    dout = dout.defined() ? dout.contiguous() : torch::zeros_like(s);
+    const int64_t cols = s.size(-1), rows = s.numel() / cols;
+    auto dx = torch::empty_like(s);
+    auto dweight = torch::empty_like(weight), dbias = torch::empty_like(weight);
+    auto partial = torch::empty({2 * layer_norm_backward_blocks(rows) * cols}, s.options().dtype(torch::kFloat));
+    const LayerNormArgs args{s.data_ptr(), weight.data_ptr(), nullptr, rows, cols};
+    CUDA_CHECK(launch_layer_norm_backward(dtype_of(s, "kernels::residual_layer_norm"), args, dout.data_ptr(),
+                                          ds.defined() ? ds.data_ptr() : nullptr, mean.data_ptr<float>(),
+                                          rstd.data_ptr<float>(), dx.data_ptr(), partial.data_ptr<float>(),
+                                          dweight.data_ptr(), dbias.data_ptr(), stream_of(s)));
+    // x and y receive the same gradient; neither consumer modifies it in place.
+    return {dx, residual ? dx : torch::Tensor(), dweight, dbias, torch::Tensor()};
   }
 };
 
 }  // namespace
 #endif
 
-torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, double eps) {
+bool residual_layer_norm_applies(const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& weight,
+                                 const torch::Tensor& bias) {
 #ifdef GPT2_WITH_CUDA
-  if (!x.is_cuda() || x.dim() < 1 || !weight.defined() || !bias.defined() || weight.numel() != x.size(-1) ||
-      bias.numel() != x.size(-1) || weight.scalar_type() != x.scalar_type() || bias.scalar_type() != x.scalar_type()) {
-    throw std::invalid_argument("kernels::layer_norm: x (..., C) CUDA with weight and bias (C) of its dtype");
+  const auto t = x.scalar_type();
+  if (!x.is_cuda() || x.dim() < 1 || (t != torch::kFloat && t != torch::kHalf && t != torch::kBFloat16)) return false;
+  if (!weight.defined() || !bias.defined() || weight.numel() != x.size(-1) || bias.numel() != x.size(-1) ||
+      weight.scalar_type() != t || bias.scalar_type() != t || !weight.is_contiguous() || !bias.is_contiguous() ||
+      !aligned16(weight) || !aligned16(bias)) {
+    return false;
   }
-  return LayerNormFunction::apply(x, weight, bias, eps);
+  if (y.defined() && (y.sizes() != x.sizes() || y.scalar_type() != t || y.device() != x.device())) return false;
+  return layer_norm_supported(dtype_of(x, "kernels::residual_layer_norm"), x.size(-1));
 #else
-  (void)x, (void)weight, (void)bias, (void)eps;
-  throw std::logic_error("kernels::layer_norm: this build has no CUDA");
+  (void)x, (void)y, (void)weight, (void)bias;
+  return false;
+#endif
+}
+
+std::pair<torch::Tensor, torch::Tensor> residual_layer_norm(const torch::Tensor& x, const torch::Tensor& y,
+                                                            const torch::Tensor& weight, const torch::Tensor& bias,
+                                                            double eps) {
+  if (!residual_layer_norm_applies(x, y, weight, bias)) {
+    throw std::invalid_argument(
+        "kernels::residual_layer_norm: x and y (..., C) CUDA fp32/bf16/fp16 with weight and bias (C) of their dtype, "
+        "C up to 2048 (1024 in fp32), in a CUDA build");
+  }
+#ifdef GPT2_WITH_CUDA
+  // Contiguous copies are fresh allocations, so 16-byte aligned; views that are not fall back to
+  // the scalar path inside the launcher only when their rows allow it, hence the copies.
+  auto xc = x.contiguous();
+  if (!aligned16(xc)) xc = xc.clone();
+  torch::Tensor yc;
+  if (y.defined()) {
+    yc = y.contiguous();
+    if (!aligned16(yc)) yc = yc.clone();
+  }
+  const auto outs = ResidualLayerNorm::apply(xc, y.defined() ? std::optional<torch::Tensor>(yc) : std::nullopt, weight,
+                                             bias, eps);
+  if (y.defined()) return {outs[0], outs[1]};
+  return {x, outs[0]};
+#else
+  (void)eps;
+  return {};
 #endif
 }
 

@@ -1,0 +1,24 @@
+#pragma once
+// Linear layers and GPT-2's MLP with fewer passes over the activations: the MLP's GELU (tanh) comes
+// out of its first GEMM, which also keeps the GELU input (a cuBLASLt epilogue, gemm_epilogue.h;
+// ATen's GELU where cuBLASLt has no algorithm); bias gradients come from a column-sum kernel, and
+// the GELU backward with c_fc's bias gradient from one fused pass, instead of ATen's generic
+// reduction and elementwise passes (3.2 and 3.3 of 62 ms per gpt2-124m step on an H200).
+// Contract: x (..., in), weight (out, in), bias (out) contiguous, one CUDA device and dtype
+// (fp32/bf16/fp16). Values equal at::linear's (and at::linear(gelu(at::linear(x), "tanh")) for
+// mlp) up to the order of summation.
+#include <torch/types.h>
+
+namespace gpt2::kernels {
+
+// Whether linear / mlp take these tensors (this build has CUDA, contract above).
+bool linear_applies(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+bool mlp_applies(const torch::Tensor& x, const torch::Tensor& fc_weight, const torch::Tensor& fc_bias,
+                 const torch::Tensor& proj_weight, const torch::Tensor& proj_bias);
+// x W^T + b. Throws std::invalid_argument outside the contract.
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+// c_proj(gelu_tanh(c_fc(x))): (..., C) -> (..., C'). Throws std::invalid_argument outside the contract.
+torch::Tensor mlp(const torch::Tensor& x, const torch::Tensor& fc_weight, const torch::Tensor& fc_bias,
+                  const torch::Tensor& proj_weight, const torch::Tensor& proj_bias);
+
+}  // namespace gpt2::kernels
