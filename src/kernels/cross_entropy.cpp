@@ -7,8 +7,6 @@
 #include <string>
 
 #ifdef GPT2_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
-
 #include "parallel/cuda_check.h"
 #include "src/kernels/dtype.h"
 #endif
@@ -26,37 +24,59 @@ bool have_cuda_kernels() {
 #ifdef GPT2_WITH_CUDA
 namespace {
 
+// The forward kernel over (N, Vp) logits: the mean loss over counted rows, each row's log-sum-exp,
+// and the count (on the device: no host synchronisation inside a step).
+struct LossForward {
+  torch::Tensor mean, lse, count;
+};
+
+LossForward loss_forward(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab, int64_t ignore_index,
+                         const char* who) {
+  const int64_t rows = logits.size(0);
+  const auto f32 = logits.options().dtype(torch::kFloat);
+  auto loss = torch::empty({rows}, f32), lse = torch::empty({rows}, f32);
+  CUDA_CHECK(launch_cross_entropy_forward(dtype_of(logits, who), logits.data_ptr(), targets.data_ptr<int64_t>(), rows,
+                                          logits.size(1), vocab, ignore_index, loss.data_ptr<float>(),
+                                          lse.data_ptr<float>(), stream_of(logits)));
+  auto count = (targets != ignore_index).sum().to(torch::kFloat).clamp_min(1.0);
+  return {loss.sum() / count, lse, count};
+}
+
+// The backward kernel: the gradient of the mean loss, times the upstream gradient, into `grad`
+// (which may be the logits themselves).
+void loss_backward(const torch::Tensor& logits, const torch::Tensor& targets, const torch::Tensor& lse,
+                   const torch::Tensor& count, const torch::Tensor& upstream, int64_t vocab, int64_t ignore_index,
+                   torch::Tensor& grad, const char* who) {
+  const auto scale = (upstream.to(torch::kFloat) / count).reshape({1}).contiguous();
+  CUDA_CHECK(launch_cross_entropy_backward(dtype_of(logits, who), logits.data_ptr(), targets.data_ptr<int64_t>(),
+                                           lse.data_ptr<float>(), scale.data_ptr<float>(), logits.size(0),
+                                           logits.size(1), vocab, ignore_index, grad.data_ptr(), stream_of(logits)));
+}
+
+void check_targets(const torch::Tensor& targets, const torch::Tensor& rows_of, const char* message) {
+  if (targets.scalar_type() != torch::kLong || targets.dim() != 1 || targets.size(0) != rows_of.size(0) ||
+      targets.device() != rows_of.device()) {
+    throw std::invalid_argument(message);
+  }
+}
+
 class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
                                const torch::Tensor& targets, int64_t vocab, int64_t ignore_index) {
-    const int64_t rows = logits.size(0), stride = logits.size(1);
-    auto f32 = logits.options().dtype(torch::kFloat);
-    auto loss = torch::empty({rows}, f32), lse = torch::empty({rows}, f32);
-    const auto stream = c10::cuda::getCurrentCUDAStream(logits.device().index()).stream();
-    CUDA_CHECK(launch_cross_entropy_forward(dtype_of(logits, "kernels::cross_entropy"), logits.data_ptr(), targets.data_ptr<int64_t>(), rows,
-                                            stride, vocab, ignore_index, loss.data_ptr<float>(),
-                                            lse.data_ptr<float>(), stream));
-    // Counted rows stay on the device: no host synchronisation inside a step.
-    auto count = (targets != ignore_index).sum().to(torch::kFloat).clamp_min(1.0);
-    ctx->save_for_backward({logits, targets, lse, count});
+    auto f = loss_forward(logits, targets, vocab, ignore_index, "kernels::cross_entropy");
+    ctx->save_for_backward({logits, targets, f.lse, f.count});
     ctx->saved_data["vocab"] = vocab;
     ctx->saved_data["ignore_index"] = ignore_index;
-    return loss.sum() / count;
+    return f.mean;
   }
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto& logits = saved[0];
-    const auto& targets = saved[1];
-    const int64_t vocab = ctx->saved_data["vocab"].toInt(), ignore_index = ctx->saved_data["ignore_index"].toInt();
-    auto scale = (grads[0].to(torch::kFloat) / saved[3]).reshape({1}).contiguous();
-    auto grad = torch::empty_like(logits);
-    const auto stream = c10::cuda::getCurrentCUDAStream(logits.device().index()).stream();
-    CUDA_CHECK(launch_cross_entropy_backward(dtype_of(logits, "kernels::cross_entropy"), logits.data_ptr(), targets.data_ptr<int64_t>(),
-                                             saved[2].data_ptr<float>(), scale.data_ptr<float>(), logits.size(0),
-                                             logits.size(1), vocab, ignore_index, grad.data_ptr(), stream));
+    auto grad = torch::empty_like(saved[0]);
+    loss_backward(saved[0], saved[1], saved[2], saved[3], grads[0], ctx->saved_data["vocab"].toInt(),
+                  ctx->saved_data["ignore_index"].toInt(), grad, "kernels::cross_entropy");
     return {grad, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -70,21 +90,14 @@ class HeadCrossEntropy : public torch::autograd::Function<HeadCrossEntropy> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w,
                                const torch::Tensor& targets, int64_t vocab, int64_t ignore_index, bool want_grad) {
     auto logits = at::mm(h, w.t());  // (N, Vp) in the compute dtype
-    const int64_t rows = logits.size(0);
-    auto f32 = logits.options().dtype(torch::kFloat);
-    auto loss = torch::empty({rows}, f32), lse = torch::empty({rows}, f32);
-    auto count = (targets != ignore_index).sum().to(torch::kFloat).clamp_min(1.0);
-    const auto stream = c10::cuda::getCurrentCUDAStream(logits.device().index()).stream();
-    CUDA_CHECK(launch_cross_entropy_forward(dtype_of(logits, "kernels::head_cross_entropy"), logits.data_ptr(),
-                                            targets.data_ptr<int64_t>(), rows, logits.size(1), vocab, ignore_index,
-                                            loss.data_ptr<float>(), lse.data_ptr<float>(), stream));
+    auto f = loss_forward(logits, targets, vocab, ignore_index, "kernels::head_cross_entropy");
     if (want_grad) {
-      ctx->save_for_backward({h, w, targets, lse, count});
+      ctx->save_for_backward({h, w, targets, f.lse, f.count});
       ctx->saved_data["logits"] = logits;
       ctx->saved_data["vocab"] = vocab;
       ctx->saved_data["ignore_index"] = ignore_index;
     }
-    return loss.sum() / count;
+    return f.mean;
   }
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
@@ -93,15 +106,10 @@ class HeadCrossEntropy : public torch::autograd::Function<HeadCrossEntropy> {
       throw std::logic_error("kernels::head_cross_entropy: backward of a loss computed without gradients");
     }
     const auto saved = ctx->get_saved_variables();
-    const auto &h = saved[0], &w = saved[1], &targets = saved[2], &lse = saved[3], &count = saved[4];
+    const auto &h = saved[0], &w = saved[1];
     auto g = ctx->saved_data["logits"].toTensor();  // becomes the logits' gradient, in place
-    auto scale = (grads[0].to(torch::kFloat) / count).reshape({1}).contiguous();
-    const auto stream = c10::cuda::getCurrentCUDAStream(g.device().index()).stream();
-    CUDA_CHECK(launch_cross_entropy_backward(dtype_of(g, "kernels::head_cross_entropy"), g.data_ptr(),
-                                             targets.data_ptr<int64_t>(), lse.data_ptr<float>(),
-                                             scale.data_ptr<float>(), g.size(0), g.size(1),
-                                             ctx->saved_data["vocab"].toInt(), ctx->saved_data["ignore_index"].toInt(),
-                                             g.data_ptr(), stream));
+    loss_backward(g, saved[2], saved[3], saved[4], grads[0], ctx->saved_data["vocab"].toInt(),
+                  ctx->saved_data["ignore_index"].toInt(), g, "kernels::head_cross_entropy");
     torch::Tensor dh, dw;
     if (ctx->needs_input_grad(0)) dh = at::mm(g, w);
     if (ctx->needs_input_grad(1)) dw = at::mm(g.t(), h);
@@ -118,10 +126,7 @@ torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& ta
   if (!logits.is_cuda() || logits.dim() != 2 || !logits.is_contiguous() || vocab < 1 || vocab > logits.size(1)) {
     throw std::invalid_argument("kernels::cross_entropy: logits must be contiguous (N, Vp) CUDA with 1 <= vocab <= Vp");
   }
-  if (targets.scalar_type() != torch::kLong || targets.dim() != 1 || targets.size(0) != logits.size(0) ||
-      targets.device() != logits.device()) {
-    throw std::invalid_argument("kernels::cross_entropy: targets must be (N) int64 on the logits' device");
-  }
+  check_targets(targets, logits, "kernels::cross_entropy: targets must be (N) int64 on the logits' device");
   return FusedCrossEntropy::apply(logits, targets.contiguous(), vocab, ignore_index);
 #else
   (void)logits, (void)targets, (void)vocab, (void)ignore_index;
@@ -134,15 +139,12 @@ torch::Tensor head_cross_entropy(const torch::Tensor& h, const torch::Tensor& we
 #ifdef GPT2_WITH_CUDA
   const auto t = h.scalar_type();
   if (!h.is_cuda() || h.dim() != 2 || weight.dim() != 2 || weight.size(1) != h.size(1) || weight.scalar_type() != t ||
-      weight.device() != h.device() || (t != torch::kFloat && t != torch::kHalf && t != torch::kBFloat16) ||
+      weight.device() != h.device() || !is_kernel_dtype(t) ||
       vocab < 1 || vocab > weight.size(0)) {
     throw std::invalid_argument("kernels::head_cross_entropy: h (N, C) and weight (Vp, C) CUDA of one dtype "
                                 "(fp32/bf16/fp16) with 1 <= vocab <= Vp");
   }
-  if (targets.scalar_type() != torch::kLong || targets.dim() != 1 || targets.size(0) != h.size(0) ||
-      targets.device() != h.device()) {
-    throw std::invalid_argument("kernels::head_cross_entropy: targets must be (N) int64 on h's device");
-  }
+  check_targets(targets, h, "kernels::head_cross_entropy: targets must be (N) int64 on h's device");
   const bool want_grad = at::GradMode::is_enabled() && (h.requires_grad() || weight.requires_grad());
   return HeadCrossEntropy::apply(h, weight, targets.contiguous(), vocab, ignore_index, want_grad);
 #else

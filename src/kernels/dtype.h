@@ -1,5 +1,7 @@
 #pragma once
-// The launchers' Dtype for a tensor (host side; kernels take raw pointers). CUDA builds only.
+// Host-side helpers of the autograd wrappers in this folder: the launchers' Dtype for a tensor,
+// whether a dtype is one the kernels take, and the stream to launch on. CUDA builds only.
+#include <c10/cuda/CUDAStream.h>
 #include <torch/types.h>
 
 #include <stdexcept>
@@ -8,6 +10,14 @@
 #include "src/kernels/launch.h"
 
 namespace gpt2::kernels {
+
+inline bool is_kernel_dtype(c10::ScalarType t) {
+  return t == torch::kFloat || t == torch::kHalf || t == torch::kBFloat16;
+}
+
+inline cudaStream_t stream_of(const torch::Tensor& t) {
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+}
 
 inline Dtype dtype_of(const torch::Tensor& t, const char* who) {
   switch (t.scalar_type()) {

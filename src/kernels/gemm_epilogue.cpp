@@ -1,5 +1,5 @@
-// cuBLASLt GEMMs with epilogues (gemm_epilogue.h). cuBLASLt is column-major: a row-major (R, C)
-// buffer is read as its (C, R) transpose, so each product below is written for the transposes.
+// The cuBLASLt GEMM with the bias + GELU epilogue (gemm_epilogue.h). cuBLASLt is column-major: a
+// row-major (R, C) buffer is read as its (C, R) transpose, so the product is written for those.
 #include "src/kernels/gemm_epilogue.h"
 
 #ifdef GPT2_WITH_CUDA
@@ -26,7 +26,7 @@ namespace {
       ::gpt2::throw_call_error(#call, cublasLtGetStatusString(gpt2_lt_rc_), __FILE__, __LINE__); \
   } while (0)
 
-// One column-major product D (m, n) = op(A) op(B) with an epilogue.
+// One column-major product D (m, n) = op(A) op(B) + bias, GELU applied, its input kept in aux.
 struct LtGemm {
   cublasOperation_t trans_a, trans_b;
   int64_t m, n, k;
@@ -37,9 +37,8 @@ struct LtGemm {
   void* d;
   int64_t ldd;
   cublasLtEpilogue_t epilogue;
-  void* bias;  // bias (input) or bias gradient (output), length m (BIAS, BGRAD) or n (BGRADB)
-  void* aux;   // the GELU input: written by GELU_AUX_BIAS, read by DGELU_BGRAD
-  int64_t ldaux;
+  const void* bias;  // length m
+  void* aux;         // the GELU input, (m, n) with leading dimension ldd
 };
 
 bool dtype_ok(const torch::Tensor& t, cudaDataType_t* type) {
@@ -85,10 +84,8 @@ bool run(const LtGemm& g, cudaDataType_t type, int device) {
   CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &g.epilogue, sizeof(g.epilogue)));
   CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
   CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)));
-  if (g.aux != nullptr) {
-    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof(g.aux)));
-    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g.ldaux, sizeof(g.ldaux)));
-  }
+  CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof(g.aux)));
+  CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g.ldd, sizeof(g.ldd)));
   const bool ta = g.trans_a == CUBLAS_OP_T, tb = g.trans_b == CUBLAS_OP_T;
   CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&desc.a, type, ta ? g.k : g.m, ta ? g.m : g.k, g.lda));
   CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&desc.b, type, tb ? g.n : g.k, tb ? g.k : g.n, g.ldb));
@@ -150,7 +147,7 @@ bool gemm_bias_gelu(const torch::Tensor& x, const torch::Tensor& w, const torch:
   if (N % 8 != 0) return false;  // the GELU input's leading dimension must be a multiple of 8
   // out^T (N, M) = W (N, K) x^T (K, M): A = W read transposed, B = x as stored.
   const LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w.data_ptr(), K, x.data_ptr(), K, out.data_ptr(), N,
-                 CUBLASLT_EPILOGUE_GELU_AUX_BIAS, b.data_ptr(), pre.data_ptr(), N};
+                 CUBLASLT_EPILOGUE_GELU_AUX_BIAS, b.data_ptr(), pre.data_ptr()};
   return run(g, type, x.device().index());
 #else
   (void)x, (void)w, (void)b, (void)out, (void)pre;

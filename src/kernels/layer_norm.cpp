@@ -7,8 +7,6 @@
 #include <stdexcept>
 
 #ifdef GPT2_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
-
 #include "parallel/cuda_check.h"
 #include "src/kernels/dtype.h"
 #endif
@@ -20,7 +18,12 @@ namespace {
 
 bool aligned16(const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
-cudaStream_t stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+// t as contiguous rows starting 16-byte aligned, as the packed path needs (a copy only for views
+// that are not).
+torch::Tensor aligned_contiguous(const torch::Tensor& t) {
+  auto c = t.contiguous();
+  return aligned16(c) ? c : c.clone();
+}
 
 class ResidualLayerNorm : public torch::autograd::Function<ResidualLayerNorm> {
  public:
@@ -74,7 +77,7 @@ bool residual_layer_norm_applies(const torch::Tensor& x, const torch::Tensor& y,
                                  const torch::Tensor& bias) {
 #ifdef GPT2_WITH_CUDA
   const auto t = x.scalar_type();
-  if (!x.is_cuda() || x.dim() < 1 || (t != torch::kFloat && t != torch::kHalf && t != torch::kBFloat16)) return false;
+  if (!x.is_cuda() || x.dim() < 1 || !is_kernel_dtype(t)) return false;
   if (!weight.defined() || !bias.defined() || weight.numel() != x.size(-1) || bias.numel() != x.size(-1) ||
       weight.scalar_type() != t || bias.scalar_type() != t || !weight.is_contiguous() || !bias.is_contiguous() ||
       !aligned16(weight) || !aligned16(bias)) {
@@ -97,17 +100,9 @@ std::pair<torch::Tensor, torch::Tensor> residual_layer_norm(const torch::Tensor&
         "C up to 2048 (1024 in fp32), in a CUDA build");
   }
 #ifdef GPT2_WITH_CUDA
-  // Contiguous copies are fresh allocations, so 16-byte aligned; views that are not fall back to
-  // the scalar path inside the launcher only when their rows allow it, hence the copies.
-  auto xc = x.contiguous();
-  if (!aligned16(xc)) xc = xc.clone();
-  torch::Tensor yc;
-  if (y.defined()) {
-    yc = y.contiguous();
-    if (!aligned16(yc)) yc = yc.clone();
-  }
-  const auto outs = ResidualLayerNorm::apply(xc, y.defined() ? std::optional<torch::Tensor>(yc) : std::nullopt, weight,
-                                             bias, eps);
+  const auto outs = ResidualLayerNorm::apply(
+      aligned_contiguous(x), y.defined() ? std::optional<torch::Tensor>(aligned_contiguous(y)) : std::nullopt, weight,
+      bias, eps);
   if (y.defined()) return {outs[0], outs[1]};
   return {x, outs[0]};
 #else

@@ -10,8 +10,6 @@
 #include "src/kernels/gemm_epilogue.h"
 
 #ifdef GPT2_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
-
 #include "parallel/cuda_check.h"
 #include "src/kernels/dtype.h"
 #endif
@@ -23,8 +21,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-cudaStream_t stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
 torch::Tensor partial_for(const torch::Tensor& rows_by_cols) {
   return torch::empty({column_sum_chunks(rows_by_cols.size(0)) * rows_by_cols.size(1)},
@@ -110,7 +106,7 @@ class Mlp : public torch::autograd::Function<Mlp> {
 bool linear_applies(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
 #ifdef GPT2_WITH_CUDA
   const auto t = x.scalar_type();
-  return x.is_cuda() && (t == torch::kFloat || t == torch::kHalf || t == torch::kBFloat16) && x.dim() >= 1 &&
+  return x.is_cuda() && is_kernel_dtype(t) && x.dim() >= 1 &&
          weight.defined() && bias.defined() && weight.dim() == 2 && bias.dim() == 1 &&
          weight.size(1) == x.size(-1) && bias.size(0) == weight.size(0) && weight.scalar_type() == t &&
          bias.scalar_type() == t && weight.device() == x.device() && bias.device() == x.device() &&

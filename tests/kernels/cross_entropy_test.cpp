@@ -10,22 +10,12 @@
 
 #include "src/gpt2_model.h"
 #include "src/kernels/cross_entropy.h"
+#include "tests/kernels/compare.h"
 
 namespace gpt2 {
 namespace {
 
 constexpr int64_t kIgnore = -1;
-
-#define REQUIRE_CUDA()                                                            \
-  do {                                                                            \
-    if (!kernels::have_cuda_kernels() || !torch::cuda::is_available())            \
-      GTEST_SKIP() << "needs a CUDA device (runs on the GPU machine)";            \
-  } while (0)
-
-double rel_error(const torch::Tensor& got, const torch::Tensor& ref) {
-  const auto g = got.to(torch::kCPU, torch::kDouble), r = ref.to(torch::kCPU, torch::kDouble);
-  return ((g - r).abs().max() / r.abs().max().clamp_min(1e-30)).item<double>();
-}
 
 // Loss and gradient of both paths for logits (rows, width) of which `vocab` columns are classes.
 void compare(torch::ScalarType dtype, int64_t rows, int64_t width, int64_t vocab, double tol, double scale = 1.0) {

@@ -9,16 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "src/kernels/cross_entropy.h"  // have_cuda_kernels
 #include "src/kernels/layer_norm.h"
+#include "tests/kernels/compare.h"
 
 namespace gpt2 {
 namespace {
-
-double rel_error(const torch::Tensor& got, const torch::Tensor& ref) {
-  const auto g = got.to(torch::kCPU, torch::kDouble), r = ref.to(torch::kCPU, torch::kDouble);
-  return ((g - r).abs().max() / r.abs().max().clamp_min(1e-30)).item<double>();
-}
 
 // residual: y is given; use_sum: the loss also reads s (so s gets a gradient of its own).
 void compare(torch::ScalarType dtype, std::vector<int64_t> shape, double tol, bool residual, bool use_sum) {
@@ -59,7 +54,7 @@ void compare(torch::ScalarType dtype, std::vector<int64_t> shape, double tol, bo
 }
 
 TEST(FusedLayerNorm, MatchesLibTorch) {
-  if (!kernels::have_cuda_kernels() || !torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  REQUIRE_CUDA();
   for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
     const double tol = dtype == torch::kFloat ? 1e-5 : 1e-2;
     for (int residual = 0; residual < 2; ++residual) {
@@ -77,7 +72,7 @@ TEST(FusedLayerNorm, AppliesOnlyWithinTheContract) {
   const auto cpu = torch::randn({2, 8});
   EXPECT_FALSE(kernels::residual_layer_norm_applies(cpu, {}, torch::ones({8}), torch::zeros({8})));
   EXPECT_THROW(kernels::residual_layer_norm(cpu, {}, torch::ones({8}), torch::zeros({8}), 1e-5), std::invalid_argument);
-  if (!kernels::have_cuda_kernels() || !torch::cuda::is_available()) return;
+  if (!have_gpu()) return;
   const auto opts = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
   const auto w = torch::ones({4096}, opts), b = torch::zeros({4096}, opts);
   EXPECT_FALSE(kernels::residual_layer_norm_applies(torch::randn({2, 4096}, opts), {}, w, b));  // too wide a row

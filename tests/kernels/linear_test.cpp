@@ -9,16 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "src/kernels/cross_entropy.h"  // have_cuda_kernels
 #include "src/kernels/linear.h"
+#include "tests/kernels/compare.h"
 
 namespace gpt2 {
 namespace {
-
-double rel_error(const torch::Tensor& got, const torch::Tensor& ref) {
-  const auto g = got.to(torch::kCPU, torch::kDouble), r = ref.to(torch::kCPU, torch::kDouble);
-  return ((g - r).abs().max() / r.abs().max().clamp_min(1e-30)).item<double>();
-}
 
 // kernels::linear against at::linear: output and the gradients of x, weight and bias (with the
 // weight frozen, only the bias gradient: the column-sum kernel instead of the GEMM epilogue).
@@ -81,7 +76,7 @@ void compare_mlp(torch::ScalarType dtype, std::vector<int64_t> x_shape, int64_t 
 }
 
 TEST(FusedLinear, MatchesLibTorch) {
-  if (!kernels::have_cuda_kernels() || !torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  REQUIRE_CUDA();
   for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
     const double tol = dtype == torch::kFloat ? 1e-5 : 1e-2;
     for (bool frozen : {false, true}) {
@@ -93,7 +88,7 @@ TEST(FusedLinear, MatchesLibTorch) {
 }
 
 TEST(FusedMlp, MatchesLibTorch) {
-  if (!kernels::have_cuda_kernels() || !torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  REQUIRE_CUDA();
   for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
     const double tol = dtype == torch::kFloat ? 1e-5 : 1e-2;
     compare_mlp(dtype, {4, 256, 768}, 3072, tol);  // gpt2-124m's MLP (the cuBLASLt epilogues)
@@ -107,7 +102,7 @@ TEST(FusedLinear, AppliesOnlyWithinTheContract) {
   EXPECT_FALSE(kernels::linear_applies(x, w, b));  // CPU tensors
   EXPECT_THROW(kernels::linear(x, w, b), std::invalid_argument);
   EXPECT_THROW(kernels::mlp(x, w, b, w.t().contiguous(), torch::randn({8})), std::invalid_argument);
-  if (!kernels::have_cuda_kernels() || !torch::cuda::is_available()) return;
+  if (!have_gpu()) return;
   const auto g = torch::kCUDA;
   EXPECT_TRUE(kernels::linear_applies(x.to(g), w.to(g), b.to(g)));
   EXPECT_FALSE(kernels::linear_applies(x.to(g), w.to(g), torch::Tensor()));   // no bias
