@@ -10,7 +10,7 @@
 #include <exception>
 #include <functional>
 
-#include "parallel/cuda_check.h"
+#include "src/base/cuda_check.h"
 #include "src/kernels/launch.h"
 
 namespace {

@@ -16,12 +16,19 @@
 #include <cstring>
 #include <utility>
 
-#include "data/h5_check.h"
+#include "src/base/h5_check.h"
 #include "src/base/errors.h"
 #include "src/base/files.h"
 
 namespace gpt2::data {
 namespace {
+
+using h5::H5ErrorSilencer;
+using h5::H5Id;
+using h5::h5_error_detail;
+using h5::read_int_attr;
+using h5::write_int_attr;
+using h5::write_string_attr;
 
 // ------------------------------------------------------------------------------------ writing
 

@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "parallel/communicator.h"
-#include "parallel/mpi_check.h"
+#include "src/base/mpi_check.h"
 #include "src/base/errors.h"
 
 namespace gpt2::parallel {

@@ -18,8 +18,8 @@
 #include <thread>
 
 #include "parallel/communicator.h"
-#include "parallel/cuda_check.h"
-#include "parallel/mpi_check.h"
+#include "src/base/cuda_check.h"
+#include "src/base/mpi_check.h"
 #include "src/base/log.h"
 
 namespace gpt2::parallel {

@@ -2,17 +2,10 @@
 
 #include <cstdlib>
 
-#include "parallel/mpi_check.h"
+#include "src/base/mpi_check.h"
 #include "src/base/log.h"
 
 namespace gpt2::parallel {
-
-std::string mpi_error_string(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
-  return std::string(text, len);
-}
 
 MpiSession::MpiSession(int* argc, char*** argv) {
   int initialized = 0;

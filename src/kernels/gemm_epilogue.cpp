@@ -5,26 +5,18 @@
 #ifdef GPT2_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAStream.h>
-#include <cublasLt.h>
 
 #include <map>
 #include <mutex>
 #include <tuple>
 
-#include "src/base/errors.h"
+#include "src/base/cuda_check.h"
 #endif
 
 namespace gpt2::kernels {
 
 #ifdef GPT2_WITH_CUDA
 namespace {
-
-#define CUBLASLT_CHECK(call)                                                                    \
-  do {                                                                                          \
-    cublasStatus_t gpt2_lt_rc_ = (call);                                                        \
-    if (gpt2_lt_rc_ != CUBLAS_STATUS_SUCCESS)                                                   \
-      ::gpt2::throw_call_error(#call, cublasLtGetStatusString(gpt2_lt_rc_), __FILE__, __LINE__); \
-  } while (0)
 
 // One column-major product D (m, n) = op(A) op(B) + bias, GELU applied, its input kept in aux.
 struct LtGemm {

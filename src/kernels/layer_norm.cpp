@@ -7,7 +7,7 @@
 #include <stdexcept>
 
 #ifdef GPT2_WITH_CUDA
-#include "parallel/cuda_check.h"
+#include "src/base/cuda_check.h"
 #include "src/kernels/dtype.h"
 #endif
 

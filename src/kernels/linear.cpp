@@ -10,7 +10,7 @@
 #include "src/kernels/gemm_epilogue.h"
 
 #ifdef GPT2_WITH_CUDA
-#include "parallel/cuda_check.h"
+#include "src/base/cuda_check.h"
 #include "src/kernels/dtype.h"
 #endif
 

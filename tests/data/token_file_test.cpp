@@ -15,12 +15,14 @@
 #include <numeric>
 
 #include "data/batch_sampler.h"
-#include "data/h5_check.h"
+#include "src/base/h5_check.h"
 #include "src/base/files.h"
 #include "tests/test_util.h"
 
 namespace gpt2::data {
 namespace {
+
+using h5::H5Id;
 
 using gpt2::test::TempDir;
 using test::user_error;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "data/h5_check.h"
+#include "src/base/h5_check.h"
 #include "data/token_file.h"
 #include "src/base/files.h"
 
@@ -48,15 +48,15 @@ int main(int argc, char** argv) {
   data::write_token_file(tf + "/bad_id.h5", {1, 2}, data::TokenFileAttrs{3, 2, "tiny"});
   {
     // A user block (the signature at 512) and a chunked dataset: paths the checks must take.
-    data::H5Id fcpl(H5_ID(H5Pcreate(H5P_FILE_CREATE)), H5Pclose);
+    h5::H5Id fcpl(H5_ID(H5Pcreate(H5P_FILE_CREATE)), H5Pclose);
     H5_CHECK(H5Pset_userblock(fcpl.get(), 512));
-    data::H5Id file(H5_ID(H5Fcreate((tf + "/ublock_chunked.h5").c_str(), H5F_ACC_TRUNC, fcpl.get(), H5P_DEFAULT)),
+    h5::H5Id file(H5_ID(H5Fcreate((tf + "/ublock_chunked.h5").c_str(), H5F_ACC_TRUNC, fcpl.get(), H5P_DEFAULT)),
                     H5Fclose);
     const hsize_t dims[1] = {8}, chunk[1] = {4};
-    data::H5Id space(H5_ID(H5Screate_simple(1, dims, nullptr)), H5Sclose);
-    data::H5Id dcpl(H5_ID(H5Pcreate(H5P_DATASET_CREATE)), H5Pclose);
+    h5::H5Id space(H5_ID(H5Screate_simple(1, dims, nullptr)), H5Sclose);
+    h5::H5Id dcpl(H5_ID(H5Pcreate(H5P_DATASET_CREATE)), H5Pclose);
     H5_CHECK(H5Pset_chunk(dcpl.get(), 1, chunk));
-    data::H5Id dset(H5_ID(H5Dcreate2(file.get(), "tokens", H5T_STD_U16LE, space.get(), H5P_DEFAULT, dcpl.get(),
+    h5::H5Id dset(H5_ID(H5Dcreate2(file.get(), "tokens", H5T_STD_U16LE, space.get(), H5P_DEFAULT, dcpl.get(),
                                      H5P_DEFAULT)),
                     H5Dclose);
   }

@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "src/gpt2_model.h"
+#include "src/model/gpt2_model.h"
 #include "src/kernels/cross_entropy.h"
 #include "tests/kernels/compare.h"
 

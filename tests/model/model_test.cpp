@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "src/base/errors.h"
-#include "src/generate.h"
-#include "src/gpt2_model.h"
-#include "src/hf_import.h"
+#include "src/model/generate.h"
+#include "src/model/gpt2_model.h"
+#include "src/io/hf_import.h"
 #include "tests/test_util.h"
 
 namespace gpt2 {

@@ -8,7 +8,7 @@
 
 #include "src/base/errors.h"
 #include "src/base/files.h"
-#include "src/safetensors.h"
+#include "src/io/safetensors.h"
 #include "tests/test_util.h"
 
 namespace gpt2 {

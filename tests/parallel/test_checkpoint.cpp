@@ -9,8 +9,8 @@
 #include <string>
 
 #include "src/base/files.h"
-#include "src/checkpoint.h"
-#include "src/trainer.h"
+#include "src/io/checkpoint.h"
+#include "src/train/trainer.h"
 #include "tests/parallel/training_fixtures.h"
 
 namespace gpt2 {

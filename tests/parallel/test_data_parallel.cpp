@@ -13,7 +13,7 @@
 #include "data/token_file.h"
 #include "parallel/rank_env.h"
 #include "src/base/log.h"
-#include "src/trainer.h"
+#include "src/train/trainer.h"
 #include "tests/parallel/training_fixtures.h"
 #include "tests/test_util.h"
 

@@ -12,8 +12,8 @@
 #include "data/token_file.h"
 #include "parallel/rank_env.h"
 #include "src/base/log.h"
-#include "src/config.h"
-#include "src/gpt2_model.h"
+#include "src/train/config.h"
+#include "src/model/gpt2_model.h"
 #include "tests/test_util.h"
 
 namespace gpt2::test {

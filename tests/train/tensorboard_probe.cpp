@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "src/base/errors.h"
-#include "src/tensorboard.h"
+#include "src/train/tensorboard.h"
 
 namespace {
 

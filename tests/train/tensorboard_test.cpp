@@ -2,7 +2,7 @@
 // against the wire format spelled out byte by byte, a written file re-read record by record with
 // both CRCs checked, and a directory that cannot be created. TensorBoard itself reads the files in
 // tests/python/test_tensorboard.py.
-#include "src/tensorboard.h"
+#include "src/train/tensorboard.h"
 
 #include <gtest/gtest.h>
 

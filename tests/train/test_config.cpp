@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "src/base/errors.h"
-#include "src/config.h"
+#include "src/train/config.h"
 #include "tests/test_util.h"
 
 namespace gpt2 {

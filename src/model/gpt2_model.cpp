@@ -1,0 +1,345 @@
+// GPT-2 model (see gpt2_model.h). HF GPT2LMHeadModel is the behavioural reference.
+#include "src/model/gpt2_model.h"
+
+#include "src/model/chunked_loss.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include "src/model/recompute.h"
+#include "src/base/errors.h"
+#include "src/kernels/cross_entropy.h"
+#include "src/kernels/layer_norm.h"
+#include "src/kernels/linear.h"
+
+namespace gpt2 {
+namespace {
+
+constexpr double kLayerNormEps = 1e-5;  // HF layer_norm_epsilon
+constexpr double kInitStd = 0.02;       // HF initializer_range
+constexpr int64_t kIgnoreIndex = -1;    // targets equal to this do not count in the loss
+
+torch::nn::LayerNorm make_layer_norm(int64_t n_embd) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({n_embd}).eps(kLayerNormEps));
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// x W^T + b through ATen's linear, not torch::nn::Linear::forward: the C++ module runs a 3-D input
+// as matmul and then `+= bias`, a broadcast add in an unvectorised kernel per projection (6.8 ms of
+// a 72 ms gpt2-124m step on an H200), while at::linear folds the bias into the GEMM. On CUDA (when
+// asked) the bias gradient comes from src/kernels/linear.h.
+torch::Tensor project(const torch::nn::Linear& layer, const torch::Tensor& x, bool fused) {
+  if (fused && kernels::linear_applies(x, layer->weight, layer->bias)) {
+    return kernels::linear(x, layer->weight, layer->bias);
+  }
+  return at::linear(x, layer->weight, layer->bias);
+}
+
+// (s, ln(s)) for s = x + y, or s = x when y is undefined: on CUDA (when asked) one fused kernel
+// each way (src/kernels/layer_norm.h).
+std::pair<torch::Tensor, torch::Tensor> add_and_normalize(torch::nn::LayerNorm& ln, const torch::Tensor& x,
+                                                          const torch::Tensor& y, bool fused) {
+  if (fused && kernels::residual_layer_norm_applies(x, y, ln->weight, ln->bias)) {
+    return kernels::residual_layer_norm(x, y, ln->weight, ln->bias, kLayerNormEps);
+  }
+  auto s = y.defined() ? x + y : x;
+  return {s, ln(s)};
+}
+
+void require_positive(int64_t value, const char* key) {
+  if (value <= 0) {
+    throw UserError(std::string(key) + " must be positive, got " + std::to_string(value));
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// GPT2Config
+
+int64_t GPT2Config::padded_vocab_size() const {
+  return (vocab_size + kVocabPadMultiple - 1) / kVocabPadMultiple * kVocabPadMultiple;
+}
+
+int64_t GPT2Config::num_parameters(bool count_padding) const {
+  const int64_t c = n_embd;
+  const int64_t per_block = 2 * c                  // ln_1
+                            + c * 3 * c + 3 * c    // attn.c_attn
+                            + c * c + c            // attn.c_proj
+                            + 2 * c                // ln_2
+                            + c * 4 * c + 4 * c    // mlp.c_fc
+                            + 4 * c * c + c;       // mlp.c_proj
+  const int64_t vocab_rows = count_padding ? padded_vocab_size() : vocab_size;
+  return vocab_rows * c + block_size * c + n_layer * per_block + 2 * c;
+}
+
+void GPT2Config::validate() const {
+  require_positive(n_layer, "model.n_layer");
+  require_positive(n_head, "model.n_head");
+  require_positive(n_embd, "model.n_embd");
+  require_positive(vocab_size, "model.vocab_size");
+  require_positive(block_size, "model.block_size");
+  if (n_embd % n_head != 0) {
+    throw UserError("model.n_embd (" + std::to_string(n_embd) + ") must be divisible by model.n_head (" +
+                    std::to_string(n_head) + "); e.g. n_embd = 64 * n_head");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Modules
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPT2Config& cfg) : n_head_(cfg.n_head) {
+  c_attn = register_module("c_attn", torch::nn::Linear(cfg.n_embd, 3 * cfg.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(cfg.n_embd, cfg.n_embd));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  const int64_t hs = C / n_head_;
+  // One fused matmul for q, k and v; the splits below are views, no copies.
+  auto qkv = project(c_attn, x, fused_kernels).split(C, /*dim=*/2);  // 3 x (B, T, C)
+  auto q = qkv[0].view({B, T, n_head_, hs}).transpose(1, 2);         // (B, nh, T, hs)
+  auto k = qkv[1].view({B, T, n_head_, hs}).transpose(1, 2);         // (B, nh, T, hs)
+  auto v = qkv[2].view({B, T, n_head_, hs}).transpose(1, 2);         // (B, nh, T, hs)
+  // Scale defaults to 1/sqrt(hs), as HF (scale_attn_weights=True). SDPA picks flash/efficient
+  // kernels on GPU; the strided q/k/v (last dim contiguous) are accepted without a copy.
+  auto y = torch::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                               /*is_causal=*/true);  // (B, nh, T, hs)
+  y = y.transpose(1, 2).contiguous().view({B, T, C});               // (B, T, C)
+  return project(c_proj, y, fused_kernels);
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward_cached(const torch::Tensor& x, torch::Tensor& keys,
+                                                     torch::Tensor& values, int64_t start, const torch::Tensor& mask) {
+  const int64_t B = x.size(0), t = x.size(1), C = x.size(2);
+  const int64_t hs = C / n_head_;
+  auto qkv = project(c_attn, x, fused_kernels).split(C, /*dim=*/2);  // 3 x (B, t, C)
+  auto q = qkv[0].view({B, t, n_head_, hs}).transpose(1, 2);         // (B, nh, t, hs)
+  keys.narrow(2, start, t).copy_(qkv[1].view({B, t, n_head_, hs}).transpose(1, 2));
+  values.narrow(2, start, t).copy_(qkv[2].view({B, t, n_head_, hs}).transpose(1, 2));
+  auto k = keys.narrow(2, 0, start + t);                             // (B, nh, start + t, hs)
+  auto v = values.narrow(2, 0, start + t);
+  // Without a mask: one new position sees everything before it; a first chunk is plain causal.
+  const bool causal = !mask.defined() && start == 0 && t > 1;
+  auto y = torch::scaled_dot_product_attention(q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt,
+                                               /*dropout_p=*/0.0, causal);  // (B, nh, t, hs)
+  return project(c_proj, y.transpose(1, 2).contiguous().view({B, t, C}), fused_kernels);
+}
+
+MLPImpl::MLPImpl(const GPT2Config& cfg) {
+  c_fc = register_module("c_fc", torch::nn::Linear(cfg.n_embd, 4 * cfg.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(4 * cfg.n_embd, cfg.n_embd));
+}
+
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+  // HF "gelu_new" is the tanh approximation.
+  if (fused_kernels && kernels::mlp_applies(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias)) {
+    return kernels::mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias);  // (B, T, C) -> (B, T, C)
+  }
+  return project(c_proj, torch::gelu(project(c_fc, x, false), "tanh"), false);       // (B, T, 4C) -> (B, T, C)
+}
+
+BlockImpl::BlockImpl(const GPT2Config& cfg) {
+  ln_1 = register_module("ln_1", make_layer_norm(cfg.n_embd));
+  attn = register_module("attn", CausalSelfAttention(cfg));
+  ln_2 = register_module("ln_2", make_layer_norm(cfg.n_embd));
+  mlp = register_module("mlp", MLP(cfg));
+}
+
+std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_pair(const torch::Tensor& x, const torch::Tensor& pending) {
+  auto [r, n1] = add_and_normalize(ln_1, x, pending, fused_kernels);  // r = x + pending, (B, T, C)
+  auto [h, n2] = add_and_normalize(ln_2, r, attn(n1), fused_kernels);  // h = r + attn(ln_1(r))
+  return {h, mlp(n2)};                                                  // the output is h + mlp(ln_2(h))
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  auto [h, m] = forward_pair(x, torch::Tensor());
+  return h + m;  // (B, T, C)
+}
+
+TransformerImpl::TransformerImpl(const GPT2Config& cfg) {
+  wte = register_module("wte", torch::nn::Embedding(cfg.padded_vocab_size(), cfg.n_embd));
+  wpe = register_module("wpe", torch::nn::Embedding(cfg.block_size, cfg.n_embd));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < cfg.n_layer; ++i) {
+    blocks.emplace_back(cfg);
+    h->push_back(blocks.back());
+  }
+  ln_f = register_module("ln_f", make_layer_norm(cfg.n_embd));
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPT2
+
+GPT2Impl::GPT2Impl(const GPT2Config& cfg) : cfg_(cfg) {
+  cfg_.validate();
+  transformer_ = register_module("transformer", Transformer(cfg_));
+  // Keep the padding rows at zero from the start, whatever init follows.
+  torch::NoGradGuard no_grad;
+  transformer_->wte->weight.narrow(0, cfg_.vocab_size, cfg_.padded_vocab_size() - cfg_.vocab_size)
+      .zero_();
+}
+
+torch::Tensor GPT2Impl::forward(const torch::Tensor& idx) {
+  // Full padded matrix for a GEMM-friendly N; padding columns are dropped by a free view.
+  auto logits = torch::nn::functional::linear(hidden(idx), transformer_->wte->weight);  // (B, T, Vp)
+  return logits.narrow(-1, 0, cfg_.vocab_size);                                          // (B, T, V) view
+}
+
+KVCache GPT2Impl::make_kv_cache(int64_t capacity, const std::vector<int64_t>& pad) {
+  if (capacity < 1 || capacity > cfg_.block_size) {
+    throw UserError("KV cache capacity " + std::to_string(capacity) + " must be in [1, model.block_size = " +
+                    std::to_string(cfg_.block_size) + "]");
+  }
+  const auto& w = transformer_->wte->weight;
+  const int64_t B = static_cast<int64_t>(pad.size());
+  KVCache cache;
+  for (int64_t i = 0; i < cfg_.n_layer; ++i) {
+    cache.keys.push_back(torch::zeros({B, cfg_.n_head, capacity, cfg_.n_embd / cfg_.n_head}, w.options()));
+    cache.values.push_back(torch::zeros_like(cache.keys.back()));
+  }
+  cache.pad = pad;
+  cache.pad_tensor = torch::tensor(pad, torch::kLong).to(w.device());
+  return cache;
+}
+
+torch::Tensor GPT2Impl::forward_cached(const torch::Tensor& idx, KVCache& cache) {
+  TORCH_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong && idx.size(0) == static_cast<int64_t>(cache.pad.size()),
+              "GPT2::forward_cached expects (B, t) int64 ids with B = the cache's rows, got ", idx.sizes());
+  const int64_t t = idx.size(1), start = cache.length, end = start + t;
+  if (end > cache.capacity()) {
+    throw UserError("KV cache overflow: " + std::to_string(end) + " positions, capacity " +
+                    std::to_string(cache.capacity()));
+  }
+  auto& tr = *transformer_;
+  const auto opts = idx.options();
+  // Position of query i in row b: start + i - pad[b], clamped at 0 for padding.
+  auto q_abs = torch::arange(start, end, opts);                                           // (t)
+  auto pos = (q_abs.unsqueeze(0) - cache.pad_tensor.unsqueeze(1)).clamp_min(0);           // (B, t)
+  torch::Tensor mask;  // (B, 1, t, end); undefined = causal
+  const bool padded = std::any_of(cache.pad.begin(), cache.pad.end(), [](int64_t p) { return p > 0; });
+  if (padded || (start > 0 && t > 1)) {
+    auto k_abs = torch::arange(end, opts);                                                // (end)
+    auto causal = k_abs.view({1, 1, 1, end}) <= q_abs.view({1, 1, t, 1});                 // (1, 1, t, end)
+    auto real_key = k_abs.view({1, 1, 1, end}) >= cache.pad_tensor.view({-1, 1, 1, 1});   // (B, 1, 1, end)
+    auto self = k_abs.view({1, 1, 1, end}) == q_abs.view({1, 1, t, 1});                  // padding sees itself
+    mask = causal & (real_key | self);
+  }
+  auto x = tr.wte(idx) + tr.wpe(pos);                                                     // (B, t, C)
+  for (size_t i = 0; i < tr.blocks.size(); ++i) {
+    auto& block = *tr.blocks[i];
+    x = x + block.attn->forward_cached(block.ln_1(x), cache.keys[i], cache.values[i], start, mask);
+    x = x + block.mlp(block.ln_2(x));
+  }
+  cache.length = end;
+  auto last = tr.ln_f(x.select(1, t - 1));                                                // (B, C)
+  return torch::nn::functional::linear(last, tr.wte->weight).narrow(-1, 0, cfg_.vocab_size);  // (B, V)
+}
+
+torch::Tensor GPT2Impl::hidden(const torch::Tensor& idx) {
+  TORCH_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong,
+              "GPT2::forward expects (B, T) int64 token ids, got ", idx.sizes(), " ", idx.scalar_type());
+  const int64_t T = idx.size(1);
+  if (T > cfg_.block_size) {
+    throw UserError("sequence length " + std::to_string(T) + " exceeds model.block_size (" +
+                    std::to_string(cfg_.block_size) + ")");
+  }
+  auto& tr = *transformer_;
+  auto pos = torch::arange(T, idx.options());                       // (T)
+  auto x = tr.wte(idx) + tr.wpe(pos);                               // (B, T, C)
+  torch::Tensor pending;  // the last block's MLP output, still to be added to x by the next LayerNorm
+  for (size_t i = 0; i < tr.blocks.size(); ++i) {
+    std::shared_ptr<BlockImpl> block = tr.blocks[i].ptr();  // the lambda keeps it for the recompute
+    if (checkpoint_every_ > 0 && static_cast<int64_t>(i) % checkpoint_every_ == 0) {
+      if (pending.defined()) x = x + pending;                       // a checkpointed block takes one tensor
+      pending = torch::Tensor();
+      x = checkpointed([block](const torch::Tensor& in) { return block->forward(in); }, x);  // (B, T, C)
+    } else {
+      std::tie(x, pending) = block->forward_pair(x, pending);       // x + pending is the stream
+    }
+  }
+  return add_and_normalize(tr.ln_f, x, pending, fused_kernels_).second;  // (B, T, C)
+}
+
+torch::Tensor GPT2Impl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
+  TORCH_CHECK(targets.sizes() == idx.sizes(), "GPT2::loss: targets ", targets.sizes(),
+              " must match idx ", idx.sizes());
+  if (chunked_loss_) {
+    // The head and the loss together, chunk by chunk (src/model/chunked_loss.h): the logits of the
+    // whole batch never exist, in any precision.
+    const auto h = hidden(idx);  // (B, T, C)
+    return classifier_cross_entropy(h.reshape({-1, h.size(-1)}), transformer_->wte->weight, targets.reshape({-1}),
+                                    cfg_.vocab_size, kIgnoreIndex);
+  }
+  if (fused_kernels_ && kernels::have_cuda_kernels() && idx.is_cuda() &&
+      transformer_->wte->weight.scalar_type() != torch::kDouble) {
+    // The head and the loss as one node: the padded (B*T, Vp) logits are the only logits-sized
+    // buffer, and the loss kernel turns them into their gradient (src/kernels/cross_entropy.h).
+    const auto h = hidden(idx);  // (B, T, C)
+    return kernels::head_cross_entropy(h.reshape({-1, h.size(-1)}), transformer_->wte->weight, targets.reshape({-1}),
+                                       cfg_.vocab_size, kIgnoreIndex);
+  }
+  auto logits = forward(idx);  // (B, T, V), rows stride Vp
+  // (B*T, V): still a view (row stride Vp). Low precision is upcast; the cast also compacts rows.
+  auto flat = logits.reshape({-1, cfg_.vocab_size});
+  if (flat.scalar_type() == torch::kBFloat16 || flat.scalar_type() == torch::kHalf) flat = flat.to(torch::kFloat);
+  return torch::nn::functional::cross_entropy(
+      flat, targets.reshape({-1}), torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));
+}
+
+void GPT2Impl::init_weights(uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const double residual_std = kInitStd / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer));
+  for (auto& item : named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    torch::Tensor& p = item.value();
+    if (ends_with(name, ".bias")) {
+      p.zero_();
+    } else if (name.find(".ln_") != std::string::npos) {
+      p.fill_(1.0);  // LayerNorm weight (ln_1, ln_2, ln_f)
+    } else {
+      const bool residual = ends_with(name, "attn.c_proj.weight") || ends_with(name, "mlp.c_proj.weight");
+      auto draw = torch::empty(p.sizes(), torch::kFloat);
+      draw.normal_(0.0, residual ? residual_std : kInitStd, gen);
+      p.copy_(draw);
+    }
+  }
+  auto& wte = transformer_->wte->weight;
+  wte.narrow(0, cfg_.vocab_size, cfg_.padded_vocab_size() - cfg_.vocab_size).zero_();
+}
+
+void GPT2Impl::set_fused_kernels(bool on) {
+  fused_kernels_ = on;
+  for (auto& block : transformer_->blocks) {
+    block->fused_kernels = on;
+    block->attn->fused_kernels = on;
+    block->mlp->fused_kernels = on;
+  }
+}
+
+void GPT2Impl::set_activation_checkpointing(int64_t every_k) {
+  if (every_k < 0) {
+    throw std::invalid_argument("GPT2::set_activation_checkpointing: every_k must be >= 0, got " +
+                                std::to_string(every_k));
+  }
+  checkpoint_every_ = every_k;
+}
+
+int64_t GPT2Impl::num_parameters(bool count_padding) const {
+  int64_t n = 0;
+  for (const auto& p : parameters(/*recurse=*/true)) n += p.numel();
+  if (!count_padding) n -= (cfg_.padded_vocab_size() - cfg_.vocab_size) * cfg_.n_embd;
+  return n;
+}
+
+}  // namespace gpt2

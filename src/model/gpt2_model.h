@@ -1,0 +1,163 @@
+#pragma once
+// GPT-2 language model, architecturally identical to Hugging Face's GPT2LMHeadModel (pre-LN blocks,
+// learned positions, tanh GELU, LayerNorm eps 1e-5, lm head tied to wte, no dropout).
+// Contract: named_parameters() are exactly HF's names ("transformer.h.0.attn.c_attn.weight", ...),
+// forward() returns logits over the real vocab only, loss() is mean cross-entropy in >= fp32.
+// Works in fp32, fp64 and under CUDA autocast (bf16/fp16). See Note [Weight layout] for import.
+#include <torch/nn.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "src/model/model_config.h"
+
+namespace gpt2 {
+
+// Note [Weight layout]
+// Our projections are torch::nn::Linear, whose weight is (out_features, in_features). HF GPT-2 uses
+// Conv1D, whose weight is (in_features, out_features): c_attn, c_proj and c_fc weights are therefore
+// TRANSPOSED relative to HF checkpoints (hf_import.h transposes both ways). wte has
+// padded_vocab_size() rows so the lm-head matmul has a GPU-friendly shape; rows >= vocab_size are
+// kept at zero, never looked up (ids must be < vocab_size) and never predicted (logits are narrowed).
+
+// GPT2Config (the [model] section: n_layer, n_head, n_embd, vocab_size, block_size) is declared
+// in model_config.h so config code needs no torch; its methods are defined in gpt2_model.cpp.
+
+// Causal multi-head self-attention with one fused qkv projection.
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const GPT2Config& cfg);
+  torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
+  // Inference with a key/value cache: x (B, t, C) are the positions [start, start + t); their keys
+  // and values are written into keys/values (B, n_head, capacity, head_size) at [start, start + t)
+  // and the queries attend to [0, start + t) under `mask` ((B, 1, t, start + t) bool, true =
+  // attend), or causally when `mask` is undefined. Returns (B, t, C).
+  torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values, int64_t start,
+                               const torch::Tensor& mask);
+
+  torch::nn::Linear c_attn{nullptr};  // C -> 3C (q, k, v concatenated along the output)
+  torch::nn::Linear c_proj{nullptr};  // C -> C, residual projection
+  bool fused_kernels = true;          // CUDA: projections through src/kernels/linear.h
+
+ private:
+  int64_t n_head_;
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  explicit MLPImpl(const GPT2Config& cfg);
+  torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
+
+  torch::nn::Linear c_fc{nullptr};    // C -> 4C
+  torch::nn::Linear c_proj{nullptr};  // 4C -> C, residual projection
+  bool fused_kernels = true;          // CUDA: c_fc + GELU and c_proj through src/kernels/linear.h
+};
+TORCH_MODULE(MLP);
+
+// Pre-LN transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GPT2Config& cfg);
+  torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
+  // The same block with the residual adds left to the next LayerNorm: the input is x + pending
+  // (pending may be undefined: just x), the output is (h, m) with h + m the block's output.
+  // Chained through the model, every residual add fuses with the LayerNorm that reads it.
+  std::pair<torch::Tensor, torch::Tensor> forward_pair(const torch::Tensor& x, const torch::Tensor& pending);
+  bool fused_kernels = true;  // CUDA: add + LayerNorm through src/kernels/layer_norm.h
+
+  torch::nn::LayerNorm ln_1{nullptr};
+  CausalSelfAttention attn{nullptr};
+  torch::nn::LayerNorm ln_2{nullptr};
+  MLP mlp{nullptr};
+};
+TORCH_MODULE(Block);
+
+// The "transformer" submodule: exists so parameter names carry HF's "transformer." prefix.
+class TransformerImpl : public torch::nn::Module {
+ public:
+  explicit TransformerImpl(const GPT2Config& cfg);
+
+  torch::nn::Embedding wte{nullptr};  // (padded_vocab_size, C); also the lm head (tied)
+  torch::nn::Embedding wpe{nullptr};  // (block_size, C)
+  torch::nn::ModuleList h{nullptr};   // n_layer Blocks
+  torch::nn::LayerNorm ln_f{nullptr};
+  std::vector<Block> blocks;          // the same modules as h, typed
+};
+TORCH_MODULE(Transformer);
+
+// Keys and values of every layer for a batch being generated (generate.h), so each new token costs
+// one position of compute instead of the whole context. Sequences of different lengths are
+// left-padded: row b's first pad[b] positions are padding, never attended to (except by
+// themselves, which keeps their values finite), and its positions count from the first real token.
+struct KVCache {
+  std::vector<torch::Tensor> keys, values;  // per layer, (B, n_head, capacity, head_size)
+  std::vector<int64_t> pad;                 // left padding per row
+  torch::Tensor pad_tensor;                 // the same, (B) int64 on the model's device
+  int64_t length = 0;                       // positions filled, padding included
+  int64_t capacity() const { return keys.empty() ? 0 : keys.front().size(2); }
+};
+
+class GPT2Impl : public torch::nn::Module {
+ public:
+  // Validates cfg. Parameters start with LibTorch's default init: call init_weights() for GPT-2's
+  // init, or load weights (hf_import.h). Allocates on CPU in fp32; move with ->to(device, dtype).
+  explicit GPT2Impl(const GPT2Config& cfg);
+
+  // idx: (B, T) int64 token ids in [0, vocab_size), T <= block_size.
+  // Returns logits (B, T, vocab_size): a view narrowed from the padded (B, T, padded_vocab) product,
+  // so it is not contiguous; call .contiguous() if needed.
+  torch::Tensor forward(const torch::Tensor& idx);
+  // Inference step with a cache: idx (B, t) are the next t positions of every row; appends their
+  // keys/values at cache.length, advances it, and returns the logits of the last position,
+  // (B, vocab_size). Throws gpt2::UserError when cache.length + t exceeds the cache's capacity.
+  torch::Tensor forward_cached(const torch::Tensor& idx, KVCache& cache);
+  // An empty cache for `batch` rows of up to `capacity` (<= block_size) positions, left padding
+  // `pad` (size batch), on the model's device and dtype.
+  KVCache make_kv_cache(int64_t capacity, const std::vector<int64_t>& pad);
+  // The final hidden states (after ln_f), (B, T, C): what the tied head multiplies.
+  torch::Tensor hidden(const torch::Tensor& idx);
+
+  // Mean cross-entropy over the real vocab; targets (B, T) int64, -1 = ignored position. The
+  // softmax is fp32 for bf16/fp16/fp32 models and fp64 for fp64 ones.
+  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
+  // true: loss() runs the head and the loss chunk by chunk without the batch's logits
+  // (memory.chunked_loss); false: logits, then cross_entropy (faster today).
+  void set_chunked_loss(bool on) { chunked_loss_ = on; }
+  // true (default): on CUDA, the head and the loss run as one node whose loss kernel also writes
+  // the logits' gradient (src/kernels/cross_entropy.h) instead of a cast to fp32, log_softmax and
+  // nll; every residual add runs fused with the LayerNorm after it (src/kernels/layer_norm.h); the
+  // linear layers take their bias gradients, and c_fc its GELU backward, from src/kernels/linear.h.
+  void set_fused_kernels(bool on);
+
+  // GPT-2 init: Linear/Embedding weights N(0, 0.02); residual projections (attn.c_proj, mlp.c_proj)
+  // N(0, 0.02/sqrt(2*n_layer)); biases 0; LayerNorm weight 1, bias 0; padded wte rows 0.
+  // Draws from a private CPU generator seeded with `seed` (fp32, then copied to each parameter's
+  // device and dtype): same values on any device, and the global torch RNG is neither read nor
+  // advanced.
+  void init_weights(uint64_t seed);
+
+  // Number of parameter elements; without padding it equals HF's count at the same vocab_size.
+  int64_t num_parameters(bool count_padding = false) const;
+
+  // Activation checkpointing (memory.activation_checkpointing; recompute.h): 0 = none,
+  // 1 = every block (full), K = blocks 0, K, 2K, ... A checkpointed block keeps only its input for
+  // backward and is recomputed there. Applies only when forward runs with grad enabled; the values
+  // and gradients are the same as without. Throws std::invalid_argument for every_k < 0.
+  void set_activation_checkpointing(int64_t every_k);
+  int64_t activation_checkpointing() const { return checkpoint_every_; }
+
+  const GPT2Config& config() const { return cfg_; }
+  Transformer& transformer() { return transformer_; }
+
+ private:
+  GPT2Config cfg_;
+  Transformer transformer_{nullptr};
+  int64_t checkpoint_every_ = 0;  // see set_activation_checkpointing
+  bool chunked_loss_ = false;     // see set_chunked_loss
+  bool fused_kernels_ = true;     // see set_fused_kernels
+};
+TORCH_MODULE(GPT2);
+
+}  // namespace gpt2

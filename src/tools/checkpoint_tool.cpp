@@ -1,0 +1,575 @@
+// gpt2-ckpt's logic (see checkpoint_tool.h). No MPI: the HDF5 C API and the manifest; torch only to
+// move weights between layouts (export-hf, import-hf).
+#include "src/tools/checkpoint_tool.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <ostream>
+#include <set>
+#include <utility>
+
+#include "src/base/h5_check.h"
+#include "src/base/files.h"
+#include "src/base/json.h"
+#include "src/io/hf_import.h"
+#include "src/io/model_weights.h"
+
+namespace gpt2::ckpt {
+namespace {
+
+using h5::dataset_dims;
+using h5::has_link;
+using h5::H5ErrorSilencer;
+using h5::H5Id;
+using h5::open_h5;
+using h5::read_int_attr;
+using h5::write_int_attr;
+using h5::write_string_attr;
+
+const char* const kShardDatasets[] = {"master", "exp_avg", "exp_avg_sq"};
+
+constexpr char kUsage[] =
+    "usage: gpt2-ckpt inspect PATH [--json]\n"
+    "       gpt2-ckpt verify PATH\n"
+    "       gpt2-ckpt consolidate PATH --out FILE\n"
+    "       gpt2-ckpt export-hf PATH --out DIR\n"
+    "       gpt2-ckpt import-hf HF_DIR --out FILE\n"
+    "PATH is a checkpoint directory (it holds manifest.json) or a checkpoint root (checkpoint.dir:\n"
+    "the newest complete step_* directory under it is used); export-hf also takes a model FILE.\n"
+    "Runs without MPI.\n"
+    "\n"
+    "  inspect      step, world size, ZeRO stage, dtype, parameter count, files (size, CRC-32C),\n"
+    "               shards and their flat ranges, loss scale, model config; --json: the manifest\n"
+    "  verify       every file's size and CRC-32C, the shards' HDF5 contents against the manifest,\n"
+    "               their coverage of the flat parameter space, model.h5's parameters and shapes\n"
+    "  consolidate  verifies, then writes FILE (via FILE.tmp): one fp32 dataset per parameter\n"
+    "               (Hugging Face names, manifest shapes) from the shards' fp32 masters: a model\n"
+    "               file that gpt2-generate and train.init_from read\n"
+    "  export-hf    writes DIR/model.safetensors + DIR/config.json (fp32) that transformers'\n"
+    "               GPT2LMHeadModel.from_pretrained(DIR) loads\n"
+    "  import-hf    reads a Hugging Face GPT-2 directory (config.json + model.safetensors) and\n"
+    "               writes a model FILE (fine-tune it with --train.init_from=FILE)\n"
+    "\n"
+    "Exit status: 0 good, 1 damaged checkpoint (each problem printed, naming the file),\n"
+    "2 usage error or PATH is not a checkpoint.\n";
+
+UserError usage_error(const std::string& what) { return UserError(what + " (see gpt2-ckpt --help)"); }
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+std::string range_str(int64_t b, int64_t e) { return "[" + str(b) + ", " + str(e) + ")"; }
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + str(shape[i]);
+  return s + "]";
+}
+
+// A positive decimal integer, or -1.
+int64_t parse_positive(const std::string& s) {
+  if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos) return -1;
+  const int64_t v = std::strtoll(s.c_str(), nullptr, 10);
+  return v > 0 ? v : -1;
+}
+
+std::string pad_right(const std::string& s, size_t width) { return s.size() >= width ? s : s + std::string(width - s.size(), ' '); }
+
+// ---- JSON, indented: containers of scalars that fit on a line stay on one line.
+
+bool is_scalar(const json::Value& v) { return !v.is_array() && !v.is_object(); }
+
+bool is_flat(const json::Value& v) {
+  if (v.is_array()) {
+    for (const auto& e : v.as_array())
+      if (!is_scalar(e)) return false;
+    return true;
+  }
+  if (v.is_object()) {
+    for (const auto& [k, e] : v.as_object())
+      if (!is_scalar(e) && !(e.is_array() && is_flat(e))) return false;
+    return true;
+  }
+  return true;
+}
+
+void pretty(const json::Value& v, int indent, std::string& s) {
+  if (is_scalar(v)) {
+    s += json::dump(v);
+    return;
+  }
+  if (is_flat(v)) {
+    std::string one = json::dump(v);
+    if (one.size() + static_cast<size_t>(indent) <= 110) {
+      // json::dump is compact; add a space after ',' and ':' outside strings for readability.
+      std::string spaced;
+      bool in_string = false;
+      for (size_t i = 0; i < one.size(); ++i) {
+        const char c = one[i];
+        spaced += c;
+        if (in_string) {
+          if (c == '\\' && i + 1 < one.size()) spaced += one[++i];
+          else if (c == '"') in_string = false;
+        } else if (c == '"') {
+          in_string = true;
+        } else if (c == ',' || c == ':') {
+          spaced += ' ';
+        }
+      }
+      s += spaced;
+      return;
+    }
+  }
+  const std::string in(static_cast<size_t>(indent) + 2, ' ');
+  if (v.is_array()) {
+    const auto& a = v.as_array();
+    if (a.empty()) {
+      s += "[]";
+      return;
+    }
+    s += "[\n";
+    for (size_t i = 0; i < a.size(); ++i) {
+      s += in;
+      pretty(a[i], indent + 2, s);
+      s += i + 1 < a.size() ? ",\n" : "\n";
+    }
+    s += std::string(static_cast<size_t>(indent), ' ') + "]";
+    return;
+  }
+  const auto& o = v.as_object();
+  if (o.empty()) {
+    s += "{}";
+    return;
+  }
+  s += "{\n";
+  for (size_t i = 0; i < o.size(); ++i) {
+    s += in + json::quote(o[i].first) + ": ";
+    pretty(o[i].second, indent + 2, s);
+    s += i + 1 < o.size() ? ",\n" : "\n";
+  }
+  s += std::string(static_cast<size_t>(indent), ' ') + "}";
+}
+
+// ---- HDF5 pieces: open_h5, has_link, dataset_dims, read_int_attr are in src/base/h5_check.h
+
+std::string dims_str(const std::vector<hsize_t>& dims) {
+  std::vector<int64_t> d(dims.begin(), dims.end());
+  return shape_str(d);
+}
+
+// Problems of one optimizer shard file's contents against its manifest entry.
+void check_shard_contents(const std::string& path, const CheckpointManifest::Shard& s, std::vector<std::string>* out) {
+  H5Id file = open_h5(path);
+  for (auto [name, want] : {std::pair<const char*, int64_t>{"begin", s.begin}, {"end", s.end}}) {
+    int64_t got = 0;
+    std::string why;
+    if (!read_int_attr(file.get(), name, &got, &why)) {
+      out->push_back(path + ": " + why);
+    } else if (got != want) {
+      out->push_back(path + ": attribute " + name + " = " + str(got) + ", the manifest says " + str(want));
+    }
+  }
+  const auto n = static_cast<hsize_t>(s.end - s.begin);
+  for (const char* name : kShardDatasets) {
+    if (!has_link(file.get(), name)) {
+      out->push_back(path + ": no dataset /" + name);
+      continue;
+    }
+    H5Id dset(H5_ID(H5Dopen2(file.get(), name, H5P_DEFAULT)), H5Dclose);
+    bool f32 = false;
+    const auto dims = dataset_dims(dset.get(), &f32);
+    if (!f32) out->push_back(path + ": /" + name + " is not fp32");
+    if (dims.size() != 1 || dims[0] != n) {
+      out->push_back(path + ": /" + name + " has shape " + dims_str(dims) + ", the manifest's range " +
+                     range_str(s.begin, s.end) + " needs [" + str(static_cast<int64_t>(n)) + "]");
+    }
+  }
+}
+
+void check_model_contents(const std::string& path, const CheckpointManifest& m, std::vector<std::string>* out) {
+  H5Id file = open_h5(path);
+  int64_t step = 0;
+  std::string why;
+  if (H5Aexists(file.get(), "step") > 0 && read_int_attr(file.get(), "step", &step, &why) && step != m.step) {
+    out->push_back(path + ": attribute step = " + str(step) + ", the manifest says " + str(m.step));
+  }
+  for (const auto& p : m.params) {
+    if (p.name.empty() || p.name.find('/') != std::string::npos) continue;  // reported with the manifest
+    if (!has_link(file.get(), p.name)) {
+      out->push_back(path + ": no dataset '" + p.name + "' (a parameter in the manifest)");
+      continue;
+    }
+    H5Id dset(H5_ID(H5Dopen2(file.get(), p.name.c_str(), H5P_DEFAULT)), H5Dclose);
+    bool f32 = false;
+    const auto dims = dataset_dims(dset.get(), &f32);
+    if (std::vector<int64_t>(dims.begin(), dims.end()) != p.shape) {
+      out->push_back(path + ": '" + p.name + "' has shape " + dims_str(dims) + ", the manifest says " + shape_str(p.shape));
+    }
+    if (!f32) out->push_back(path + ": '" + p.name + "' is not fp32");
+  }
+}
+
+// The manifest's own consistency: parameters, model config, shard list and coverage.
+void check_manifest(const CheckpointManifest& m, const std::set<std::string>& listed, std::vector<std::string>* out) {
+  const std::string mf = files::join(m.dir, "manifest.json");
+  if (m.flat_total < 0 || m.flat_padded < m.flat_total) {
+    out->push_back(mf + ": flat_padded " + str(m.flat_padded) + " is less than flat_total " + str(m.flat_total));
+  }
+  if (m.world_size < 1) out->push_back(mf + ": world_size " + str(m.world_size) + " is not positive");
+  if (!listed.count("model.h5")) out->push_back(mf + ": model.h5 is not in its files list");
+  for (const auto& key : kGPT2ConfigKeys) {
+    const std::string k = std::string("model.") + key.name;
+    const std::string v = m.config_value(k);
+    if (v.empty()) {
+      out->push_back(mf + ": config has no " + k);
+    } else if (parse_positive(v) < 0) {
+      out->push_back(mf + ": config " + k + " = '" + v + "' is not a positive integer");
+    }
+  }
+
+  // Parameters: named once, numel = product of the shape, inside [0, flat_total), no overlaps.
+  std::set<std::string> names;
+  std::vector<std::pair<int64_t, int64_t>> spans;  // offset, index
+  int64_t sum = 0;
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    const auto& p = m.params[i];
+    if (p.name.empty() || p.name.find('/') != std::string::npos) {
+      out->push_back(mf + ": parameter name '" + p.name + "' is not a plain dataset name");
+    }
+    if (!names.insert(p.name).second) out->push_back(mf + ": parameter '" + p.name + "' is listed twice");
+    int64_t prod = 1;
+    bool shape_ok = true;
+    for (int64_t d : p.shape) {
+      if (d < 0 || (d > 0 && prod > (int64_t{1} << 40) / d)) shape_ok = false;
+      prod *= std::max<int64_t>(d, 0);
+    }
+    if (!shape_ok || prod != p.numel) {
+      out->push_back(mf + ": parameter '" + p.name + "' has shape " + shape_str(p.shape) + " but numel " + str(p.numel));
+    }
+    if (p.offset < 0 || p.numel < 0 || p.offset + p.numel > m.flat_total) {
+      out->push_back(mf + ": parameter '" + p.name + "' at " + range_str(p.offset, p.offset + p.numel) +
+                     " is outside the flat space [0, " + str(m.flat_total) + ")");
+      continue;
+    }
+    sum += p.numel;
+    spans.emplace_back(p.offset, static_cast<int64_t>(i));
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t k = 1; k < spans.size(); ++k) {
+    const auto& a = m.params[static_cast<size_t>(spans[k - 1].second)];
+    const auto& b = m.params[static_cast<size_t>(spans[k].second)];
+    if (a.offset + a.numel > b.offset) {
+      out->push_back(mf + ": parameters '" + a.name + "' " + range_str(a.offset, a.offset + a.numel) + " and '" + b.name +
+                     "' " + range_str(b.offset, b.offset + b.numel) + " overlap");
+    }
+  }
+  if (sum != m.flat_total) {
+    out->push_back(mf + ": the parameters hold " + str(sum) + " elements, flat_total says " + str(m.flat_total));
+  }
+
+  // Shards: one per rank, listed (so checksummed), covering [0, flat_padded).
+  if (static_cast<int64_t>(m.shards.size()) != m.world_size) {
+    out->push_back(mf + ": " + str(static_cast<int64_t>(m.shards.size())) + " shard(s) for world_size " + str(m.world_size));
+  }
+  std::set<int> ranks;
+  for (const auto& s : m.shards) {
+    if (!ranks.insert(s.rank).second) out->push_back(mf + ": rank " + str(s.rank) + " has two shards");
+    if (s.file.empty() || s.file.find('/') != std::string::npos) {
+      out->push_back(mf + ": shard file '" + s.file + "' is not a plain name in the checkpoint directory");
+    } else if (!listed.count(s.file)) {
+      out->push_back(mf + ": shard " + s.file + " is not in its files list (so it has no checksum)");
+    }
+  }
+  if (m.shards.empty()) {
+    out->push_back(mf + ": no shards");
+    return;
+  }
+  const bool replicas = std::all_of(m.shards.begin(), m.shards.end(), [&](const auto& s) {
+    return s.begin == 0 && s.end == m.flat_padded;
+  });
+  if (replicas && (m.shards.size() == 1 || m.zero_stage == 0)) return;  // stage 0: every rank saved everything
+  std::vector<const CheckpointManifest::Shard*> sorted;
+  for (const auto& s : m.shards) sorted.push_back(&s);
+  std::stable_sort(sorted.begin(), sorted.end(), [](const auto* a, const auto* b) { return a->begin < b->begin; });
+  int64_t pos = 0;
+  const CheckpointManifest::Shard* prev = nullptr;
+  for (const auto* s : sorted) {
+    if (s->begin > pos) {
+      out->push_back(mf + ": flat range " + range_str(pos, s->begin) + " is in no shard (gap before " + s->file + ")");
+    } else if (s->begin < pos && prev != nullptr) {
+      out->push_back(mf + ": shard " + s->file + " " + range_str(s->begin, s->end) + " overlaps " + prev->file + " " +
+                     range_str(prev->begin, prev->end));
+    }
+    if (s->end > pos) {
+      pos = s->end;
+      prev = s;
+    }
+  }
+  if (pos < m.flat_padded) {
+    out->push_back(mf + ": flat range " + range_str(pos, m.flat_padded) + " is in no shard (gap at the end)");
+  }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------ public
+
+Damaged::Damaged(std::vector<std::string> problems)
+    : Error(problems.empty() ? std::string("damaged checkpoint") : problems.front()), problems_(std::move(problems)) {}
+
+std::string resolve_checkpoint(const std::string& path) {
+  if (path.empty()) throw usage_error("PATH is empty");
+  if (!files::exists(path)) throw UserError(path + ": no such file or directory");
+  if (!files::is_directory(path)) {
+    throw UserError(path + ": not a checkpoint (a checkpoint is a directory holding manifest.json)");
+  }
+  const std::string dir = find_checkpoint(path);  // throws when `latest` names a missing checkpoint
+  if (dir.empty()) {
+    throw UserError(files::join(path, "manifest.json") +
+                    ": missing: not a checkpoint (no manifest.json, and no complete step_* directory under " + path + ")");
+  }
+  return dir;
+}
+
+CheckpointManifest read_manifest(const std::string& dir) {
+  const std::string mf = files::join(dir, "manifest.json");
+  if (!files::is_regular_file(mf)) {
+    throw UserError(mf + ": missing: not a checkpoint directory (or an incomplete one)");
+  }
+  try {
+    return CheckpointManifest::read(dir);
+  } catch (const Error& e) {
+    std::string what = e.what();
+    if (what.find(mf) == std::string::npos) what = mf + ": " + what;  // every problem names the file
+    throw Damaged({what});
+  }
+}
+
+std::string human_bytes(uint64_t bytes) {
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(bytes) / 1024;
+  size_t u = 0;
+  while (v >= 1024 && u + 1 < sizeof units / sizeof units[0]) {
+    v /= 1024;
+    ++u;
+  }
+  char s[48];
+  std::snprintf(s, sizeof s, "%.1f %s", v, units[u]);
+  return s;
+}
+
+std::string inspect_text(const CheckpointManifest& m) {
+  std::string s;
+  auto line = [&s](const std::string& key, const std::string& value) { s += key + ": " + value + "\n"; };
+  line("checkpoint", m.dir);
+  line("step", str(m.step));
+  line("world size", str(m.world_size));
+  line("ZeRO stage", str(m.zero_stage));
+  line("offload", m.offload.empty() ? "none" : m.offload);
+  line("dtype", m.dtype);
+  line("parameters", str(m.flat_total) + " (flat_total; padded to " + str(m.flat_padded) + ", " +
+                         str(static_cast<int64_t>(m.params.size())) + " tensors)");
+  char scale[64];
+  std::snprintf(scale, sizeof scale, "%g", m.loss_scale);
+  line("loss scale", std::string(scale) + " (growth tracker " + str(m.growth_tracker) + ")");
+  line("data seed", std::to_string(m.seed));
+  uint64_t total = 0;
+  size_t width = 0;
+  for (const auto& f : m.files) {
+    total += f.bytes;
+    width = std::max(width, f.name.size());
+  }
+  line("files", std::to_string(m.files.size()) + ", " + std::to_string(total) + " bytes (" + human_bytes(total) + ")");
+  for (const auto& f : m.files) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%14" PRIu64, f.bytes);
+    s += "  " + pad_right(f.name, width) + b + " bytes  " + pad_right("(" + human_bytes(f.bytes) + ")", 12) +
+         "  crc32c " + f.crc32c + "\n";
+  }
+  line("shards", std::to_string(m.shards.size()));
+  for (const auto& sh : m.shards) {
+    s += "  " + pad_right(sh.file, width) + "  rank " + str(sh.rank) + "  " + range_str(sh.begin, sh.end) + "  " +
+         str(sh.end - sh.begin) + " elements\n";
+  }
+  s += "model config:\n";
+  for (const auto& [k, v] : m.config)
+    if (k.rfind("model.", 0) == 0) s += "  " + k + " = " + v + "\n";
+  return s;
+}
+
+std::string inspect_json(const CheckpointManifest& m) {
+  std::string s;
+  pretty(m.to_json(), 0, s);
+  return s + "\n";
+}
+
+std::vector<std::string> verify_checkpoint(const CheckpointManifest& m) {
+  std::vector<std::string> problems;
+  // Sizes and checksums first: a file that fails them is reported once, not opened.
+  std::set<std::string> listed, damaged;
+  for (size_t i = 0; i < m.files.size(); ++i) {
+    listed.insert(m.files[i].name);
+    const std::string problem = verify_checkpoint_files(m, {i}).front();  // never throws
+    if (!problem.empty()) {
+      problems.push_back(problem);
+      damaged.insert(m.files[i].name);
+    }
+  }
+  check_manifest(m, listed, &problems);
+
+  H5ErrorSilencer quiet;
+  auto contents = [&](const std::string& name, auto&& check) {
+    if (name.empty() || name.find('/') != std::string::npos || damaged.count(name)) return;
+    const std::string path = files::join(m.dir, name);
+    if (!files::is_regular_file(path)) {
+      if (!listed.count(name)) problems.push_back(path + ": missing");  // listed ones were reported above
+      return;
+    }
+    try {
+      check(path);
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      problems.push_back(what.rfind(path, 0) == 0 ? what : path + ": " + what);
+    }
+  };
+  for (const auto& s : m.shards) {
+    contents(s.file, [&](const std::string& path) { check_shard_contents(path, s, &problems); });
+  }
+  contents("model.h5", [&](const std::string& path) { check_model_contents(path, m, &problems); });
+  return problems;
+}
+
+int64_t consolidate_checkpoint(const CheckpointManifest& m, const std::string& out) {
+  auto problems = verify_checkpoint(m);
+  if (!problems.empty()) throw Damaged(std::move(problems));
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  int64_t written = 0;
+  for (const auto& p : m.params) {
+    names.push_back(p.name);
+    shapes.push_back(p.shape);
+    written += p.numel;
+  }
+  write_model_file(out, m.model_config(), m.step, m.dir, names, shapes, [&](size_t i, float* buf) {
+    const auto& p = m.params[i];
+    read_flat_range(m, "master", p.offset, p.offset + p.numel, buf);
+  });
+  return written;
+}
+
+int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  std::string command;
+  try {
+    if (args.empty()) throw usage_error("no command given: inspect, verify, consolidate, export-hf or import-hf");
+    command = args[0];
+    if (command == "-h" || command == "--help" || command == "help") {
+      out << kUsage;
+      return kExitOk;
+    }
+    const bool writes = command == "consolidate" || command == "export-hf" || command == "import-hf";
+    if (command != "inspect" && command != "verify" && !writes) {
+      throw usage_error("unknown command '" + command + "' (inspect, verify, consolidate, export-hf or import-hf)");
+    }
+    std::string path, out_file;
+    bool as_json = false, have_out = false;
+    for (size_t i = 1; i < args.size(); ++i) {
+      const std::string& a = args[i];
+      if (a == "-h" || a == "--help") {
+        out << kUsage;
+        return kExitOk;
+      } else if (a == "--json") {
+        if (command != "inspect") throw usage_error(command + ": --json is an option of inspect only");
+        as_json = true;
+      } else if (a == "--out" || a.rfind("--out=", 0) == 0) {
+        if (!writes) throw usage_error(command + ": --out is an option of consolidate, export-hf and import-hf");
+        if (a == "--out") {
+          if (i + 1 >= args.size()) throw usage_error(command + ": --out needs a path");
+          out_file = args[++i];
+        } else {
+          out_file = a.substr(6);
+        }
+        if (out_file.empty()) throw usage_error(command + ": --out needs a path");
+        have_out = true;
+      } else if (a.size() > 1 && a[0] == '-') {
+        throw usage_error(command + ": unknown option '" + a + "'");
+      } else if (path.empty()) {
+        path = a;
+        if (path.empty()) throw usage_error(command + ": PATH is empty");
+      } else {
+        throw usage_error(command + ": unexpected argument '" + a + "' (one PATH only; PATH is " + path + ")");
+      }
+    }
+    if (path.empty()) throw usage_error(command + ": missing PATH (a checkpoint directory or a checkpoint root)");
+    if (writes && !have_out) throw usage_error(command + ": missing --out " + (command == "export-hf" ? "DIR" : "FILE"));
+
+    if (command == "import-hf" || command == "export-hf") {
+      // Weights go through the model (model_weights.h). A checkpoint is verified as `verify` does
+      // (exit 1 when damaged), so loading it need not check its files' CRCs a second time.
+      std::string from = path;
+      bool verified = false;
+      if (command == "export-hf" && !files::is_regular_file(path)) {
+        from = resolve_checkpoint(path);
+        auto problems = verify_checkpoint(read_manifest(from));
+        if (!problems.empty()) throw Damaged(std::move(problems));
+        verified = true;
+      }
+      WeightsSource source = find_weights(from);
+      source.files_verified = verified;
+      if (command == "import-hf" && source.kind != WeightsSource::Kind::hf_dir) {
+        throw usage_error("import-hf: " + path + " is not a Hugging Face directory (config.json + model.safetensors)");
+      }
+      GPT2 model(source.config);
+      load_weights(model, source);
+      if (command == "import-hf") {
+        save_model_file(model, out_file, source.step, path);
+      } else {
+        save_hf_weights(model, out_file);
+      }
+      out << "wrote " << out_file << ": " << model->num_parameters() << " parameters from " << source.describe() << "\n";
+      return kExitOk;
+    }
+    const std::string dir = resolve_checkpoint(path);
+    const CheckpointManifest m = read_manifest(dir);
+    if (command == "inspect") {
+      out << (as_json ? inspect_json(m) : inspect_text(m));
+      return kExitOk;
+    }
+    if (command == "verify") {
+      const auto problems = verify_checkpoint(m);
+      if (!problems.empty()) {
+        for (const auto& p : problems) out << p << "\n";
+        out << "DAMAGED " << dir << ": " << problems.size() << " problem(s)\n";
+        return kExitFailure;
+      }
+      uint64_t bytes = 0;
+      for (const auto& f : m.files) bytes += f.bytes;
+      out << "OK " << dir << ": " << m.files.size() << " files, " << bytes << " bytes\n";
+      return kExitOk;
+    }
+    const int64_t n = consolidate_checkpoint(m, out_file);
+    out << "wrote " << out_file << ": " << m.params.size() << " tensors, " << n << " fp32 parameters from " << dir
+        << " (step " << m.step << ")\n";
+    return kExitOk;
+  } catch (const Damaged& e) {
+    if (command == "verify") {
+      for (const auto& p : e.problems()) out << p << "\n";
+      out << "DAMAGED: " << e.problems().size() << " problem(s)\n";
+    } else {
+      err << "gpt2-ckpt " << command << ": the checkpoint is damaged"
+          << (command == "consolidate" ? ", nothing written" : "") << ":\n";
+      for (const auto& p : e.problems()) err << p << "\n";
+    }
+    return kExitFailure;
+  } catch (const UserError& e) {
+    err << "gpt2-ckpt: " << e.what() << "\n";
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    err << "gpt2-ckpt" << (command.empty() ? "" : " " + command) << " failed: " << e.what() << "\n";
+    return kExitFailure;
+  }
+}
+
+}  // namespace gpt2::ckpt

@@ -1,0 +1,17 @@
+// gpt2-ckpt: inspect, verify and consolidate sharded checkpoints, without MPI (never MPI_Init).
+//   gpt2-ckpt inspect PATH [--json] | verify PATH | consolidate PATH --out FILE
+// PATH: a checkpoint directory (manifest.json) or a checkpoint root (newest complete step_*).
+// Exit 0 good, 1 damaged checkpoint, 2 usage error / not a checkpoint. Logic: checkpoint_tool.h.
+// defines: main.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "src/tools/checkpoint_tool.h"
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  const int rc = gpt2::ckpt::run_tool(args, std::cout, std::cerr);
+  std::cout.flush();
+  return rc;
+}

@@ -1,0 +1,253 @@
+// gpt2-generate: sample text from a trained model (a checkpoint, a model file, or a Hugging Face
+// directory; src/io/model_weights.h) with a KV cache, on CPU or GPU, a batch of prompts at a time.
+//   gpt2-generate MODEL [--prompt TEXT]... [--prompt_file FILE] [--max_new_tokens N]
+//                 [--temperature T] [--top_k K] [--top_p P] [--seed S] [--device auto|cpu|cuda]
+//                 [--dtype auto|fp32|bf16|fp16] [--ids] [--no_kv_cache] [--ignore_eot]
+// One prompt streams its tokens to stdout as they come; several are printed when done (text stops
+// before the <|endoftext|> that ended a sample; --ids prints it). Speed goes to stderr. Exit 0 ok, 2 bad input (named), 1 anything else.
+// defines: main. uses: generate (src/model/generate.h), Gpt2Tokenizer (data/).
+#include <boost/program_options.hpp>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "data/bpe_tokenizer.h"
+#include "data/unicode_tables.h"
+#include "src/base/errors.h"
+#include "src/base/log.h"
+#include "src/model/generate.h"
+#include "src/io/model_weights.h"
+
+namespace po = boost::program_options;
+namespace data = gpt2::data;
+
+namespace {
+
+struct Options {
+  std::string model;
+  std::vector<std::string> prompts;
+  std::string prompt_file;
+  gpt2::SamplingOptions sampling;
+  std::string device = "auto", dtype = "auto", tokenizer_dir;
+  bool ids = false, ignore_eot = false;
+};
+
+constexpr char kUsage[] =
+    "usage: gpt2-generate MODEL [--prompt TEXT]... [--prompt_file FILE] [options]\n"
+    "Samples from MODEL: a checkpoint directory or root (checkpoint.dir), a model file (gpt2-ckpt\n"
+    "consolidate / import-hf) or a Hugging Face GPT-2 directory (config.json + model.safetensors).\n"
+    "No prompt: one unconditional sample (starting from <|endoftext|>). --prompt_file: one prompt\n"
+    "per line (\\n inside a line stands for a newline). All prompts run as one batch.";
+
+std::optional<Options> parse_options(int argc, char** argv) {
+  Options o;
+  auto& s = o.sampling;
+  s.max_new_tokens = 128;
+  s.temperature = 0.8;
+  s.top_k = 200;
+  s.seed = 1337;
+  po::options_description named("options");
+  named.add_options()
+      ("help,h", "this help")
+      ("model", po::value(&o.model), "MODEL (also the first positional argument)")
+      ("prompt", po::value(&o.prompts), "a prompt (repeat for a batch)")
+      ("prompt_file", po::value(&o.prompt_file), "prompts, one per line")
+      ("max_new_tokens", po::value(&s.max_new_tokens)->default_value(s.max_new_tokens), "tokens to sample per prompt")
+      ("temperature", po::value(&s.temperature)->default_value(s.temperature), "0 = greedy")
+      ("top_k", po::value(&s.top_k)->default_value(s.top_k), "keep the k most likely ids; 0 = all")
+      ("top_p", po::value(&s.top_p)->default_value(s.top_p), "nucleus: keep ids until their mass reaches p; 1 = off")
+      ("seed", po::value(&s.seed)->default_value(s.seed), "sampling seed")
+      ("device", po::value(&o.device)->default_value(o.device), "auto | cpu | cuda")
+      ("dtype", po::value(&o.dtype)->default_value(o.dtype), "auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16")
+      ("tokenizer_dir", po::value(&o.tokenizer_dir), "encoder.json + vocab.bpe (default: data/tokenizer/gpt2)")
+      ("ids", po::bool_switch(&o.ids), "prompts and output are token ids separated by spaces (no tokenizer)")
+      ("no_kv_cache", "recompute the whole context for every token (slow; the reference)")
+      ("ignore_eot", po::bool_switch(&o.ignore_eot), "keep sampling after <|endoftext|>");
+  po::positional_options_description positional;
+  positional.add("model", 1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(named).positional(positional).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw gpt2::UserError(std::string(e.what()) + " (see gpt2-generate --help)");
+  }
+  if (vm.count("help")) {
+    std::cout << kUsage << "\n\n" << named << "\n";
+    return std::nullopt;
+  }
+  if (o.model.empty()) throw gpt2::UserError("no MODEL given (see gpt2-generate --help)");
+  s.kv_cache = vm.count("no_kv_cache") == 0;
+  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda") {
+    throw gpt2::UserError("--device = " + o.device + ": must be auto, cpu or cuda");
+  }
+  if (o.dtype != "auto" && o.dtype != "fp32" && o.dtype != "bf16" && o.dtype != "fp16") {
+    throw gpt2::UserError("--dtype = " + o.dtype + ": must be auto, fp32, bf16 or fp16");
+  }
+  return o;
+}
+
+std::vector<std::string> read_prompt_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw gpt2::UserError("--prompt_file = " + path + ": cannot open");
+  std::vector<std::string> prompts;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    std::string text;  // "\n" in a line stands for a newline
+    for (size_t i = 0; i < line.size(); ++i) {
+      if (line[i] == '\\' && i + 1 < line.size() && line[i + 1] == 'n') {
+        text += '\n';
+        ++i;
+      } else {
+        text += line[i];
+      }
+    }
+    prompts.push_back(text);
+  }
+  if (prompts.empty()) throw gpt2::UserError("--prompt_file = " + path + ": no prompts in it");
+  return prompts;
+}
+
+std::vector<int64_t> parse_ids(const std::string& text, int64_t vocab) {
+  std::istringstream in(text);
+  std::vector<int64_t> ids;
+  std::string word;
+  while (in >> word) {
+    size_t used = 0;
+    int64_t id = -1;
+    try {
+      id = std::stoll(word, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != word.size() || id < 0 || id >= vocab) {
+      throw gpt2::UserError("--ids prompt '" + text + "': '" + word + "' is not a token id in [0, " +
+                            std::to_string(vocab) + ")");
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+// Bytes of `s` up to the last complete UTF-8 character: a token may end inside a character, whose
+// remaining bytes come with the next token.
+size_t complete_utf8_prefix(const std::string& s) {
+  for (size_t back = 1; back <= 3 && back <= s.size(); ++back) {
+    const auto c = static_cast<unsigned char>(s[s.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: look further back
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return need > back ? s.size() - back : s.size();
+  }
+  return s.size();
+}
+
+int run(int argc, char** argv) {
+  const auto parsed = parse_options(argc, argv);
+  if (!parsed) return gpt2::kExitOk;
+  Options o = *parsed;
+
+  const bool have_cuda = torch::cuda::is_available();
+  if (o.device == "cuda" && !have_cuda) throw gpt2::UserError("--device = cuda: no CUDA device is visible");
+  const torch::Device device = (o.device == "cpu" || !have_cuda) ? torch::kCPU : torch::kCUDA;
+  const std::string dtype = o.dtype != "auto" ? o.dtype : device.is_cuda() ? "bf16" : "fp32";
+  const auto scalar = dtype == "bf16" ? torch::kBFloat16 : dtype == "fp16" ? torch::kHalf : torch::kFloat;
+
+  const gpt2::WeightsSource source = gpt2::find_weights(o.model);
+  gpt2::GPT2 model(source.config);
+  gpt2::load_weights(model, source);
+  model->to(device, scalar);
+  model->eval();
+  const int64_t vocab = source.config.vocab_size;
+
+  std::optional<data::Gpt2Tokenizer> tokenizer;
+  if (!o.ids) {
+    tokenizer.emplace(data::Gpt2Tokenizer::load(o.tokenizer_dir.empty() ? data::find_default_tokenizer_dir()
+                                                                        : o.tokenizer_dir));
+  }
+  const int64_t eot = tokenizer ? tokenizer->eot_token() : 50256;
+  o.sampling.stop_token = o.ignore_eot || eot >= vocab ? -1 : eot;
+
+  std::vector<std::string> texts = o.prompts;
+  if (!o.prompt_file.empty()) {
+    for (auto& p : read_prompt_file(o.prompt_file)) texts.push_back(p);
+  }
+  std::vector<std::vector<int64_t>> prompts;
+  for (const auto& text : texts) {
+    if (o.ids) {
+      prompts.push_back(parse_ids(text, vocab));
+    } else {
+      const auto ids = tokenizer->encode(text, "--prompt");
+      prompts.emplace_back(ids.begin(), ids.end());
+    }
+    if (prompts.back().empty()) prompts.back().push_back(eot);  // "" = unconditional
+  }
+  if (prompts.empty()) prompts.push_back({eot});
+
+  auto decode = [&](const std::vector<int64_t>& ids) {
+    if (!tokenizer) {
+      std::string s;
+      for (size_t i = 0; i < ids.size(); ++i) s += (i ? " " : "") + std::to_string(ids[i]);
+      return s;
+    }
+    return tokenizer->decode(std::vector<int32_t>(ids.begin(), ids.end()));
+  };
+
+  gpt2::log::info("gpt2-generate: ", source.describe(), ", ", model->num_parameters() / 1e6, "M parameters, ",
+                  device.str(), " ", dtype, ", ", prompts.size(), " prompt(s), ",
+                  o.sampling.kv_cache ? "KV cache" : "no KV cache (full recomputation)");
+  // One prompt streams: its text, then every token as it comes (whole UTF-8 characters only).
+  const bool stream = prompts.size() == 1;
+  std::string pending;
+  gpt2::TokenCallback on_tokens;
+  if (stream) {
+    std::cout << (o.ids ? decode(prompts[0]) : data::unicode::to_valid_utf8(decode(prompts[0]))) << std::flush;
+    on_tokens = [&](const std::vector<int64_t>& ids) {
+      if (ids[0] < 0 || (!o.ids && ids[0] == o.sampling.stop_token)) return;  // text ends at <|endoftext|>
+      pending += o.ids ? " " + std::to_string(ids[0]) : decode({ids[0]});
+      const size_t n = o.ids ? pending.size() : complete_utf8_prefix(pending);
+      std::cout << pending.substr(0, n) << std::flush;
+      pending.erase(0, n);
+    };
+  }
+  gpt2::GenerationStats stats;
+  const auto outputs = gpt2::generate(model, prompts, o.sampling, on_tokens, &stats);
+  if (stream) {
+    std::cout << data::unicode::to_valid_utf8(pending) << "\n";
+  } else {
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      std::vector<int64_t> all = prompts[i];
+      all.insert(all.end(), outputs[i].begin(), outputs[i].end());
+      if (!o.ids && all.size() > prompts[i].size() && all.back() == o.sampling.stop_token) all.pop_back();
+      std::cout << "=== sample " << i << " ===\n"
+                << (o.ids ? decode(all) : data::unicode::to_valid_utf8(decode(all))) << "\n";
+    }
+  }
+  std::cout.flush();
+  const double seconds = stats.prefill_s + stats.decode_s;
+  gpt2::log::info(gpt2::log::format(
+      "generated %lld tokens for %zu prompt(s) in %.3f s: %.1f tokens/s (prefill of %lld tokens %.1f ms, "
+      "then %.2f ms per step of the batch; %lld window restart(s))",
+      (long long)stats.new_tokens, prompts.size(), seconds, seconds > 0 ? stats.new_tokens / seconds : 0.0,
+      (long long)stats.prompt_tokens, 1000.0 * stats.prefill_s,
+      stats.steps > 0 ? 1000.0 * stats.decode_s / static_cast<double>(stats.steps) : 0.0, (long long)stats.rebuilds));
+  return gpt2::kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const gpt2::UserError& e) {
+    std::cerr << "gpt2-generate: " << e.what() << "\n";
+    return gpt2::kExitUsage;
+  } catch (const std::exception& e) {
+    std::cerr << "gpt2-generate failed: " << e.what() << "\n";
+    return gpt2::kExitFailure;
+  }
+}

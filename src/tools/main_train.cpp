@@ -1,0 +1,52 @@
+// gpt2-train: a thin entry point. Parse the config, train, and on any error make sure the whole
+// job ends (MPI_Abort) with the error in the log and a non-zero exit code.
+//   mpirun -np 2 build/bin/gpt2-train --config configs/tiny.ini [--section.key=value ...]
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <memory>
+
+#include "parallel/rank_env.h"
+#include "src/base/errors.h"
+#include "src/base/log.h"
+#include "src/train/config.h"
+#include "src/train/trainer.h"
+
+int main(int argc, char** argv) {
+  using namespace gpt2;
+  std::unique_ptr<parallel::MpiSession> mpi;
+  std::unique_ptr<parallel::RankEnv> env;
+  try {
+    mpi = std::make_unique<parallel::MpiSession>(&argc, &argv);
+    env = std::make_unique<parallel::RankEnv>(MPI_COMM_WORLD);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt2-train: cannot start MPI: %s\n", e.what());
+    return kExitFailure;
+  }
+  log::init(env->rank(), env->world_size());
+
+  // Config errors are the same on every rank: rank 0 reports, every rank exits 2 on its own.
+  ParseResult parsed;
+  try {
+    parsed = parse_config(argc, argv);
+  } catch (const UserError& e) {
+    if (env->is_main()) log::error(e.what());
+    return kExitUsage;
+  }
+  if (parsed.help) {
+    if (env->is_main()) std::cout << "usage: gpt2-train --config FILE [--section.key=value ...]\n" << parsed.help_text;
+    return kExitOk;
+  }
+
+  // Errors from here on may hit one rank only: end the whole job so no peer hangs.
+  try {
+    if (train(parsed.config, *env).preempted) return kExitPreempted;
+  } catch (const UserError& e) {
+    log::error(e.what());
+    parallel::RankEnv::abort(kExitUsage);
+  } catch (const std::exception& e) {
+    log::error(e.what());
+    parallel::RankEnv::abort(kExitFailure);
+  }
+  return kExitOk;
+}

@@ -1,0 +1,122 @@
+#pragma once
+// The run configuration: one struct of nested sections, read from an INI file whose
+// `[section] key = value` lines become options `section.key`, overridable on the command line as
+// `--section.key=value`. parse_config() validates everything in one place and throws
+// gpt2::UserError naming the key for unknown keys, bad values and inconsistent combinations.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/model/model_config.h"
+
+namespace gpt2 {
+
+struct DataConfig {
+  std::string train;                           // token file(s): path, comma list or glob
+  std::string val;                             // "" or "none": no eval
+  std::string tokenizer_dir = "data/tokenizer/gpt2";  // for samples
+  int64_t prefetch = 4;                        // batches read ahead by the loader thread
+};
+
+struct TrainConfig {
+  int64_t micro_batch = 8;        // sequences per rank per micro-step
+  int64_t seq_len = 1024;         // tokens per sequence (<= model.block_size)
+  int64_t batch_tokens = 524288;  // tokens per optimizer step over all ranks (2^19, GPT-2 paper's 0.5M)
+  int64_t max_steps = 1000;
+  double lr = 6e-4;               // peak learning rate after warmup
+  double min_lr = 6e-5;           // cosine floor (10% of lr, as in the GPT-3 paper)
+  int64_t warmup_steps = 100;
+  double weight_decay = 0.1;      // 2-D weights only (matmuls, embeddings)
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;         // global L2 norm; 0 = off
+  uint64_t seed = 1337;
+  int64_t eval_every = 250;       // 0 = only at the end
+  int64_t eval_steps = 20;        // val micro-batches per eval
+  int64_t sample_every = 0;       // 0 = only at the end
+  int64_t sample_tokens = 64;     // tokens per sample
+  std::string device = "auto";    // auto | cpu | cuda
+  bool fused_kernels = true;      // CUDA: src/kernels' cross-entropy and LayerNorm instead of LibTorch's
+  std::string init_from;          // weights to start from (model_weights.h): checkpoint, model file, HF dir; "" = GPT-2 init
+};
+
+struct PrecisionConfig {
+  std::string dtype = "bf16";     // bf16 | fp16 | fp32 (bf16/fp16 fall back to fp32 on CPU, with a warning)
+  std::string reduce_dtype = "fp32";  // gradient buffer: fp32, or dtype itself (half the all-reduce bytes)
+};
+
+struct ParallelConfig {
+  double bucket_mb = 25;          // gradient bucket size (PyTorch DDP's default)
+  int64_t zero_stage = 0;         // 0 | 1 | 2
+  std::string offload = "none";   // none | optimizer (AdamW state in host memory, updated by the CPU)
+  int64_t offload_threads = 0;    // CPU AdamW threads per rank; 0 = hardware threads / ranks on the node
+  double timeout_s = 30;          // a collective older than this ends the job (dead or hung peer)
+  double step_timeout_s = 900;    // no step finished for this long on a rank (CPU or GPU, any phase): end the job
+};
+
+struct MemoryConfig {
+  std::string activation_checkpointing = "none";  // none | full | every_k=K
+  bool chunked_loss = false;      // head + cross-entropy in row chunks, no batch logits (less memory, slower today)
+};
+
+struct CheckpointConfig {
+  std::string dir = "runs/checkpoints";
+  int64_t every = 0;              // steps between saves; 0 = off
+  int64_t keep = 3;
+  std::string resume = "auto";    // auto | none | PATH
+  bool async = false;             // write the files on a background thread while training goes on
+};
+
+struct LogConfig {
+  std::string metrics = "runs/metrics.jsonl";  // one JSON object per logged step; "none" = no file
+  std::string tensorboard = "auto";  // TensorBoard event files (the same scalars); see tensorboard_dir()
+  int64_t every = 10;             // steps between metric lines
+  double peak_tflops = 0;         // MFU denominator; 0 = 989 on CUDA (H100/H200 dense bf16), none on CPU
+
+  // The event directory: `tensorboard`, or for "auto" the tensorboard/ folder beside the metrics
+  // file, so a run without a metrics file (as the tests) writes no events either and runs never
+  // share a folder by default; "" = off.
+  std::string tensorboard_dir() const;
+};
+
+struct ProfileConfig {
+  int64_t steps = 0;              // >0: trace this many steps
+  std::string dir = "runs/profile";
+};
+
+struct Config {
+  GPT2Config model;
+  DataConfig data;
+  TrainConfig train;
+  PrecisionConfig precision;
+  ParallelConfig parallel;
+  MemoryConfig memory;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+  ProfileConfig profile;
+  std::string config_file;        // where it came from ("" = defaults + command line)
+
+  // Checks everything that does not depend on the world size.
+  void validate() const;
+  // Gradient-accumulation micro-steps per optimizer step for `world_size` ranks; throws
+  // gpt2::UserError naming train.batch_tokens when it does not divide.
+  int64_t grad_accum_steps(int world_size) const;
+  // memory.activation_checkpointing as GPT2::set_activation_checkpointing takes it: 0 = none,
+  // 1 = full, K = every_k=K; throws gpt2::UserError naming the key for any other value.
+  int64_t checkpoint_every() const;
+  // The resolved settings as `section.key = value` lines, for the start-of-run table.
+  std::vector<std::pair<std::string, std::string>> table() const;
+};
+
+// What parse_config() found on the command line besides the options.
+struct ParseResult {
+  Config config;
+  bool help = false;
+  std::string help_text;
+};
+
+// Parses `--config FILE` and `--section.key=value` overrides (command line wins over the file).
+ParseResult parse_config(int argc, const char* const argv[]);
+
+}  // namespace gpt2

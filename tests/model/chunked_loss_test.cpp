@@ -1,0 +1,110 @@
+// The chunked head + cross-entropy (src/model/chunked_loss.h) against the plain composition
+// F.cross_entropy(h · W[:V]ᵀ) in float64: loss and both gradients, for chunk sizes that do and do
+// not divide the rows, with ignored rows and padded vocabulary rows; and in bf16 against the fp32
+// reference within bf16's precision.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "src/model/chunked_loss.h"
+#include "src/model/gpt2_model.h"
+
+namespace gpt2 {
+namespace {
+
+struct Case {
+  torch::Tensor h, W, targets;
+};
+
+Case make_case(torch::ScalarType dtype) {
+  torch::manual_seed(7);
+  const int64_t N = 37, C = 16, V = 29, Vp = 32;
+  Case c;
+  c.h = torch::randn({N, C}, torch::kFloat64).to(dtype).requires_grad_(true);
+  auto W = torch::randn({Vp, C}, torch::kFloat64) * 0.5;
+  W.narrow(0, V, Vp - V).zero_();  // padding rows, as GPT-2's padded wte
+  c.W = W.to(dtype).requires_grad_(true);
+  c.targets = torch::randint(0, V, {N}, torch::kInt64);
+  c.targets[3] = -1;  // ignored rows
+  c.targets[20] = -1;
+  return c;
+}
+
+std::vector<torch::Tensor> reference(const Case& c, int64_t V) {
+  auto h = c.h.detach().to(torch::kFloat64).requires_grad_(true);
+  auto W = c.W.detach().to(torch::kFloat64).requires_grad_(true);
+  auto logits = h.mm(W.t()).narrow(1, 0, V);
+  auto loss = torch::nn::functional::cross_entropy(logits, c.targets,
+                                                   torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
+  loss.backward();
+  return {loss.detach(), h.grad(), W.grad()};
+}
+
+double rel(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a.to(torch::kFloat64) - b).norm() / b.norm()).item<double>();
+}
+
+TEST(ClassifierCrossEntropy, MatchesPlainCrossEntropyInFloat64) {
+  const auto c = make_case(torch::kFloat64);
+  const auto want = reference(c, 29);
+  for (int64_t chunk : {1, 5, 37, 100}) {
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    auto h = c.h.detach().clone().requires_grad_(true), W = c.W.detach().clone().requires_grad_(true);
+    auto loss = classifier_cross_entropy(h, W, c.targets, 29, -1, chunk);
+    loss.backward();
+    EXPECT_EQ(loss.scalar_type(), torch::kFloat64);
+    EXPECT_LE(std::abs(loss.item<double>() - want[0].item<double>()), 1e-12);
+    EXPECT_LE(rel(h.grad(), want[1]), 1e-12);
+    EXPECT_LE(rel(W.grad(), want[2]), 1e-12);
+    EXPECT_EQ(W.grad().narrow(0, 29, 3).abs().max().item<double>(), 0.0);  // padding gets nothing
+  }
+  // A scaled upstream gradient scales both gradients.
+  auto h = c.h.detach().clone().requires_grad_(true), W = c.W.detach().clone().requires_grad_(true);
+  (3.0 * classifier_cross_entropy(h, W, c.targets, 29, -1, 8)).backward();
+  EXPECT_LE(rel(h.grad(), 3.0 * want[1]), 1e-12);
+}
+
+TEST(ClassifierCrossEntropy, Bf16WithinBf16PrecisionOfFp32) {
+  const auto c = make_case(torch::kBFloat16);
+  const auto want = reference(c, 29);  // from the same bf16 inputs, in float64
+  auto h = c.h.detach().clone().requires_grad_(true), W = c.W.detach().clone().requires_grad_(true);
+  auto loss = classifier_cross_entropy(h, W, c.targets, 29, -1, 6);
+  loss.backward();
+  EXPECT_EQ(loss.scalar_type(), torch::kFloat);  // the softmax is fp32
+  EXPECT_LE(std::abs(loss.item<double>() - want[0].item<double>()) / want[0].item<double>(), 1e-2);
+  EXPECT_EQ(h.grad().scalar_type(), torch::kBFloat16);
+  EXPECT_LE(rel(h.grad(), want[1]), 1e-2);
+  EXPECT_LE(rel(W.grad(), want[2]), 1e-2);
+}
+
+// The model's switch (memory.chunked_loss): the same loss and parameter gradients as the default
+// path (logits, then cross_entropy), in float64, with a padded vocabulary and an ignored target.
+TEST(ClassifierCrossEntropy, ModelLossIsTheSameWithAndWithoutChunks) {
+  GPT2Config cfg;
+  cfg.n_layer = 2;
+  cfg.n_head = 2;
+  cfg.n_embd = 16;
+  cfg.vocab_size = 37;  // padded to a multiple of 64 inside
+  cfg.block_size = 8;
+  GPT2 model(cfg);
+  model->init_weights(5);
+  model->to(torch::kFloat64);
+  const auto idx = torch::randint(0, 37, {3, 8}, torch::kInt64);
+  auto targets = torch::randint(0, 37, {3, 8}, torch::kInt64);
+  targets[1][2] = -1;
+  std::vector<torch::Tensor> loss, grads;
+  for (bool chunked : {false, true}) {
+    model->set_chunked_loss(chunked);
+    model->zero_grad();
+    auto l = model->loss(idx, targets);
+    l.backward();
+    loss.push_back(l.detach());
+    std::vector<torch::Tensor> g;
+    for (auto& p : model->parameters()) g.push_back(p.grad().detach().clone().flatten());
+    grads.push_back(torch::cat(g));
+  }
+  EXPECT_LE(std::abs(loss[0].item<double>() - loss[1].item<double>()), 1e-12);
+  EXPECT_LE(rel(grads[1], grads[0]), 1e-12);
+}
+
+}  // namespace
+}  // namespace gpt2
