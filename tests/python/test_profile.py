@@ -39,7 +39,8 @@ with tempfile.TemporaryDirectory() as d:
     if os.path.isfile(path):
         per_name = {}
         for e in events:
-            if e.get("ph") == "X" and not e["name"].startswith("ProfilerStep"):
+            # Ops and phase ranges; not the profiler's own span over the window (cat "Trace").
+            if e.get("ph") == "X" and e.get("cat") != "Trace" and not e["name"].startswith("ProfilerStep"):
                 t = per_name.setdefault(e["name"][:110], [0.0, 0])
                 t[0] += e.get("dur", 0) / 1e3 / 2
                 t[1] += 1 / 2
