@@ -28,8 +28,8 @@ class AccumulatedHook : public torch::autograd::FunctionPostHook {
 }  // namespace
 
 GradBuckets::GradBuckets(const std::vector<torch::Tensor>& params, const FlatLayout& layout, int64_t bucket_bytes,
-                         Communicator& comm, bool shard_gradients, at::ScalarType grad_dtype)
-    : comm_(comm), layout_(layout), shard_gradients_(shard_gradients), bucket_of_(params.size(), -1) {
+                         Communicator& comm, bool reduce_to_owners, at::ScalarType grad_dtype)
+    : comm_(comm), layout_(layout), reduce_to_owners_(reduce_to_owners), bucket_of_(params.size(), -1) {
   GPT2_ASSERT(bucket_bytes > 0, "bucket size must be positive");
   GPT2_ASSERT(!params.empty() && layout.world_size == comm.world_size(), "layout does not match the group");
   const auto options = params.front().options().requires_grad(false);
@@ -121,7 +121,7 @@ void GradBuckets::launch(int b) {
   if (observer_) observer_("launch", b, params_pending_);
   if (comm_.world_size() == 1) return;
   Bucket& bucket = buckets_[b];
-  if (!shard_gradients_) {
+  if (!reduce_to_owners_) {
     bucket.work.push_back(comm_.all_reduce(flat_.narrow(0, bucket.begin, bucket.end - bucket.begin), ReduceOp::kSum));
     return;
   }

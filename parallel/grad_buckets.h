@@ -4,8 +4,9 @@
 // are consecutive ranges of about `bucket_bytes`. A hook on each parameter's gradient accumulator
 // counts it in; when a bucket is complete it is reduced at once on the communicator while backward
 // goes on: all-reduced (ZeRO 0/1: every rank gets the summed gradient), or, with
-// shard_gradients (ZeRO 2), each part of it summed onto the rank whose shard holds it, so no rank
-// holds the full reduced gradient. Buckets are launched strictly in index order on every rank
+// reduce_to_owners (ZeRO 2), each part of it summed onto the rank whose shard holds it, so no rank
+// holds the full reduced gradient. Every rank still allocates the whole flat gradient buffer: ZeRO 2
+// here saves reduction traffic and the optimizer's reads, not gradient memory. Buckets are launched strictly in index order on every rank
 // (Note [Collective order]); finish() launches what is left (parameters that got no gradient) and
 // waits for all. With one rank nothing is reduced.
 // The buffer's dtype (`grad_dtype`, precision.reduce_dtype) may differ from the parameters' (bf16
@@ -37,7 +38,7 @@ class GradBuckets {
 
   // grad_dtype: the buffer's dtype; Undefined = the parameters' own.
   GradBuckets(const std::vector<torch::Tensor>& params, const FlatLayout& layout, int64_t bucket_bytes,
-              Communicator& comm, bool shard_gradients = false, at::ScalarType grad_dtype = at::ScalarType::Undefined);
+              Communicator& comm, bool reduce_to_owners = false, at::ScalarType grad_dtype = at::ScalarType::Undefined);
   ~GradBuckets();
   GradBuckets(const GradBuckets&) = delete;
   GradBuckets& operator=(const GradBuckets&) = delete;
@@ -71,7 +72,7 @@ class GradBuckets {
 
   Communicator& comm_;
   const FlatLayout& layout_;
-  bool shard_gradients_;
+  bool reduce_to_owners_;
   torch::Tensor flat_;
   std::vector<torch::Tensor> params_;  // only when converting (grad_dtype differs)
   std::vector<char> fresh_;            // converting: no gradient added to param i since zero()

@@ -91,7 +91,7 @@ TEST(GradBuckets, BufferOfAnotherDtypeAccumulatesConvertedGradients) {
   Stack s(3, 8);
   for (auto& w : s.weights) w = w.detach().to(torch::kFloat).set_requires_grad(true);
   const FlatLayout layout(s.weights, comm->world_size());
-  GradBuckets buckets(s.weights, layout, 1, *comm, /*shard_gradients=*/false, torch::kDouble);
+  GradBuckets buckets(s.weights, layout, 1, *comm, /*reduce_to_owners=*/false, torch::kDouble);
   ASSERT_EQ(buckets.flat().scalar_type(), torch::kDouble);
   for (bool reduce : {false, true}) {
     buckets.prepare_backward(reduce);
@@ -175,7 +175,7 @@ TEST(GradBuckets, Zero2SumsEachShardOntoItsOwnerOnly) {
   auto comm = make_mpi_communicator(MPI_COMM_WORLD);
   Stack s(5, 8);  // 5 x 64 = 320 elements: shards of 320 / n (padded), split inside parameters
   const FlatLayout layout(s.weights, comm->world_size());
-  GradBuckets buckets(s.weights, layout, 3 * 64 * 8, *comm, /*shard_gradients=*/true);
+  GradBuckets buckets(s.weights, layout, 3 * 64 * 8, *comm, /*reduce_to_owners=*/true);
   buckets.prepare_backward(true);
   s.loss(s.input(comm->rank())).backward();
   buckets.finish();
