@@ -42,6 +42,12 @@ double RankEnv::all_reduce_sum(double value) const {
   return out;
 }
 
+int RankEnv::all_reduce_max(int value) const {
+  int out = 0;
+  MPI_CHECK(MPI_Allreduce(&value, &out, 1, MPI_INT, MPI_MAX, comm_));
+  return out;
+}
+
 void RankEnv::abort(int code) {
   log::flush();
   int world = 1, finalized = 0;

@@ -32,6 +32,8 @@ class RankEnv {
   void barrier() const;
   // Sum of a double over the group (small control values: losses, norms), the same on every rank.
   double all_reduce_sum(double value) const;
+  // Maximum of an int over the group (flags: "any rank got a stop signal"), the same on every rank.
+  int all_reduce_max(int value) const;
   // Ends the whole job (every rank of MPI_COMM_WORLD) with `code`. Never returns.
   [[noreturn]] static void abort(int code);
 

@@ -172,11 +172,11 @@ void Config::validate() const {
   require(log.every > 0, "log.every", log.every, "must be positive");
   require(log.peak_tflops >= 0, "log.peak_tflops", log.peak_tflops, "must be >= 0");
   require(profile.steps >= 0, "profile.steps", profile.steps, "must be >= 0");
-  checkpoint_every();  // throws naming memory.activation_checkpointing
+  recompute_every();  // throws naming memory.activation_checkpointing
 
 }
 
-int64_t Config::checkpoint_every() const { return parse_checkpointing(memory.activation_checkpointing); }
+int64_t Config::recompute_every() const { return parse_checkpointing(memory.activation_checkpointing); }
 
 int64_t Config::grad_accum_steps(int world_size) const {
   const int64_t per_micro = train.micro_batch * train.seq_len * world_size;

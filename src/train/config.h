@@ -102,9 +102,9 @@ struct Config {
   // Gradient-accumulation micro-steps per optimizer step for `world_size` ranks; throws
   // gpt2::UserError naming train.batch_tokens when it does not divide.
   int64_t grad_accum_steps(int world_size) const;
-  // memory.activation_checkpointing as GPT2::set_activation_checkpointing takes it: 0 = none,
+  // memory.activation_checkpointing as GPT2::set_recompute_every takes it: 0 = none,
   // 1 = full, K = every_k=K; throws gpt2::UserError naming the key for any other value.
-  int64_t checkpoint_every() const;
+  int64_t recompute_every() const;
   // The resolved settings as `section.key = value` lines, for the start-of-run table.
   std::vector<std::pair<std::string, std::string>> table() const;
 };

@@ -324,11 +324,11 @@ ParseResult parse(std::vector<std::string> args) {
 }
 
 TEST(ActivationCheckpointConfig, AcceptsNoneFullEveryK) {
-  EXPECT_EQ(parse({}).config.checkpoint_every(), 0);  // default: none
-  EXPECT_EQ(parse({"--memory.activation_checkpointing=none"}).config.checkpoint_every(), 0);
-  EXPECT_EQ(parse({"--memory.activation_checkpointing=full"}).config.checkpoint_every(), 1);
-  EXPECT_EQ(parse({"--memory.activation_checkpointing=every_k=2"}).config.checkpoint_every(), 2);
-  EXPECT_EQ(parse({"--memory.activation_checkpointing=every_k=1"}).config.checkpoint_every(), 1);
+  EXPECT_EQ(parse({}).config.recompute_every(), 0);  // default: none
+  EXPECT_EQ(parse({"--memory.activation_checkpointing=none"}).config.recompute_every(), 0);
+  EXPECT_EQ(parse({"--memory.activation_checkpointing=full"}).config.recompute_every(), 1);
+  EXPECT_EQ(parse({"--memory.activation_checkpointing=every_k=2"}).config.recompute_every(), 2);
+  EXPECT_EQ(parse({"--memory.activation_checkpointing=every_k=1"}).config.recompute_every(), 1);
 }
 
 TEST(ActivationCheckpointConfig, RejectsBadValuesNamingTheKey) {
