@@ -49,8 +49,7 @@ torch::Tensor as_tensor(const std::vector<uint8_t>& bytes) {
 
 void read_flat_range(const CheckpointManifest& m, const char* dataset, int64_t begin, int64_t end, float* out) {
   H5ErrorSilencer quiet;
-  // Walk the range through whichever shard holds each part (ZeRO 0 checkpoints of older builds
-  // hold everything in every shard: the first one serves).
+  // Walk the range through the shard that holds each part (the shards tile the flat space).
   for (int64_t pos = begin; pos < end;) {
     size_t k = 0;
     while (k < m.shards.size() && !(m.shards[k].begin <= pos && pos < m.shards[k].end)) ++k;

@@ -283,10 +283,6 @@ void check_manifest(const CheckpointManifest& m, const std::set<std::string>& li
     out->push_back(mf + ": no shards");
     return;
   }
-  const bool replicas = std::all_of(m.shards.begin(), m.shards.end(), [&](const auto& s) {
-    return s.begin == 0 && s.end == m.flat_padded;
-  });
-  if (replicas && (m.shards.size() == 1 || m.zero_stage == 0)) return;  // stage 0: every rank saved everything
   std::vector<const CheckpointManifest::Shard*> sorted;
   for (const auto& s : m.shards) sorted.push_back(&s);
   std::stable_sort(sorted.begin(), sorted.end(), [](const auto* a, const auto* b) { return a->begin < b->begin; });

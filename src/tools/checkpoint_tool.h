@@ -46,7 +46,7 @@ std::string inspect_json(const CheckpointManifest& m);
 // Every problem of the checkpoint, one line each naming the file ("" never appears); empty = good.
 // Checks: each file's size and CRC-32C; the manifest's own consistency (params inside
 // [0, flat_total) without overlaps, model.* keys, shard files listed); the shards cover
-// [0, flat_padded) without gaps or overlaps (stage 0: every shard a full replica); each shard's
+// [0, flat_padded) without gaps or overlaps; each shard's
 // HDF5 datasets master/exp_avg/exp_avg_sq (1-D fp32 of end - begin) and attributes begin/end; and
 // that model.h5 holds every parameter with the manifest's shape.
 std::vector<std::string> verify_checkpoint(const CheckpointManifest& m);
