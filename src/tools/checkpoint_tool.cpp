@@ -3,7 +3,6 @@
 #include "src/tools/checkpoint_tool.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
