@@ -206,7 +206,7 @@ DatasetSummary DatasetWriter::finish() {
     summary.tokens[s] = writers_[s].num_tokens();
     for (const std::string& staged : writers_[s].finish()) {
       const std::string path = files::join(dir_, files::filename(staged));
-      files::rename_file(staged, path);
+      files::rename_durably(staged, path);
       summary.paths[s].push_back(path);
     }
   }

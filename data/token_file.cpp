@@ -514,36 +514,31 @@ void write_tokens(const std::string& path, const T* tokens, size_t n, const Toke
       }
     }
   }
-  const std::string tmp = path + ".tmp";
-  try {
-    H5ErrorSilencer quiet;
-    const hid_t file_id = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (file_id < 0) {
-      throw UserError("cannot create " + tmp + " (does the directory exist and is it writable?)");
+  // Durable (files.h Note [Durable write]): PATH.tmp, fsync, rename, fsync of the directory.
+  files::write_durably(path, [&](const std::string& tmp) {
+    try {
+      H5ErrorSilencer quiet;
+      const hid_t file_id = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+      if (file_id < 0) {
+        throw UserError("cannot create " + tmp + " (does the directory exist and is it writable?)");
+      }
+      H5Id file(file_id, H5Fclose);
+      write_string_attr(file.get(), "format", kTokenFileFormat);
+      write_int_attr(file.get(), "format_version", kTokenFileVersion);
+      write_int_attr(file.get(), "vocab_size", attrs.vocab_size);
+      write_int_attr(file.get(), "eot_token", attrs.eot_token);
+      write_string_attr(file.get(), "tokenizer", attrs.tokenizer);
+      write_dataset(file.get(), attrs.vocab_size <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE, mem_type, tokens, n);
+      // Close explicitly: this is where HDF5 flushes, so a full disk shows up here.
+      if (H5Fclose(file.release()) < 0) {
+        const std::string detail = h5_error_detail();
+        throw UserError("cannot finish writing " + tmp + (detail.empty() ? "" : ": " + detail));
+      }
+    } catch (const Error& e) {
+      if (dynamic_cast<const UserError*>(&e) != nullptr) throw;
+      throw UserError(path + ": writing failed: " + e.what());
     }
-    H5Id file(file_id, H5Fclose);
-    write_string_attr(file.get(), "format", kTokenFileFormat);
-    write_int_attr(file.get(), "format_version", kTokenFileVersion);
-    write_int_attr(file.get(), "vocab_size", attrs.vocab_size);
-    write_int_attr(file.get(), "eot_token", attrs.eot_token);
-    write_string_attr(file.get(), "tokenizer", attrs.tokenizer);
-    write_dataset(file.get(), attrs.vocab_size <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE, mem_type, tokens, n);
-    // Close explicitly: this is where HDF5 flushes, so a full disk shows up here.
-    if (H5Fclose(file.release()) < 0) {
-      const std::string detail = h5_error_detail();
-      throw UserError("cannot finish writing " + tmp + (detail.empty() ? "" : ": " + detail));
-    }
-  } catch (const Error& e) {
-    std::remove(tmp.c_str());
-    if (dynamic_cast<const UserError*>(&e) != nullptr) throw;
-    throw UserError(path + ": writing failed: " + e.what());
-  }
-  try {
-    files::rename_file(tmp, path);
-  } catch (const UserError&) {
-    std::remove(tmp.c_str());
-    throw;
-  }
+  });
 }
 
 }  // namespace

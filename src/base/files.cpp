@@ -216,4 +216,50 @@ std::string read_file(const std::string& path) {
   return out;
 }
 
+void sync_path(const std::string& path) {
+  // O_RDONLY opens a directory too; fsync of that descriptor makes its entries durable.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, "cannot open to sync", errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) fail(path, "fsync failed", err);
+}
+
+void rename_durably(const std::string& from, const std::string& to) {
+  sync_path(from);
+  rename_file(from, to);
+  const std::string dir = parent_path(to);
+  sync_path(dir.empty() ? "." : dir);
+}
+
+void write_durably(const std::string& path, const std::function<void(const std::string& tmp)>& write_tmp) {
+  const std::string tmp = path + ".tmp";
+  try {
+    write_tmp(tmp);
+    rename_durably(tmp, path);
+  } catch (...) {
+    ::remove(tmp.c_str());  // best effort: the error that got us here is the one to report
+    throw;
+  }
+}
+
+void write_file_durably(const std::string& path, const std::string& bytes) {
+  write_durably(path, [&](const std::string& tmp) {
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0) fail(tmp, "cannot write", errno);
+    for (size_t done = 0; done < bytes.size();) {
+      const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int err = n < 0 ? errno : EIO;
+        ::close(fd);
+        fail(tmp, "write failed", err);
+      }
+      done += static_cast<size_t>(n);
+    }
+    if (::close(fd) != 0) fail(tmp, "write failed", errno);
+  });
+}
+
 }  // namespace gpt2::files

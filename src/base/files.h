@@ -5,6 +5,7 @@
 // none of it (a ctest lint enforces that); use these instead. Errors are gpt2::UserError naming the
 // path(s) and strerror(errno). Paths are plain strings; nothing here follows symlinks unless it says so.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,5 +53,20 @@ bool remove_file(const std::string& path);
 void rename_file(const std::string& from, const std::string& to);
 // The whole file as bytes.
 std::string read_file(const std::string& path);
+
+// ---- durable writes. Note [Durable write]: a file that matters (checkpoint parts, model files,
+// token files, exports) is written to PATH.tmp, flushed to the disk (fsync), renamed over PATH,
+// and then PATH's directory is fsynced so that the rename itself survives a power loss. A crash
+// at any point leaves the old PATH or the new one, never a part of either.
+// fsync(2) of a file or a directory (what a rename into it or a new entry needs to be durable).
+void sync_path(const std::string& path);
+// Syncs `from` (a file or a directory), renames it to `to` and syncs `to`'s directory.
+void rename_durably(const std::string& from, const std::string& to);
+// Writes `bytes` to `path` durably (Note [Durable write]).
+void write_file_durably(const std::string& path, const std::string& bytes);
+// The same for a file that other code writes (HDF5, a stream): `write_tmp(tmp)` creates tmp = PATH.tmp,
+// then it is synced and renamed over PATH. When anything throws, PATH.tmp is removed and the error
+// passed on; PATH is left as it was.
+void write_durably(const std::string& path, const std::function<void(const std::string& tmp)>& write_tmp);
 
 }  // namespace gpt2::files

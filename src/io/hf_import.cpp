@@ -2,7 +2,6 @@
 #include "src/io/hf_import.h"
 
 #include <cmath>
-#include <fstream>
 #include <sstream>
 #include <unordered_map>
 
@@ -208,15 +207,7 @@ void save_hf_weights(GPT2& model, const std::string& dir) {
     js << "  \"bos_token_id\": 50256,\n  \"eos_token_id\": 50256,\n";
   }
   js << "  \"dtype\": " << json::quote(dtype) << "\n}\n";
-  const std::string path = dir + "/config.json";
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << js.str();
-    out.flush();
-    if (!out) throw UserError(tmp + ": write failed");
-  }
-  files::rename_file(tmp, path);
+  files::write_file_durably(dir + "/config.json", js.str());
   log::info("saved Hugging Face GPT-2 (", cfg.n_layer, " layers, ", model->num_parameters(),
             " parameters) to ", dir);
 }

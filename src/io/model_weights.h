@@ -4,16 +4,12 @@
 //   - a checkpoint: a step_NNNNNNN directory or a checkpoint root (its newest complete step);
 //     the model config comes from the manifest, the parameters from the fp32 masters of the
 //     optimizer shards (any world size), after every file's size and CRC-32C are verified;
-//   - a model file (.h5, what `gpt2-ckpt consolidate` and `import-hf` write): root int64
-//     attributes n_layer, n_head, n_embd, vocab_size, block_size, step, a string attribute
-//     format = "gpt2-model", and one fp32 dataset per parameter in our layout (Linear (out, in),
-//     wte with its padding rows), named as GPT2::named_parameters();
+//   - a model file (.h5, model_file.h: what `gpt2-ckpt consolidate` and `import-hf` write, and
+//     the model.h5 inside a checkpoint);
 //   - a Hugging Face directory: config.json + model.safetensors (hf_import.h).
 // Every problem is a gpt2::UserError naming the path (and the tensor or key).
 #include <cstdint>
-#include <functional>
 #include <string>
-#include <vector>
 
 #include "src/model/gpt2_model.h"
 
@@ -39,14 +35,5 @@ void load_weights(GPT2& model, const WeightsSource& source);
 
 // find_weights + a GPT2 of that config (CPU, fp32) + load_weights.
 GPT2 load_model(const std::string& path);
-
-// Writes a model file: `fill(i, out)` puts parameter i's fp32 values into `out`
-// (numel(shapes[i]) floats). Written to PATH.tmp and renamed, so a failure never leaves a partial
-// file under `path`.
-void write_model_file(const std::string& path, const GPT2Config& config, int64_t step, const std::string& source,
-                      const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
-                      const std::function<void(size_t, float*)>& fill);
-// The model's parameters (widened to fp32) as a model file.
-void save_model_file(GPT2& model, const std::string& path, int64_t step, const std::string& source);
 
 }  // namespace gpt2

@@ -211,8 +211,7 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   // mmap and view the tensors in place.
   header.append((8 - header.size() % 8) % 8, ' ');
 
-  const std::string tmp = path + ".tmp";
-  {
+  files::write_durably(path, [&](const std::string& tmp) {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw UserError(tmp + ": cannot create file");
     unsigned char len_bytes[8];
@@ -223,10 +222,9 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
     for (const auto& t : cpu) {
       out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
     }
-    out.flush();
+    out.close();
     if (!out) throw UserError(tmp + ": write failed (disk full?)");
-  }
-  files::rename_file(tmp, path);
+  });
 }
 
 }  // namespace gpt2

@@ -22,8 +22,8 @@ NamedTensors read_safetensors(const std::string& path,
                               std::map<std::string, std::string>* metadata = nullptr);
 
 // Writes the tensors (any device, any strides; copied to CPU contiguous) in the given order, the
-// header padded with spaces to a multiple of 8 bytes. Writes `path`.tmp then renames it over
-// `path`, so a crash never leaves a truncated file under the final name. Names must be unique.
+// header padded with spaces to a multiple of 8 bytes, durably (files.h Note [Durable write]): a
+// crash never leaves a truncated file under the final name. Names must be unique.
 void write_safetensors(const std::string& path, const NamedTensors& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 

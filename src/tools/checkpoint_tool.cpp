@@ -3,7 +3,6 @@
 #include "src/tools/checkpoint_tool.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -15,7 +14,9 @@
 #include "src/base/files.h"
 #include "src/base/json.h"
 #include "src/io/hf_import.h"
+#include "src/io/model_file.h"
 #include "src/io/model_weights.h"
+#include "src/io/resume.h"
 
 namespace gpt2::ckpt {
 namespace {
@@ -26,8 +27,6 @@ using h5::H5ErrorSilencer;
 using h5::H5Id;
 using h5::open_h5;
 using h5::read_int_attr;
-using h5::write_int_attr;
-using h5::write_string_attr;
 
 const char* const kShardDatasets[] = {"master", "exp_avg", "exp_avg_sq"};
 
@@ -189,23 +188,20 @@ void check_shard_contents(const std::string& path, const CheckpointManifest::Sha
 }
 
 void check_model_contents(const std::string& path, const CheckpointManifest& m, std::vector<std::string>* out) {
-  H5Id file = open_h5(path);
-  int64_t step = 0;
-  std::string why;
-  if (H5Aexists(file.get(), "step") > 0 && read_int_attr(file.get(), "step", &step, &why) && step != m.step) {
-    out->push_back(path + ": attribute step = " + str(step) + ", the manifest says " + str(m.step));
+  const ModelFile file(path);
+  if (const auto step = file.int_attr("step"); step && *step != m.step) {
+    out->push_back(path + ": attribute step = " + str(*step) + ", the manifest says " + str(m.step));
   }
   for (const auto& p : m.params) {
     if (p.name.empty() || p.name.find('/') != std::string::npos) continue;  // reported with the manifest
-    if (!has_link(file.get(), p.name)) {
+    bool f32 = false;
+    const auto shape = file.shape(p.name, &f32);
+    if (!shape) {
       out->push_back(path + ": no dataset '" + p.name + "' (a parameter in the manifest)");
       continue;
     }
-    H5Id dset(H5_ID(H5Dopen2(file.get(), p.name.c_str(), H5P_DEFAULT)), H5Dclose);
-    bool f32 = false;
-    const auto dims = dataset_dims(dset.get(), &f32);
-    if (std::vector<int64_t>(dims.begin(), dims.end()) != p.shape) {
-      out->push_back(path + ": '" + p.name + "' has shape " + dims_str(dims) + ", the manifest says " + shape_str(p.shape));
+    if (*shape != p.shape) {
+      out->push_back(path + ": '" + p.name + "' has shape " + shape_str(*shape) + ", the manifest says " + shape_str(p.shape));
     }
     if (!f32) out->push_back(path + ": '" + p.name + "' is not fp32");
   }
@@ -286,10 +282,6 @@ void check_manifest(const CheckpointManifest& m, const std::set<std::string>& li
     out->push_back(mf + ": no shards");
     return;
   }
-  const bool replicas = std::all_of(m.shards.begin(), m.shards.end(), [&](const auto& s) {
-    return s.begin == 0 && s.end == m.flat_padded;
-  });
-  if (replicas && (m.shards.size() == 1 || m.zero_stage == 0)) return;  // stage 0: every rank saved everything
   std::vector<const CheckpointManifest::Shard*> sorted;
   for (const auto& s : m.shards) sorted.push_back(&s);
   std::stable_sort(sorted.begin(), sorted.end(), [](const auto* a, const auto* b) { return a->begin < b->begin; });
@@ -453,9 +445,11 @@ int64_t consolidate_checkpoint(const CheckpointManifest& m, const std::string& o
     shapes.push_back(p.shape);
     written += p.numel;
   }
-  write_model_file(out, m.model_config(), m.step, m.dir, names, shapes, [&](size_t i, float* buf) {
-    const auto& p = m.params[i];
-    read_flat_range(m, "master", p.offset, p.offset + p.numel, buf);
+  files::write_durably(out, [&](const std::string& tmp) {
+    write_model_file(tmp, {m.model_config(), m.step, m.dir}, names, shapes, [&](size_t i, float* buf) {
+      const auto& p = m.params[i];
+      read_flat_range(m, "master", p.offset, p.offset + p.numel, buf);
+    });
   });
   return written;
 }

@@ -1,8 +1,8 @@
 #pragma once
 // gpt2-ckpt's logic, without MPI (the tool never calls MPI_Init): find a checkpoint, describe it,
-// verify it deeply, consolidate its sharded fp32 masters into one model file (model_weights.h),
+// verify it deeply, consolidate its sharded fp32 masters into one model file (model_file.h),
 // and move weights to and from Hugging Face directories (export-hf, import-hf).
-// Layout: docs/DESIGN.md "Checkpoint layout as built"; manifest reading: src/io/checkpoint.h.
+// Layout: docs/DESIGN.md "Checkpoint layout as built"; manifest reading: src/io/manifest.h.
 // Exit codes (src/base/errors.h): kExitOk; kExitFailure when the checkpoint is damaged (every
 // problem printed, one per line, naming the file); kExitUsage for usage errors, a path that is
 // no checkpoint, or an output that cannot be written.
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "src/base/errors.h"
-#include "src/io/checkpoint.h"
+#include "src/io/manifest.h"
 
 namespace gpt2::ckpt {
 
@@ -46,15 +46,14 @@ std::string inspect_json(const CheckpointManifest& m);
 // Every problem of the checkpoint, one line each naming the file ("" never appears); empty = good.
 // Checks: each file's size and CRC-32C; the manifest's own consistency (params inside
 // [0, flat_total) without overlaps, model.* keys, shard files listed); the shards cover
-// [0, flat_padded) without gaps or overlaps (stage 0: every shard a full replica); each shard's
+// [0, flat_padded) without gaps or overlaps; each shard's
 // HDF5 datasets master/exp_avg/exp_avg_sq (1-D fp32 of end - begin) and attributes begin/end; and
 // that model.h5 holds every parameter with the manifest's shape.
 std::vector<std::string> verify_checkpoint(const CheckpointManifest& m);
 
-// Writes `out` (via out.tmp + rename): one fp32 dataset per manifest parameter, named and shaped as
-// in the manifest, assembled from the shards' `master` datasets; root attributes format =
-// "gpt2-model", format_version = 1, step, source (the checkpoint directory) and the model config
-// (n_layer, n_head, n_embd, vocab_size, block_size) as int64. Throws Damaged (nothing written)
+// Writes `out` durably (via out.tmp): a model file (src/io/model_file.h) with one fp32 dataset per
+// manifest parameter, named and shaped as in the manifest, assembled from the shards' `master`
+// datasets; source = the checkpoint directory. Throws Damaged (nothing written)
 // when verify_checkpoint() finds problems, UserError naming `out` when it cannot be written.
 // Returns the number of parameters (elements) written.
 int64_t consolidate_checkpoint(const CheckpointManifest& m, const std::string& out);

@@ -1,5 +1,7 @@
-// gpt2-ckpt: inspect, verify and consolidate sharded checkpoints, without MPI (never MPI_Init).
+// gpt2-ckpt: inspect, verify and consolidate sharded checkpoints, and export / import Hugging Face
+// weights, without MPI (never MPI_Init).
 //   gpt2-ckpt inspect PATH [--json] | verify PATH | consolidate PATH --out FILE
+//             | export-hf PATH --out DIR | import-hf HF_DIR --out FILE
 // PATH: a checkpoint directory (manifest.json) or a checkpoint root (newest complete step_*).
 // Exit 0 good, 1 damaged checkpoint, 2 usage error / not a checkpoint. Logic: checkpoint_tool.h.
 // defines: main.

@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -163,6 +164,64 @@ TEST(Files, RenameFile) {
   EXPECT_FALSE(exists(dir.file("tmp")));
   EXPECT_EQ(user_error([&] { rename_file(dir.file("tmp"), dir.file("dst")); }),
             "cannot rename " + dir.file("tmp") + " to " + dir.file("dst") + ": No such file or directory");
+}
+
+// Note [Durable write]: the new bytes under PATH, no PATH.tmp left, and on any failure the old
+// PATH untouched and no PATH.tmp either. Read back with std::ifstream, not our read_file.
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+TEST(Files, WriteFileDurablyReplacesAndLeavesNoTemp) {
+  TempDir dir;
+  std::string bytes(100000, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 13);
+  write(dir.file("f"), "old");
+  write_file_durably(dir.file("f"), bytes);
+  EXPECT_EQ(slurp(dir.file("f")), bytes);
+  EXPECT_FALSE(exists(dir.file("f.tmp")));
+  write_file_durably(dir.file("empty"), "");
+  EXPECT_TRUE(is_regular_file(dir.file("empty")));
+  EXPECT_EQ(slurp(dir.file("empty")), "");
+  EXPECT_EQ(user_error([&] { write_file_durably(dir.file("no/such/f"), "x"); }),
+            dir.file("no/such/f.tmp") + ": cannot write: No such file or directory");
+}
+
+TEST(Files, WriteDurablyRemovesTheTempFileOnFailure) {
+  TempDir dir;
+  write(dir.file("f"), "old");
+  std::string seen;
+  write_durably(dir.file("f"), [&](const std::string& tmp) {
+    seen = tmp;
+    std::ofstream(tmp, std::ios::binary) << "new";
+  });
+  EXPECT_EQ(seen, dir.file("f.tmp"));
+  EXPECT_EQ(slurp(dir.file("f")), "new");
+  EXPECT_FALSE(exists(dir.file("f.tmp")));
+  EXPECT_EQ(user_error([&] {
+              write_durably(dir.file("f"), [](const std::string& tmp) {
+                std::ofstream(tmp, std::ios::binary) << "partial";
+                throw UserError(tmp + ": disk full");
+              });
+            }),
+            dir.file("f.tmp") + ": disk full");
+  EXPECT_EQ(slurp(dir.file("f")), "new");
+  EXPECT_FALSE(exists(dir.file("f.tmp")));
+  // A writer that creates nothing: an error naming PATH.tmp, and no PATH.
+  EXPECT_HAS(user_error([&] { write_durably(dir.file("g"), [](const std::string&) {}); }), dir.file("g.tmp"));
+  EXPECT_FALSE(exists(dir.file("g")));
+}
+
+TEST(Files, RenameDurablyMovesDirectoriesToo) {
+  TempDir dir;
+  create_directories(dir.file("d.tmp"));
+  write(dir.file("d.tmp/x"), "1");
+  rename_durably(dir.file("d.tmp"), dir.file("d"));
+  EXPECT_EQ(slurp(dir.file("d/x")), "1");
+  EXPECT_FALSE(exists(dir.file("d.tmp")));
+  EXPECT_EQ(user_error([&] { sync_path(dir.file("gone")); }),
+            dir.file("gone") + ": cannot open to sync: No such file or directory");
 }
 
 TEST(Files, ReadFile) {

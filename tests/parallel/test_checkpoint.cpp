@@ -1,7 +1,7 @@
 // Checkpoints under mpiexec (CPU ranks, fp32): a run resumed from step 10 continues exactly as the
 // run that saved it (bitwise, for ZeRO 0/1/2 and offload); a 2-rank checkpoint resumes on 3 ranks
 // and on 1 (losses and parameters within 1e-5 of the straight run); a damaged file is refused on
-// every rank with an error that names it.
+// every rank with an error that names it; the checkpoint's model.h5 loads as a model file.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -10,6 +10,7 @@
 
 #include "src/base/files.h"
 #include "src/io/checkpoint.h"
+#include "src/io/model_weights.h"
 #include "src/train/trainer.h"
 #include "tests/parallel/training_fixtures.h"
 
@@ -49,8 +50,8 @@ class SharedDir {
   std::string path_;
 };
 
-void expect_params_bitwise_equal(TrainResult& got, TrainResult& want) {
-  auto a = got.model->named_parameters(), b = want.model->named_parameters();
+void expect_params_bitwise_equal(GPT2& got, GPT2& want) {
+  auto a = got->named_parameters(), b = want->named_parameters();
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].value(), b[i].value())) << a[i].key();
 }
@@ -84,7 +85,7 @@ TEST(Checkpoint, ResumeIsBitwiseForEveryZeroStageAndOffload) {
     ASSERT_EQ(resumed.start_step, 10);
     ASSERT_EQ(resumed.losses.size(), 20u);
     for (size_t s = 10; s < 20; ++s) EXPECT_EQ(resumed.losses[s], straight.losses[s]) << "step " << s;
-    expect_params_bitwise_equal(resumed, straight);
+    expect_params_bitwise_equal(resumed.model, straight.model);
   }
 }
 
@@ -135,6 +136,31 @@ TEST(Checkpoint, ResumesOnThreeRanksAndOnOne) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (two != MPI_COMM_NULL) MPI_Comm_free(&two);
+}
+
+// The model.h5 inside a checkpoint is a model file (src/io/model_file.h): load_model() reads its
+// sizes and step and gives the trained parameters bit for bit (fp32 CPU run).
+TEST(Checkpoint, ItsModelFileLoadsAsTheTrainedModel) {
+  SharedTokenFile data;
+  SharedDir dir;
+  const parallel::RankEnv world(MPI_COMM_WORLD);
+  quiet_logs(world);
+  auto cfg = tiny_config(data.path(), 2 * 16 * world_size(), 0.01);
+  cfg.train.max_steps = 3;
+  cfg.checkpoint.dir = dir.file("ckpt");
+  cfg.checkpoint.every = 3;
+  TrainResult trained = train(cfg, world);
+  if (world_rank() == 0) {
+    const std::string path = dir.file("ckpt/step_0000003/model.h5");
+    const WeightsSource source = find_weights(path);
+    EXPECT_EQ(source.kind, WeightsSource::Kind::model_file);
+    EXPECT_EQ(source.step, 3);
+    EXPECT_EQ(source.config.n_layer, cfg.model.n_layer);
+    EXPECT_EQ(source.config.vocab_size, cfg.model.vocab_size);
+    GPT2 loaded = load_model(path);
+    expect_params_bitwise_equal(loaded, trained.model);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 TEST(Checkpoint, DamagedFilesAreRefusedOnEveryRankByName) {

@@ -1,7 +1,8 @@
 """gpt2-ckpt on a real checkpoint: 2 CPU ranks (mpiexec) train a tiny model 5 steps with ZeRO-1 and
 save; then, without MPI, inspect names the step and world size, verify passes, and consolidate's
 weights equal model.h5 (fp32 run: bit for bit) and an independent numpy reassembly of the shards'
-fp32 masters; file sizes and CRC-32Cs are checked against a pure-Python CRC-32C. Damage (a flipped
+fp32 masters; file sizes and CRC-32Cs are checked against a pure-Python CRC-32C. model.h5 is a model
+file (export-hf reads it like the checkpoint), and a second identical run writes the same model.h5. Damage (a flipped
 byte, a truncation, a missing manifest, HDF5 contents that disagree with the manifest) must give
 exit 1 (2 when it is no checkpoint) naming the file, and consolidate must write nothing.
 Run by CTest (env GPT2_BIN_DIR, GPT2_SOURCE_DIR)."""
@@ -124,6 +125,31 @@ with tempfile.TemporaryDirectory() as tmp:
                   and int(a.get("n_head", -1)) == 2 and int(a.get("n_embd", -1)) == 32
                   and int(a.get("vocab_size", -1)) == 256 and int(a.get("block_size", -1)) == 32,
                   f"root attributes format, step and model config: {dict(a)}")
+
+    # ---- the checkpoint's model.h5 is a model file: the same root attributes as consolidate's
+    # (but source), and gpt2-ckpt reads it as one (export-hf of model.h5 = export-hf of the checkpoint)
+    with h5py.File(os.path.join(d, "model.h5"), "r") as mh, h5py.File(cons, "r") as c:
+        ma, ca = dict(mh.attrs), dict(c.attrs)
+    keys = ["format", "format_version", "step", "n_layer", "n_head", "n_embd", "vocab_size", "block_size"]
+    check(all(k in ma and ma[k] == ca[k] for k in keys) and "source" in ma,
+          f"model.h5 carries the model-file attributes of the consolidated file: {ma}")
+    hf_ckpt, hf_model = os.path.join(tmp, "hf_ckpt"), os.path.join(tmp, "hf_model")
+    rc1, out1 = ckpt(["export-hf", d, "--out", hf_ckpt])
+    rc2, out2 = ckpt(["export-hf", os.path.join(d, "model.h5"), "--out", hf_model])
+    same = rc1 == 0 and rc2 == 0 and "model file" in out2 and all(
+        open(os.path.join(hf_ckpt, n), "rb").read() == open(os.path.join(hf_model, n), "rb").read()
+        for n in ("model.safetensors", "config.json"))
+    check(same, f"export-hf of model.h5 (a model file) equals export-hf of the checkpoint byte for byte (rc={rc1}, {rc2})")
+    if not same: print(out1 + out2)
+
+    # ---- determinism: the same run again writes the same model.h5, byte for byte (untimed HDF5
+    # datasets, no path inside). The shards hold the CPU generator's state, which differs by run.
+    root2 = os.path.join(tmp, "ckpt2")
+    p = subprocess.run(mpi + [TRAIN] + [a for a in args if not a.startswith("--checkpoint.dir=")] +
+                       [f"--checkpoint.dir={root2}"], capture_output=True, text=True, errors="replace", timeout=300, cwd=SRC)
+    m2 = json.load(open(os.path.join(root2, "step_0000005", "manifest.json"))) if p.returncode == 0 else {"files": []}
+    check([f for f in m2["files"] if f["name"] == "model.h5"] == [f for f in m["files"] if f["name"] == "model.h5"],
+          f"a second identical run writes the same model.h5 (size and crc32c; rc={p.returncode})")
 
     # ---- damage
     def copy(name):

@@ -1,0 +1,254 @@
+// Saving sharded checkpoints: snapshot, files (maybe on a thread), manifest, rename, latest,
+// retention (see checkpoint_writer.h).
+#include "src/io/checkpoint_writer.h"
+
+#include <mpi.h>
+#include <signal.h>
+
+#include <torch/torch.h>
+#ifdef GPT2_WITH_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "optim/loss_scaler.h"
+#include "optim/sharded_adamw.h"
+#include "parallel/flat_layout.h"
+#include "parallel/rank_env.h"
+#include "src/base/crc32c.h"
+#include "src/base/errors.h"
+#include "src/base/files.h"
+#include "src/base/mpi_check.h"
+#include "src/io/h5_io.h"
+#include "src/io/manifest.h"
+#include "src/io/model_file.h"
+#include "src/io/retention.h"
+#include "src/model/gpt2_model.h"
+
+namespace gpt2 {
+namespace {
+
+// The `source` attribute of a checkpoint's model.h5 (no path: equal states give equal bytes).
+constexpr char kCheckpointModelSource[] = "gpt2-train";
+
+// Test hook GPT2_CKPT_FAULT=RANK:POINT[:STEP] (checkpoint_writer.h): kills this rank at `point`.
+void fault_point(int rank, int point, int64_t step) {
+  static const char* spec = std::getenv("GPT2_CKPT_FAULT");
+  if (spec == nullptr) return;
+  int r = -1, p = -1;
+  long long s = -1;
+  const int n = std::sscanf(spec, "%d:%d:%lld", &r, &p, &s);
+  if (n >= 2 && r == rank && p == point && (n < 3 || s == step)) ::raise(SIGKILL);
+}
+
+// A written file's size and CRC-32C, as rank 0 gathers them for the manifest (plain bytes).
+struct FileRecord {
+  uint64_t bytes;
+  uint32_t crc;
+  int32_t pad;
+};
+
+FileRecord record_of(const std::string& path) {
+  files::sync_path(path);
+  FileRecord r{0, 0, 0};
+  r.crc = crc32c_file(path, &r.bytes);
+  return r;
+}
+
+}  // namespace
+
+// Everything a save writes, copied to host memory, so training may go on while it is written.
+struct CheckpointWriter::Snapshot {
+  int64_t step = 0;
+  std::string root, final_dir, tmp;
+  optim::ShardedAdamW::ShardState state;
+  int64_t begin = 0, end = 0;
+  torch::Tensor rng_cpu, rng_cuda;
+  // Rank 0 only: the model (fp32), its sizes, and what the manifest needs.
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  GPT2Config model_config;
+  CheckpointManifest manifest;
+  // Filled by write_files().
+  FileRecord shard_record{0, 0, 0}, model_record{0, 0, 0};
+};
+
+CheckpointWriter::CheckpointWriter(CheckpointSettings settings, const parallel::RankEnv& env)
+    : settings_(std::move(settings)), env_(env) {}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (thread_.joinable()) thread_.join();  // files only; an unfinished save stays a .tmp directory
+}
+
+std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::FlatLayout& layout,
+                                   optim::ShardedAdamW& optimizer, const optim::LossScaler& scaler, bool async) {
+  const int rank = env_.rank(), world = env_.world_size();
+  if (pending_) wait();  // one save at a time
+  auto snap = std::make_unique<Snapshot>();
+  snap->step = step;
+  snap->root = settings_.dir;
+  snap->final_dir = files::join(snap->root, step_dir_name(step));
+  snap->tmp = snap->final_dir + ".tmp";
+  // Rank 0 decides (one view of the file system) and prepares the directory.
+  int exists = 0;
+  if (rank == 0) {
+    files::create_directories(snap->root);
+    exists = files::is_regular_file(files::join(snap->final_dir, "manifest.json")) ? 1 : 0;
+    if (!exists) {
+      files::remove_tree(snap->tmp);  // a crashed earlier attempt at this step
+      files::create_directories(snap->tmp);
+    }
+  }
+  MPI_CHECK(MPI_Bcast(&exists, 1, MPI_INT, 0, env_.comm()));
+  if (exists) return snap->final_dir;
+  fault_point(rank, 1, step);
+
+  // The snapshot: optimizer shard, generator states, and on rank 0 the model and manifest fields.
+  snap->state = optimizer.state();
+  snap->begin = optimizer.shard_begin();
+  snap->end = optimizer.shard_begin() + optimizer.shard_numel();
+  if (!optimizer.sharded() && world > 1) {
+    // ZeRO 0: every rank holds the same full state; each writes only its partition, in parallel.
+    snap->begin = layout.shard_begin(rank);
+    snap->end = layout.shard_end(rank);
+    for (auto* t : {&snap->state.master, &snap->state.exp_avg, &snap->state.exp_avg_sq}) {
+      *t = t->narrow(0, snap->begin, snap->end - snap->begin).contiguous();
+    }
+  }
+  snap->rng_cpu = at::detail::getDefaultCPUGenerator().get_state();
+  const auto named = model->named_parameters();
+#ifdef GPT2_WITH_CUDA
+  if (named[0].value().is_cuda()) {
+    snap->rng_cuda = at::cuda::detail::getDefaultCUDAGenerator(named[0].value().device().index()).get_state();
+  }
+#endif
+  if (rank == 0) {
+    for (const auto& item : named) snap->params.emplace_back(item.key(), item.value().detach().to(torch::kCPU, torch::kFloat));
+    snap->model_config = model->config();
+    CheckpointManifest& m = snap->manifest;
+    m.step = step;
+    m.world_size = world;
+    m.zero_stage = settings_.zero_stage;
+    m.offload = settings_.offload;
+    m.dtype = named[0].value().is_cuda() ? settings_.dtype : "fp32";
+    m.flat_total = layout.total;
+    m.flat_padded = layout.padded;
+    for (size_t i = 0; i < named.size(); ++i) {
+      m.params.push_back({named[i].key(), named[i].value().sizes().vec(), layout.offset[i], layout.numel[i]});
+    }
+    m.loss_scale = scaler.enabled() ? scaler.scale() : 1.0;
+    m.growth_tracker = scaler.growth_tracker().item<int64_t>();
+    m.seed = settings_.seed;
+    m.config = settings_.config;
+  }
+  pending_ = std::move(snap);
+  if (!async) {
+    write_files(*pending_);
+    return finish();
+  }
+  // Files on a thread (HDF5 is used by no other thread during training); finish() is collective
+  // and runs on this thread once every rank's files are written (poll()).
+  written_.store(false);
+  thread_ = std::thread([this] {
+    try {
+      write_files(*pending_);
+    } catch (const std::exception& e) {
+      error_ = e.what();
+    }
+    written_.store(true);
+  });
+  return "";
+}
+
+void CheckpointWriter::write_files(Snapshot& snap) {
+  const int rank = env_.rank();
+  const int64_t step = snap.step;
+  const std::string shard_path = files::join(snap.tmp, shard_file_name(rank));
+  {
+    h5::H5ErrorSilencer quiet;
+    h5::H5Id file = h5::create_h5(shard_path);
+    const std::vector<hsize_t> n = {static_cast<hsize_t>(snap.end - snap.begin)};
+    h5::write_f32(file.get(), "master", snap.state.master.contiguous().data_ptr<float>(), n);
+    fault_point(rank, 2, step);
+    h5::write_f32(file.get(), "exp_avg", snap.state.exp_avg.contiguous().data_ptr<float>(), n);
+    h5::write_f32(file.get(), "exp_avg_sq", snap.state.exp_avg_sq.contiguous().data_ptr<float>(), n);
+    h5::write_int_attr(file.get(), "begin", snap.begin);
+    h5::write_int_attr(file.get(), "end", snap.end);
+    h5::write_int_attr(file.get(), "adam_step", snap.state.adam_step);
+    for (auto [name, rng] : {std::pair<const char*, torch::Tensor*>{"rng_cpu", &snap.rng_cpu}, {"rng_cuda", &snap.rng_cuda}}) {
+      if (rng->defined()) h5::write_bytes(file.get(), name, rng->contiguous().data_ptr<uint8_t>(), rng->numel());
+    }
+    if (H5Fclose(file.release()) < 0) throw UserError(shard_path + ": writing failed (disk full?)");
+  }
+  fault_point(rank, 3, step);
+  snap.shard_record = record_of(shard_path);
+  fault_point(rank, 4, step);
+  if (rank == 0) {
+    const std::string model_path = files::join(snap.tmp, "model.h5");
+    std::vector<std::string> names;
+    std::vector<std::vector<int64_t>> shapes;
+    for (const auto& [name, p] : snap.params) {
+      names.push_back(name);
+      shapes.push_back(p.sizes().vec());
+    }
+    write_model_file(model_path, {snap.model_config, step, kCheckpointModelSource}, names, shapes,
+                     [&](size_t i, float* out) {
+                       const torch::Tensor p = snap.params[i].second.contiguous();
+                       std::copy_n(p.data_ptr<float>(), p.numel(), out);
+                     });
+    snap.model_record = record_of(model_path);
+  }
+  fault_point(rank, 5, step);
+}
+
+std::string CheckpointWriter::poll() {
+  if (!pending_) return "";
+  int done = written_.load() ? 1 : 0;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &done, 1, MPI_INT, MPI_MIN, env_.comm()));
+  return done ? finish() : "";
+}
+
+std::string CheckpointWriter::wait() {
+  if (!pending_) return "";
+  if (thread_.joinable()) thread_.join();
+  return finish();
+}
+
+std::string CheckpointWriter::finish() {
+  if (thread_.joinable()) thread_.join();
+  std::unique_ptr<Snapshot> snap = std::move(pending_);
+  if (!error_.empty()) {
+    const std::string e = error_;
+    error_.clear();
+    throw UserError(e);
+  }
+  const int rank = env_.rank(), world = env_.world_size();
+  const int64_t step = snap->step;
+  std::vector<FileRecord> records(rank == 0 ? world : 0);
+  std::vector<int64_t> ranges(rank == 0 ? 2 * world : 0);
+  const int64_t my_range[2] = {snap->begin, snap->end};
+  MPI_CHECK(MPI_Gather(&snap->shard_record, sizeof(FileRecord), MPI_BYTE, records.data(), sizeof(FileRecord), MPI_BYTE,
+                       0, env_.comm()));
+  MPI_CHECK(MPI_Gather(my_range, 2, MPI_INT64_T, ranges.data(), 2, MPI_INT64_T, 0, env_.comm()));
+  if (rank == 0) {
+    CheckpointManifest& m = snap->manifest;
+    for (int r = 0; r < world; ++r) m.shards.push_back({shard_file_name(r), r, ranges[2 * r], ranges[2 * r + 1]});
+    m.files.push_back({"model.h5", snap->model_record.bytes, crc32c_hex(snap->model_record.crc)});
+    for (int r = 0; r < world; ++r) m.files.push_back({shard_file_name(r), records[r].bytes, crc32c_hex(records[r].crc)});
+    fault_point(rank, 6, step);
+    files::write_file_durably(files::join(snap->tmp, "manifest.json"), json::dump(m.to_json()) + "\n");
+    fault_point(rank, 7, step);
+    files::rename_durably(snap->tmp, snap->final_dir);  // from here on the checkpoint is complete
+    fault_point(rank, 8, step);
+    files::write_file_durably(files::join(snap->root, "latest"), step_dir_name(step) + "\n");
+    fault_point(rank, 9, step);
+    prune_checkpoints(snap->root, settings_.keep, step);
+    fault_point(rank, 10, step);
+  }
+  env_.barrier();
+  return snap->final_dir;
+}
+
+}  // namespace gpt2

@@ -1,0 +1,77 @@
+#pragma once
+// A checkpoint's manifest.json and names (layout in docs/DESIGN.md "Checkpoint layout as built"):
+// reading and writing the manifest, finding the newest complete checkpoint under a root, and
+// checking every listed file's size and CRC-32C. No MPI: gpt2-ckpt uses these too.
+// defines: kCheckpointFormat, CheckpointManifest, step_dir_name, step_of_dir_name, shard_file_name,
+//          find_checkpoint, verify_checkpoint_files
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "src/base/json.h"
+#include "src/model/model_config.h"
+
+namespace gpt2 {
+
+inline constexpr char kCheckpointFormat[] = "gpt2-checkpoint";
+inline constexpr int64_t kCheckpointVersion = 1;
+
+struct CheckpointManifest {
+  struct Param {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t offset = 0, numel = 0;
+  };
+  struct Shard {
+    std::string file;
+    int rank = 0;
+    int64_t begin = 0, end = 0;
+  };
+  struct File {
+    std::string name;
+    uint64_t bytes = 0;
+    std::string crc32c;  // 8 hex digits
+  };
+  std::string dir;  // where it was read from
+  int64_t step = 0;
+  int world_size = 1;
+  int64_t zero_stage = 0;
+  std::string offload, dtype;
+  int64_t flat_total = 0, flat_padded = 0;
+  std::vector<Param> params;
+  std::vector<Shard> shards;
+  std::vector<File> files;
+  double loss_scale = 1;
+  int64_t growth_tracker = 0;
+  uint64_t seed = 0;
+  std::vector<std::pair<std::string, std::string>> config;  // section.key -> value
+
+  json::Value to_json() const;
+  // Throws gpt2::UserError naming `dir`/manifest.json and the key for anything missing or wrong.
+  static CheckpointManifest read(const std::string& dir);
+  std::string config_value(const std::string& key) const;  // "" when absent
+  // The model.* sizes; gpt2::UserError naming manifest.json and the key when one is missing or not
+  // an integer.
+  GPT2Config model_config() const;
+};
+
+// "step_0000020": the directory of the checkpoint after `step` optimizer steps.
+std::string step_dir_name(int64_t step);
+// The step of a "step_NNNNNNN" entry name, else -1 (".tmp" directories and anything else).
+int64_t step_of_dir_name(const std::string& name);
+// "optim_r00001.h5": rank r's optimizer shard.
+std::string shard_file_name(int rank);
+
+// The checkpoint directory a resume spec names: `dir` itself when it holds manifest.json, else the
+// newest complete `dir/step_NNNNNNN/` (what `latest` names, unless a crash came between the rename
+// and the pointer update); "" when there is none (nothing to resume).
+std::string find_checkpoint(const std::string& dir);
+
+// Checks the size and CRC-32C of manifest.files[i] for the given indices (all when empty).
+// Returns one problem per bad file, "" for good ones, in index order of `which` ("" everywhere =
+// all good). Problems name the file: "<dir>/<file>: checksum mismatch (manifest crc32c e3069283,
+// file 0badf00d)"; an unreadable file is a problem too, never an exception.
+std::vector<std::string> verify_checkpoint_files(const CheckpointManifest& m, const std::vector<size_t>& which = {});
+
+}  // namespace gpt2
