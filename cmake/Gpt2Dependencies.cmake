@@ -43,6 +43,7 @@ find_package(MPI REQUIRED COMPONENTS C)
 find_package(HDF5 REQUIRED COMPONENTS C)
 find_package(Boost 1.71 REQUIRED COMPONENTS program_options)
 find_package(spdlog REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)  # header-only; Debian nlohmann-json3-dev
 find_package(Threads REQUIRED)
 if(GPT2_BUILD_TESTS)
   find_package(GTest REQUIRED)

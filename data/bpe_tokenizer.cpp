@@ -175,7 +175,7 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& dir) {
   // encoder.json: {"token in byte alphabet": id, ...}, ids dense from 0.
   const std::string enc_text = read_file(enc_path);
   const json::Value enc = json::parse(enc_text, enc_path);
-  const auto& members = enc.as_object(enc_path);
+  const auto& members = json::as_object(enc, enc_path);
   if (members.empty()) throw UserError(enc_path + ": no tokens");
   const size_t vocab = members.size();
   tok.id_to_bytes_.assign(vocab, std::string());
@@ -184,7 +184,7 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& dir) {
   all_tokens.reserve(vocab * 2);
   std::string bytes;
   for (const auto& [key, value] : members) {
-    const int64_t id = value.as_int(enc_path + ": id of token '" + key + "'");
+    const int64_t id = json::as_int(value, enc_path + ": id of token '" + key + "'");
     if (id < 0 || static_cast<size_t>(id) >= vocab) {
       throw UserError(enc_path + ": id " + std::to_string(id) + " of token '" + key +
                       "' is outside [0, " + std::to_string(vocab) + ") (ids must be dense)");

@@ -25,13 +25,13 @@ std::optional<std::string> jsonl_document(std::string_view line, const std::stri
   }
   if (!value.is_object()) {
     const char* got = value.is_array() ? "an array" : value.is_string() ? "a string" : value.is_number() ? "a number"
-                      : value.is_bool() ? "a boolean" : "null";
+                      : value.is_boolean() ? "a boolean" : "null";
     throw UserError(where + ": expected a JSON object with a \"text\" string, got " + got);
   }
-  const json::Value* text = value.find("text");
+  const json::Value* text = json::find(value, "text");
   if (text == nullptr) throw UserError(where + ": the object has no \"text\" member");
   if (!text->is_string()) throw UserError(where + ": \"text\" is not a string");
-  return text->as_string();
+  return json::as_string(*text, "value");
 }
 
 JsonlReader::JsonlReader(const std::string& path) : path_(path) {

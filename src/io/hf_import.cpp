@@ -45,45 +45,45 @@ std::string shape_str(torch::IntArrayRef s) {
 
 GPT2Config hf_config_from_json(const std::string& path) {
   const json::Value root = json::parse(files::read_file(path), path);
-  root.as_object(path);
+  json::as_object(root, path);
   auto key = [&](const char* k) { return path + ": " + k; };
   GPT2Config cfg;
-  cfg.n_layer = root.at("n_layer", path).as_int(key("n_layer"));
-  cfg.n_head = root.at("n_head", path).as_int(key("n_head"));
-  cfg.n_embd = root.at("n_embd", path).as_int(key("n_embd"));
-  cfg.vocab_size = root.at("vocab_size", path).as_int(key("vocab_size"));
-  if (const json::Value* v = root.find("n_positions")) {
-    cfg.block_size = v->as_int(key("n_positions"));
+  cfg.n_layer = json::as_int(json::at(root, "n_layer", path), key("n_layer"));
+  cfg.n_head = json::as_int(json::at(root, "n_head", path), key("n_head"));
+  cfg.n_embd = json::as_int(json::at(root, "n_embd", path), key("n_embd"));
+  cfg.vocab_size = json::as_int(json::at(root, "vocab_size", path), key("vocab_size"));
+  if (const json::Value* v = json::find(root, "n_positions")) {
+    cfg.block_size = json::as_int(*v, key("n_positions"));
   } else {
-    cfg.block_size = root.at("n_ctx", path).as_int(key("n_ctx"));
+    cfg.block_size = json::as_int(json::at(root, "n_ctx", path), key("n_ctx"));
   }
 
   // Settings that would make HF's model compute something ours does not.
   auto unsupported = [&](const std::string& k, const std::string& why) {
     throw UserError(path + ": " + k + " " + why + " is not supported by gpt2-dist's GPT-2");
   };
-  if (const json::Value* v = root.find("model_type"); v && v->as_string(key("model_type")) != "gpt2") {
-    unsupported("model_type", "'" + v->as_string() + "'");
+  if (const json::Value* v = json::find(root, "model_type"); v && json::as_string(*v, key("model_type")) != "gpt2") {
+    unsupported("model_type", "'" + json::as_string(*v, "value") + "'");
   }
-  if (const json::Value* v = root.find("activation_function")) {
-    const std::string& act = v->as_string(key("activation_function"));
+  if (const json::Value* v = json::find(root, "activation_function")) {
+    const std::string& act = json::as_string(*v, key("activation_function"));
     if (act != "gelu_new" && act != "gelu_pytorch_tanh") unsupported("activation_function", "'" + act + "'");
   }
-  if (const json::Value* v = root.find("n_inner"); v && !v->is_null() && v->as_int(key("n_inner")) != 4 * cfg.n_embd) {
-    unsupported("n_inner", "(" + std::to_string(v->as_int()) + " != 4*n_embd)");
+  if (const json::Value* v = json::find(root, "n_inner"); v && !v->is_null() && json::as_int(*v, key("n_inner")) != 4 * cfg.n_embd) {
+    unsupported("n_inner", "(" + std::to_string(json::as_int(*v, "value")) + " != 4*n_embd)");
   }
-  if (const json::Value* v = root.find("layer_norm_epsilon");
-      v && std::abs(v->as_double(key("layer_norm_epsilon")) - 1e-5) > 1e-12) {
-    unsupported("layer_norm_epsilon", "(" + std::to_string(v->as_double()) + ")");
+  if (const json::Value* v = json::find(root, "layer_norm_epsilon");
+      v && std::abs(json::as_double(*v, key("layer_norm_epsilon")) - 1e-5) > 1e-12) {
+    unsupported("layer_norm_epsilon", "(" + std::to_string(json::as_double(*v, "value")) + ")");
   }
-  if (const json::Value* v = root.find("tie_word_embeddings"); v && !v->as_bool(key("tie_word_embeddings"))) {
+  if (const json::Value* v = json::find(root, "tie_word_embeddings"); v && !json::as_bool(*v, key("tie_word_embeddings"))) {
     unsupported("tie_word_embeddings", "false");
   }
-  if (const json::Value* v = root.find("scale_attn_by_inverse_layer_idx");
-      v && v->as_bool(key("scale_attn_by_inverse_layer_idx"))) {
+  if (const json::Value* v = json::find(root, "scale_attn_by_inverse_layer_idx");
+      v && json::as_bool(*v, key("scale_attn_by_inverse_layer_idx"))) {
     unsupported("scale_attn_by_inverse_layer_idx", "true");
   }
-  if (const json::Value* v = root.find("scale_attn_weights"); v && !v->as_bool(key("scale_attn_weights"))) {
+  if (const json::Value* v = json::find(root, "scale_attn_weights"); v && !json::as_bool(*v, key("scale_attn_weights"))) {
     unsupported("scale_attn_weights", "false");
   }
   try {

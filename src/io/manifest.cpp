@@ -34,47 +34,27 @@ std::string shard_file_name(int rank) {
 }
 
 json::Value CheckpointManifest::to_json() const {
-  using json::Value;
-  Value::Array ps, ss, fs;
-  for (const auto& p : params) {
-    Value::Array shape;
-    for (int64_t d : p.shape) shape.push_back(Value::integer(d));
-    ps.push_back(Value::object({{"name", Value::string(p.name)},
-                                {"shape", Value::array(shape)},
-                                {"offset", Value::integer(p.offset)},
-                                {"numel", Value::integer(p.numel)}}));
-  }
-  for (const auto& s : shards) {
-    ss.push_back(Value::object({{"file", Value::string(s.file)},
-                                {"rank", Value::integer(s.rank)},
-                                {"begin", Value::integer(s.begin)},
-                                {"end", Value::integer(s.end)}}));
-  }
-  for (const auto& f : files) {
-    fs.push_back(Value::object({{"name", Value::string(f.name)},
-                                {"bytes", Value::integer(static_cast<int64_t>(f.bytes))},
-                                {"crc32c", Value::string(f.crc32c)}}));
-  }
-  Value::Object cfg;
-  for (const auto& [k, v] : config) cfg.emplace_back(k, Value::string(v));
-  return Value::object({
-      {"format", Value::string(kCheckpointFormat)},
-      {"format_version", Value::integer(kCheckpointVersion)},
-      {"step", Value::integer(step)},
-      {"world_size", Value::integer(world_size)},
-      {"zero_stage", Value::integer(zero_stage)},
-      {"offload", Value::string(offload)},
-      {"dtype", Value::string(dtype)},
-      {"flat_total", Value::integer(flat_total)},
-      {"flat_padded", Value::integer(flat_padded)},
-      {"params", Value::array(ps)},
-      {"shards", Value::array(ss)},
-      {"loss_scaler", Value::object({{"scale", Value::number(loss_scale)},
-                                     {"growth_tracker", Value::integer(growth_tracker)}})},
-      {"data", Value::object({{"seed", Value::integer(static_cast<int64_t>(seed))}, {"next_step", Value::integer(step)}})},
-      {"config", Value::object(cfg)},
-      {"files", Value::array(fs)},
-  });
+  json::Value ps = json::Value::array(), ss = json::Value::array(), fs = json::Value::array();
+  for (const auto& p : params) ps.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}, {"numel", p.numel}});
+  for (const auto& s : shards) ss.push_back({{"file", s.file}, {"rank", s.rank}, {"begin", s.begin}, {"end", s.end}});
+  for (const auto& f : files) fs.push_back({{"name", f.name}, {"bytes", static_cast<int64_t>(f.bytes)}, {"crc32c", f.crc32c}});
+  json::Value cfg = json::Value::object();
+  for (const auto& [k, v] : config) cfg[k] = v;
+  return {{"format", kCheckpointFormat},
+          {"format_version", kCheckpointVersion},
+          {"step", step},
+          {"world_size", world_size},
+          {"zero_stage", zero_stage},
+          {"offload", offload},
+          {"dtype", dtype},
+          {"flat_total", flat_total},
+          {"flat_padded", flat_padded},
+          {"params", ps},
+          {"shards", ss},
+          {"loss_scaler", {{"scale", loss_scale}, {"growth_tracker", growth_tracker}}},
+          {"data", {{"seed", static_cast<int64_t>(seed)}, {"next_step", step}}},
+          {"config", cfg},
+          {"files", fs}};
 }
 
 CheckpointManifest CheckpointManifest::read(const std::string& dir) {
@@ -86,52 +66,52 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
   const std::string what = path;
   CheckpointManifest m;
   m.dir = dir;
-  if (v.at("format", what).as_string("format") != kCheckpointFormat) {
-    throw UserError(path + ": format is '" + v.at("format", what).as_string() + "', expected '" + kCheckpointFormat + "'");
+  if (json::as_string(json::at(v, "format", what), "format") != kCheckpointFormat) {
+    throw UserError(path + ": format is '" + json::as_string(json::at(v, "format", what), "value") + "', expected '" + kCheckpointFormat + "'");
   }
-  const int64_t version = v.at("format_version", what).as_int("format_version");
+  const int64_t version = json::as_int(json::at(v, "format_version", what), "format_version");
   if (version != kCheckpointVersion) {
     throw UserError(path + ": format_version " + std::to_string(version) + " is not supported (this build reads " +
                     std::to_string(kCheckpointVersion) + ")");
   }
-  m.step = v.at("step", what).as_int("step");
-  m.world_size = static_cast<int>(v.at("world_size", what).as_int("world_size"));
-  m.zero_stage = v.at("zero_stage", what).as_int("zero_stage");
-  m.offload = v.at("offload", what).as_string("offload");
-  m.dtype = v.at("dtype", what).as_string("dtype");
-  m.flat_total = v.at("flat_total", what).as_int("flat_total");
-  m.flat_padded = v.at("flat_padded", what).as_int("flat_padded");
+  m.step = json::as_int(json::at(v, "step", what), "step");
+  m.world_size = static_cast<int>(json::as_int(json::at(v, "world_size", what), "world_size"));
+  m.zero_stage = json::as_int(json::at(v, "zero_stage", what), "zero_stage");
+  m.offload = json::as_string(json::at(v, "offload", what), "offload");
+  m.dtype = json::as_string(json::at(v, "dtype", what), "dtype");
+  m.flat_total = json::as_int(json::at(v, "flat_total", what), "flat_total");
+  m.flat_padded = json::as_int(json::at(v, "flat_padded", what), "flat_padded");
   if (m.world_size < 1 || m.flat_total < 0 || m.flat_padded < m.flat_total) {
     throw UserError(path + ": inconsistent sizes (world_size " + std::to_string(m.world_size) + ", flat_total " +
                     std::to_string(m.flat_total) + ", flat_padded " + std::to_string(m.flat_padded) + ")");
   }
-  for (const auto& p : v.at("params", what).as_array("params")) {
+  for (const auto& p : json::as_array(json::at(v, "params", what), "params")) {
     Param q;
-    q.name = p.at("name", what + " params").as_string("params.name");
-    for (const auto& d : p.at("shape", what + " params").as_array("params.shape")) q.shape.push_back(d.as_int("shape"));
-    q.offset = p.at("offset", what + " params").as_int("params.offset");
-    q.numel = p.at("numel", what + " params").as_int("params.numel");
+    q.name = json::as_string(json::at(p, "name", what + " params"), "params.name");
+    for (const auto& d : json::as_array(json::at(p, "shape", what + " params"), "params.shape")) q.shape.push_back(json::as_int(d, "shape"));
+    q.offset = json::as_int(json::at(p, "offset", what + " params"), "params.offset");
+    q.numel = json::as_int(json::at(p, "numel", what + " params"), "params.numel");
     m.params.push_back(std::move(q));
   }
-  for (const auto& s : v.at("shards", what).as_array("shards")) {
+  for (const auto& s : json::as_array(json::at(v, "shards", what), "shards")) {
     Shard q;
-    q.file = s.at("file", what + " shards").as_string("shards.file");
-    q.rank = static_cast<int>(s.at("rank", what + " shards").as_int("shards.rank"));
-    q.begin = s.at("begin", what + " shards").as_int("shards.begin");
-    q.end = s.at("end", what + " shards").as_int("shards.end");
+    q.file = json::as_string(json::at(s, "file", what + " shards"), "shards.file");
+    q.rank = static_cast<int>(json::as_int(json::at(s, "rank", what + " shards"), "shards.rank"));
+    q.begin = json::as_int(json::at(s, "begin", what + " shards"), "shards.begin");
+    q.end = json::as_int(json::at(s, "end", what + " shards"), "shards.end");
     if (q.begin < 0 || q.end < q.begin || q.end > m.flat_padded) {
       throw UserError(path + ": shard " + q.file + " has an invalid range [" + std::to_string(q.begin) + ", " +
                       std::to_string(q.end) + ")");
     }
     m.shards.push_back(std::move(q));
   }
-  for (const auto& f : v.at("files", what).as_array("files")) {
+  for (const auto& f : json::as_array(json::at(v, "files", what), "files")) {
     File q;
-    q.name = f.at("name", what + " files").as_string("files.name");
-    const int64_t bytes = f.at("bytes", what + " files").as_int("files.bytes");
+    q.name = json::as_string(json::at(f, "name", what + " files"), "files.name");
+    const int64_t bytes = json::as_int(json::at(f, "bytes", what + " files"), "files.bytes");
     if (bytes < 0) throw UserError(path + ": file " + q.name + " has a negative size");
     q.bytes = static_cast<uint64_t>(bytes);
-    q.crc32c = f.at("crc32c", what + " files").as_string("files.crc32c");
+    q.crc32c = json::as_string(json::at(f, "crc32c", what + " files"), "files.crc32c");
     if (q.name.empty() || q.name.find('/') != std::string::npos || q.name == "." || q.name == "..") {
       throw UserError(path + ": file name '" + q.name + "' is not a plain name in the checkpoint directory");
     }
@@ -142,11 +122,11 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
       throw UserError(path + ": shard " + shard.file + " is not among the checksummed files");
     }
   }
-  const auto& scaler = v.at("loss_scaler", what);
-  m.loss_scale = scaler.at("scale", what + " loss_scaler").as_double("loss_scaler.scale");
-  m.growth_tracker = scaler.at("growth_tracker", what + " loss_scaler").as_int("loss_scaler.growth_tracker");
-  m.seed = static_cast<uint64_t>(v.at("data", what).at("seed", what + " data").as_int("data.seed"));
-  for (const auto& [k, val] : v.at("config", what).as_object("config")) m.config.emplace_back(k, val.as_string(k));
+  const auto& scaler = json::at(v, "loss_scaler", what);
+  m.loss_scale = json::as_double(json::at(scaler, "scale", what + " loss_scaler"), "loss_scaler.scale");
+  m.growth_tracker = json::as_int(json::at(scaler, "growth_tracker", what + " loss_scaler"), "loss_scaler.growth_tracker");
+  m.seed = static_cast<uint64_t>(json::as_int(json::at(json::at(v, "data", what), "seed", what + " data"), "data.seed"));
+  for (const auto& [k, val] : json::as_object(json::at(v, "config", what), "config")) m.config.emplace_back(k, json::as_string(val, k));
   return m;
 }
 

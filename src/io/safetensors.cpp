@@ -50,7 +50,7 @@ Entry parse_entry(const std::string& path, const std::string& name, const json::
   const std::string what = path + ": tensor '" + name + "'";
   Entry e;
   e.name = name;
-  const std::string& dtype_name = v.at("dtype", what).as_string(what + " dtype");
+  const std::string& dtype_name = json::as_string(json::at(v, "dtype", what), what + " dtype");
   bool known = false;
   for (const auto& d : kDtypes) {
     if (dtype_name == d.name) {
@@ -62,8 +62,8 @@ Entry parse_entry(const std::string& path, const std::string& name, const json::
 
   // numel * itemsize with overflow checks: a huge shape must be an error, not a wrap-around.
   uint64_t bytes = c10::elementSize(e.dtype);
-  for (const auto& dim : v.at("shape", what).as_array(what + " shape")) {
-    const int64_t d = dim.as_int(what + " shape");
+  for (const auto& dim : json::as_array(json::at(v, "shape", what), what + " shape")) {
+    const int64_t d = json::as_int(dim, what + " shape");
     if (d < 0) bad_file(path, "tensor '" + name + "' has a negative dimension");
     if (d != 0 && bytes > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d)) {
       bad_file(path, "tensor '" + name + "' shape overflows");
@@ -71,10 +71,10 @@ Entry parse_entry(const std::string& path, const std::string& name, const json::
     bytes *= static_cast<uint64_t>(d);
     e.shape.push_back(d);
   }
-  const auto& offsets = v.at("data_offsets", what).as_array(what + " data_offsets");
+  const auto& offsets = json::as_array(json::at(v, "data_offsets", what), what + " data_offsets");
   if (offsets.size() != 2) bad_file(path, "tensor '" + name + "' data_offsets must be [begin, end]");
-  const int64_t b = offsets[0].as_int(what + " data_offsets");
-  const int64_t en = offsets[1].as_int(what + " data_offsets");
+  const int64_t b = json::as_int(offsets[0], what + " data_offsets");
+  const int64_t en = json::as_int(offsets[1], what + " data_offsets");
   if (b < 0 || en < b) bad_file(path, "tensor '" + name + "' has data_offsets out of order");
   e.begin = static_cast<uint64_t>(b);
   e.end = static_cast<uint64_t>(en);
@@ -129,30 +129,29 @@ NamedTensors read_safetensors(const std::string& path, std::map<std::string, std
   const uint64_t data_start = 8 + header_bytes;
   const uint64_t data_bytes = file_bytes - data_start;
 
-  const json::Value root = json::parse(header, path + " (header)");
+  // A repeated tensor name is a damaged file: parse refuses it instead of keeping the last.
+  const json::Value root = json::parse(header, path + " (header)", json::DuplicateKeys::kReject);
   std::vector<Entry> entries;
-  for (const auto& [name, value] : root.as_object(path + ": header")) {
+  for (const auto& [name, value] : json::as_object(root, path + ": header")) {
     if (name == kMetadataKey) {
       if (metadata != nullptr) {
         metadata->clear();
-        for (const auto& [k, v] : value.as_object(path + ": __metadata__")) {
-          (*metadata)[k] = v.as_string(path + ": __metadata__ value of '" + k + "'");
+        for (const auto& [k, v] : json::as_object(value, path + ": __metadata__")) {
+          (*metadata)[k] = json::as_string(v, path + ": __metadata__ value of '" + k + "'");
         }
       }
       continue;
     }
-    for (const auto& e : entries) {
-      if (e.name == name) bad_file(path, "tensor '" + name + "' appears twice");
-    }
     entries.push_back(parse_entry(path, name, value, data_bytes));
   }
-  if (metadata != nullptr && root.find(kMetadataKey) == nullptr) metadata->clear();
+  if (metadata != nullptr && json::find(root, kMetadataKey) == nullptr) metadata->clear();
 
   // Tensors must not share bytes: each would silently alias another's data.
   std::vector<const Entry*> by_offset;
   for (const auto& e : entries) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
+  std::stable_sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;  // empty tensors first at a tie
+  });
   for (size_t i = 1; i < by_offset.size(); ++i) {
     if (by_offset[i]->begin < by_offset[i - 1]->end) {
       bad_file(path, "tensors '" + by_offset[i - 1]->name + "' and '" + by_offset[i]->name +
@@ -160,9 +159,12 @@ NamedTensors read_safetensors(const std::string& path, std::map<std::string, std
     }
   }
 
+  // In data order: the order the writer was given (the header's own order is not kept by the
+  // JSON reader), and one forward pass over the file.
   NamedTensors out;
   out.reserve(entries.size());
-  for (const auto& e : entries) {
+  for (const Entry* entry : by_offset) {
+    const Entry& e = *entry;
     auto t = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
     if (e.end > e.begin) {
       in.seekg(static_cast<std::streamoff>(data_start + e.begin), std::ios::beg);

@@ -16,7 +16,8 @@ namespace gpt2 {
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
-// Reads every tensor (CPU, contiguous) in header order. If `metadata` is given it receives the
+// Reads every tensor (CPU, contiguous) in the order of their data in the file (for our own files,
+// the order write_safetensors was given). If `metadata` is given it receives the
 // "__metadata__" map (empty when absent).
 NamedTensors read_safetensors(const std::string& path,
                               std::map<std::string, std::string>* metadata = nullptr);

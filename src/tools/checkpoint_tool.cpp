@@ -81,15 +81,8 @@ std::string pad_right(const std::string& s, size_t width) { return s.size() >= w
 bool is_scalar(const json::Value& v) { return !v.is_array() && !v.is_object(); }
 
 bool is_flat(const json::Value& v) {
-  if (v.is_array()) {
-    for (const auto& e : v.as_array())
-      if (!is_scalar(e)) return false;
-    return true;
-  }
-  if (v.is_object()) {
-    for (const auto& [k, e] : v.as_object())
-      if (!is_scalar(e) && !(e.is_array() && is_flat(e))) return false;
-    return true;
+  for (const auto& e : v) {  // the elements of an array, the values of an object
+    if (!is_scalar(e) && !(v.is_object() && e.is_array() && is_flat(e))) return false;
   }
   return true;
 }
@@ -122,33 +115,19 @@ void pretty(const json::Value& v, int indent, std::string& s) {
     }
   }
   const std::string in(static_cast<size_t>(indent) + 2, ' ');
-  if (v.is_array()) {
-    const auto& a = v.as_array();
-    if (a.empty()) {
-      s += "[]";
-      return;
-    }
-    s += "[\n";
-    for (size_t i = 0; i < a.size(); ++i) {
-      s += in;
-      pretty(a[i], indent + 2, s);
-      s += i + 1 < a.size() ? ",\n" : "\n";
-    }
-    s += std::string(static_cast<size_t>(indent), ' ') + "]";
+  const bool array = v.is_array();
+  if (v.empty()) {
+    s += array ? "[]" : "{}";
     return;
   }
-  const auto& o = v.as_object();
-  if (o.empty()) {
-    s += "{}";
-    return;
+  s += array ? "[\n" : "{\n";
+  size_t i = 0;
+  for (const auto& item : v.items()) {
+    s += in + (array ? "" : json::quote(item.key()) + ": ");
+    pretty(item.value(), indent + 2, s);
+    s += ++i < v.size() ? ",\n" : "\n";
   }
-  s += "{\n";
-  for (size_t i = 0; i < o.size(); ++i) {
-    s += in + json::quote(o[i].first) + ": ";
-    pretty(o[i].second, indent + 2, s);
-    s += i + 1 < o.size() ? ",\n" : "\n";
-  }
-  s += std::string(static_cast<size_t>(indent), ' ') + "}";
+  s += std::string(static_cast<size_t>(indent), ' ') + (array ? "]" : "}");
 }
 
 // ---- HDF5 pieces: open_h5, has_link, dataset_dims, read_int_attr are in src/base/h5_check.h

@@ -1,4 +1,5 @@
-// Tests for src/base/json.h: valid documents, escapes, exact integers, error positions.
+// Tests for src/base/json.h: nlohmann-json behind messages that name the source, the position and
+// the key; exact integers; the depth limit.
 #include "src/base/json.h"
 
 #include <gtest/gtest.h>
@@ -20,115 +21,116 @@ std::string parse_error(std::string_view text) {
   return "";
 }
 
+// The message of the UserError that `fn` throws ("" when it does not).
+template <typename Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 TEST(Json, ParsesScalars) {
   EXPECT_TRUE(parse("null", "t").is_null());
-  EXPECT_TRUE(parse(" true ", "t").as_bool());
-  EXPECT_FALSE(parse("\tfalse\n", "t").as_bool());
-  EXPECT_EQ(parse("\"hi\"", "t").as_string(), "hi");
-  EXPECT_DOUBLE_EQ(parse("-1.5e2", "t").as_double(), -150.0);
-  EXPECT_DOUBLE_EQ(parse("0.25", "t").as_double(), 0.25);
-  EXPECT_FALSE(parse("0.25", "t").is_integer());
-  EXPECT_TRUE(parse("-0", "t").is_integer());
+  EXPECT_TRUE(as_bool(parse(" true ", "t"), "b"));
+  EXPECT_FALSE(as_bool(parse("\tfalse\n", "t"), "b"));
+  EXPECT_EQ(as_string(parse("\"hi\"", "t"), "s"), "hi");
+  EXPECT_DOUBLE_EQ(as_double(parse("-1.5e2", "t"), "d"), -150.0);
+  EXPECT_DOUBLE_EQ(as_double(parse("7", "t"), "d"), 7.0);
 }
 
 TEST(Json, IntegersAreExactInInt64) {
-  EXPECT_EQ(parse("9223372036854775807", "t").as_int(), INT64_MAX);
-  EXPECT_EQ(parse("-9223372036854775808", "t").as_int(), INT64_MIN);
-  EXPECT_EQ(parse("9007199254740993", "t").as_int(), 9007199254740993LL);  // 2^53 + 1
-  // Beyond int64 the value is kept as a double, not an integer.
-  Value big = parse("9223372036854775808", "t");
-  EXPECT_TRUE(big.is_number());
-  EXPECT_FALSE(big.is_integer());
-  EXPECT_THROW(big.as_int(), UserError);
-  // Integral doubles are accepted by as_int, fractional ones are not.
-  EXPECT_EQ(parse("1e3", "t").as_int(), 1000);
-  EXPECT_THROW(parse("1.5", "t").as_int("lr"), UserError);
+  EXPECT_EQ(as_int(parse("9223372036854775807", "t"), "i"), INT64_MAX);
+  EXPECT_EQ(as_int(parse("-9223372036854775808", "t"), "i"), INT64_MIN);
+  EXPECT_EQ(as_int(parse("9007199254740993", "t"), "i"), 9007199254740993LL);  // 2^53 + 1: not a double
+  EXPECT_EQ(error_of([] { as_int(parse("9223372036854775808", "t"), "step"); }),
+            "step: expected an integer, got 9223372036854775808");
+  // Integral doubles are accepted, fractional and out-of-range ones are not.
+  EXPECT_EQ(as_int(parse("1e3", "t"), "i"), 1000);
+  EXPECT_EQ(error_of([] { as_int(parse("1.5", "t"), "lr"); }), "lr: expected an integer, got 1.5");
+  EXPECT_THROW(as_int(parse("1e300", "t"), "i"), UserError);
 }
 
-TEST(Json, ObjectsKeepFileOrderAndLookup) {
-  Value v = parse(R"({"b": 1, "a": [1, 2, {"c": null}], "z": {}, "e": []})", "t");
-  const auto& obj = v.as_object();
-  ASSERT_EQ(obj.size(), 4u);
-  EXPECT_EQ(obj[0].first, "b");
-  EXPECT_EQ(obj[1].first, "a");
-  EXPECT_EQ(obj[2].first, "z");
-  EXPECT_EQ(v.at("b").as_int(), 1);
-  EXPECT_EQ(v.at("a").as_array().size(), 3u);
-  EXPECT_TRUE(v.at("a").as_array()[2].at("c").is_null());
-  EXPECT_EQ(v.find("missing"), nullptr);
-  EXPECT_TRUE(v.at("z").as_object().empty());
-  EXPECT_TRUE(v.at("e").as_array().empty());
-  try {
-    v.at("nope", "config");
-    FAIL();
-  } catch (const UserError& e) {
-    EXPECT_STREQ(e.what(), "missing key 'nope' in config");
-  }
+TEST(Json, LookupNamesTheMissingKey) {
+  const Value v = parse(R"({"b": 1, "a": [1, 2, {"c": null}], "z": {}, "e": []})", "t");
+  EXPECT_EQ(as_object(v, "v").size(), 4u);
+  EXPECT_EQ(as_int(at(v, "b", "v"), "b"), 1);
+  EXPECT_EQ(as_array(at(v, "a", "v"), "a").size(), 3u);
+  EXPECT_TRUE(at(as_array(at(v, "a", "v"), "a")[2], "c", "a[2]").is_null());
+  EXPECT_EQ(find(v, "missing"), nullptr);
+  EXPECT_EQ(find(parse("[1]", "t"), "b"), nullptr);  // not an object
+  EXPECT_TRUE(as_object(at(v, "z", "v"), "z").empty());
+  EXPECT_EQ(error_of([&] { at(v, "nope", "config"); }), "missing key 'nope' in config");
+  EXPECT_EQ(error_of([] { at(parse("[1]", "t"), "nope", "config"); }), "config: expected an object, got an array");
 }
 
 TEST(Json, TypeErrorsNameWhat) {
-  Value v = parse("[1]", "t");
-  try {
-    v.as_string("train.lr");
-    FAIL();
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("train.lr"), std::string::npos);
-  }
-  EXPECT_THROW(v.as_object(), UserError);
-  EXPECT_THROW(v.as_bool(), UserError);
+  const Value v = parse("[1]", "t");
+  EXPECT_EQ(error_of([&] { as_string(v, "train.lr"); }), "train.lr: expected a string, got an array");
+  EXPECT_EQ(error_of([&] { as_object(v, "header"); }), "header: expected an object, got an array");
+  EXPECT_EQ(error_of([&] { as_bool(v[0], "flag"); }), "flag: expected a boolean, got a number");
+  EXPECT_EQ(error_of([] { as_array(parse("null", "t"), "shape"); }), "shape: expected an array, got null");
 }
 
 TEST(Json, StringEscapes) {
-  EXPECT_EQ(parse(R"("a\"b\\c\/d\b\f\n\r\t")", "t").as_string(), "a\"b\\c/d\b\f\n\r\t");
-  EXPECT_EQ(parse(R"("\u0041\u00e9\u65e5")", "t").as_string(), "A\xC3\xA9\xE6\x97\xA5");
-  EXPECT_EQ(parse(R"("\u0000")", "t").as_string(), std::string(1, '\0'));
+  EXPECT_EQ(as_string(parse(R"("a\"b\\c\/d\b\f\n\r\t")", "t"), "s"), "a\"b\\c/d\b\f\n\r\t");
+  EXPECT_EQ(as_string(parse(R"("\u0041\u00e9\u65e5")", "t"), "s"), "A\xC3\xA9\xE6\x97\xA5");
+  EXPECT_EQ(as_string(parse(R"("\u0000")", "t"), "s"), std::string(1, '\0'));
   // Surrogate pair -> one 4-byte UTF-8 code point (U+1F680 rocket).
-  EXPECT_EQ(parse(R"("\ud83d\ude80")", "t").as_string(), "\xF0\x9F\x9A\x80");
-  EXPECT_EQ(parse(R"("\uD834\uDD1E")", "t").as_string(), "\xF0\x9D\x84\x9E");
+  EXPECT_EQ(as_string(parse(R"("\ud83d\ude80")", "t"), "s"), "\xF0\x9F\x9A\x80");
   // Raw UTF-8 passes through.
-  EXPECT_EQ(parse("\"caf\xC3\xA9 \xF0\x9F\x94\xA5\"", "t").as_string(), "caf\xC3\xA9 \xF0\x9F\x94\xA5");
+  EXPECT_EQ(as_string(parse("\"caf\xC3\xA9 \xF0\x9F\x94\xA5\"", "t"), "s"), "caf\xC3\xA9 \xF0\x9F\x94\xA5");
 }
 
-TEST(Json, ErrorPositions) {
+TEST(Json, ErrorsNameSourceLineAndColumn) {
+  // Columns count bytes from 1 at the byte where the parser stopped.
   EXPECT_EQ(parse_error("{\"a\": 1,\n  \"b\" 2}"),
-            "doc.json: line 2, column 7: unexpected character '2', expected ':' after an object key");
-  EXPECT_EQ(parse_error(""), "doc.json: line 1, column 1: unexpected end of input, expected a value");
-  EXPECT_EQ(parse_error("[1, 2"), "doc.json: line 1, column 6: unexpected end of input, expected ',' or ']' in an array");
-  EXPECT_EQ(parse_error("[1,]"), "doc.json: line 1, column 4: unexpected character ']', expected a value");
-  EXPECT_EQ(parse_error("{} x"), "doc.json: line 1, column 4: unexpected character 'x' after the JSON value");
-  EXPECT_EQ(parse_error("\"abc"), "doc.json: line 1, column 1: unterminated string");
-  EXPECT_EQ(parse_error("[\"a\\qb\"]"), "doc.json: line 1, column 4: invalid escape '\\q'");
-  // Columns count code points: "é" is one column.
-  EXPECT_EQ(parse_error("\"\xC3\xA9\" ?"), "doc.json: line 1, column 5: unexpected character '?' after the JSON value");
-  EXPECT_EQ(parse_error("\n\n   tru"), "doc.json: line 3, column 7: invalid literal, expected 'true'");
+            "doc.json: line 2, column 7: syntax error while parsing object separator - unexpected number literal; "
+            "expected ':'");
+  EXPECT_EQ(parse_error(""),
+            "doc.json: line 1, column 1: syntax error while parsing value - unexpected end of input; expected '[', "
+            "'{', or a literal");
+  EXPECT_EQ(parse_error("[1, 2"),
+            "doc.json: line 1, column 6: syntax error while parsing array - unexpected end of input; expected ']'");
+  EXPECT_EQ(parse_error("\n\n   tru"),
+            "doc.json: line 3, column 7: syntax error while parsing value - invalid literal; last read: "
+            "'<U+000A><U+000A>   tru'");
+  EXPECT_EQ(parse_error("1e999"), "doc.json: number overflow parsing '1e999'");
 }
 
 TEST(Json, RejectsInvalidDocuments) {
   for (const char* bad : {"01", "1.", ".5", "-", "1e", "+1", "NaN", "[1 2]", "{\"a\":1,}", "{a:1}",
                           "'x'", "\"tab\there\"", "\"\\u12\"", "\"\\u12G4\"", "\"\\ud800\"",
                           "\"\\ud800\\u0041\"", "\"\\udc00\"", "\"\xFF\"", "\"\xC0\xAF\"",
-                          "\"\xED\xA0\x80\"", "1e999", "[", "{", "nul", "truex"}) {
-    std::string msg = parse_error(bad);
-    EXPECT_NE(msg, "") << "accepted: " << bad;
-    EXPECT_EQ(msg.rfind("doc.json: line ", 0), 0u) << msg;
+                          "\"\xED\xA0\x80\"", "[", "{", "nul", "truex", "{} x", "\"abc"}) {
+    const std::string msg = parse_error(bad);
+    EXPECT_EQ(msg.rfind("doc.json: line ", 0), 0u) << "for " << bad << ": " << msg;
   }
-  EXPECT_NE(parse_error("\"\\ud800\"").find("surrogate"), std::string::npos);
-  EXPECT_NE(parse_error(std::string(600, '[')).find("nesting"), std::string::npos);
+  // Nesting is refused before parsing, where it starts to be too deep.
+  EXPECT_EQ(parse_error(std::string(600, '[')), "doc.json: line 1, column 513: nesting deeper than 512");
+  EXPECT_EQ(parse_error(std::string(512, '[') + std::string(512, ']')), "");
+  EXPECT_EQ(parse_error("\"[[[" + std::string(600, '[') + "\""), "");  // brackets inside a string do not count
+}
+
+TEST(Json, DuplicateKeysLastWinsOrRejected) {
+  EXPECT_EQ(as_int(at(parse(R"({"a": 1, "a": 2})", "t"), "a", "t"), "a"), 2);
+  EXPECT_EQ(error_of([] { parse(R"({"w": {"a": 1, "b": 2}, "v": {"a": 3, "a": 4}})", "h.json", DuplicateKeys::kReject); }),
+            "h.json: duplicate key 'a'");
+  // The same key in different objects is no repeat.
+  EXPECT_EQ(as_object(parse(R"({"w": {"a": 1}, "v": {"a": 3}, "a": 0})", "t", DuplicateKeys::kReject), "t").size(), 3u);
 }
 
 TEST(Json, QuoteAndDumpRoundTrip) {
   EXPECT_EQ(quote("a\"b\\\n\x01 \xC3\xA9"), "\"a\\\"b\\\\\\n\\u0001 \xC3\xA9\"");
-  Value v = Value::object({{"s", Value::string("x\ty")},
-                           {"i", Value::integer(-9007199254740993LL)},
-                           {"d", Value::number(0.1)},
-                           {"w", Value::number(2.0)},
-                           {"a", Value::array({Value::boolean(true), Value::null()})}});
-  std::string text = dump(v);
-  EXPECT_EQ(text, R"({"s":"x\ty","i":-9007199254740993,"d":0.1,"w":2.0,"a":[true,null]})");
-  Value back = parse(text, "dump");
-  EXPECT_EQ(back.at("i").as_int(), -9007199254740993LL);
-  EXPECT_DOUBLE_EQ(back.at("d").as_double(), 0.1);
-  EXPECT_FALSE(back.at("w").is_integer());
+  EXPECT_EQ(quote("bad \xFF byte"), "\"bad \xEF\xBF\xBD byte\"");  // U+FFFD, no exception
+  const Value v = {{"s", "x\ty"}, {"i", -9007199254740993LL}, {"d", 0.1}, {"w", 2.0}, {"a", {true, nullptr}}};
+  const std::string text = dump(v);
+  EXPECT_EQ(text, R"({"a":[true,null],"d":0.1,"i":-9007199254740993,"s":"x\ty","w":2.0})");  // keys sorted
+  const Value back = parse(text, "dump");
+  EXPECT_EQ(as_int(at(back, "i", "back"), "i"), -9007199254740993LL);
+  EXPECT_DOUBLE_EQ(as_double(at(back, "d", "back"), "d"), 0.1);
   EXPECT_EQ(dump(back), text);
 }
 

@@ -113,16 +113,16 @@ TEST(Jsonl, DocumentsAndErrors) {
   EXPECT_EQ(jsonl_document(R"({"text": "hi \u00e9\n", "id": 3})", "f:1"), std::optional<std::string>("hi \xC3\xA9\n"));
   EXPECT_EQ(jsonl_document("  \r", "f:1"), std::nullopt);
   EXPECT_EQ(user_error([] { jsonl_document(R"({"text": "a")", "c.jsonl:7"); }),
-            "c.jsonl:7: column 13: unexpected end of input, expected ',' or '}' in an object (not a JSON line)");
+            "c.jsonl:7: column 13: syntax error while parsing object - unexpected end of input; expected '}' (not a JSON line)");
   EXPECT_EQ(user_error([] { jsonl_document(R"(["text"])", "c.jsonl:2"); }),
             "c.jsonl:2: expected a JSON object with a \"text\" string, got an array");
   EXPECT_EQ(user_error([] { jsonl_document(R"({"content": "x"})", "c.jsonl:3"); }),
             "c.jsonl:3: the object has no \"text\" member");
   EXPECT_EQ(user_error([] { jsonl_document(R"({"text": 5})", "c.jsonl:4"); }), "c.jsonl:4: \"text\" is not a string");
   EXPECT_HAS(user_error([] { jsonl_document("{\"text\": \"caf\xE9\"}", "c.jsonl:5"); }),
-             "c.jsonl:5: column 14: invalid UTF-8 (byte 0xE9) in a string");
+             "c.jsonl:5: column 15: syntax error while parsing value - invalid string: ill-formed UTF-8 byte");
   EXPECT_HAS(user_error([] { jsonl_document(R"({"text": "a"} {"text": "b"})", "c.jsonl:6"); }),
-             "c.jsonl:6: column 15: unexpected character '{' after the JSON value");
+             "c.jsonl:6: column 15: syntax error while parsing value - unexpected '{'; expected end of input");
 }
 
 TEST(Jsonl, ReaderCountsLines) {
@@ -245,8 +245,8 @@ TEST(CorpusReader, BadInputsNameTheFileAndLine) {
   TempDir dir;
   write_file(dir.file("bad.jsonl"), "{\"text\": \"ok\"}\n{\"text\": \"ok\"}\n{\"text\" \"no colon\"}\n");
   EXPECT_EQ(user_error([&] { Corpus::load({dir.file("bad.jsonl")}, std::nullopt); }),
-            dir.file("bad.jsonl") + ":3: column 9: unexpected character '\"', expected ':' after an object key "
-                                    "(not a JSON line)");
+            dir.file("bad.jsonl") + ":3: column 18: syntax error while parsing object separator - unexpected string "
+                                    "literal; expected ':' (not a JSON line)");
   write_file(dir.file("bad.bin"), llmc_bytes({1, 2}, kLlmcMagic, 3));
   EXPECT_HAS(user_error([&] { Corpus::load({dir.file("bad.bin")}, std::nullopt); }),
              dir.file("bad.bin") + ": llm.c header version 3 is not supported");

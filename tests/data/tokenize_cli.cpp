@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
     if (mode == "--batch" && argc == 4) {
       const std::string text = read_file(argv[3]);
       const gpt2::json::Value doc = gpt2::json::parse(text, argv[3]);
-      for (const gpt2::json::Value& s : doc.as_array("batch")) print_ids(tok.encode(s.as_string("text")), out);
+      for (const gpt2::json::Value& s : gpt2::json::as_array(doc, "batch")) print_ids(tok.encode(gpt2::json::as_string(s, "text")), out);
     } else if (mode == "--bench" && argc == 5) {
       const std::string text = read_file(argv[3]);
       const int reps = std::stoi(argv[4]);

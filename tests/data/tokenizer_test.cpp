@@ -33,7 +33,7 @@ std::unique_ptr<Gpt2Tokenizer> TokenizerTest::tok_;
 std::vector<int32_t> golden_ids(const std::string& path) {
   std::vector<int32_t> ids;
   const json::Value doc = json::parse(read_file(path), path);
-  for (const json::Value& v : doc.as_array()) ids.push_back(static_cast<int32_t>(v.as_int()));
+  for (const json::Value& v : json::as_array(doc, "value")) ids.push_back(static_cast<int32_t>(json::as_int(v, "value")));
   return ids;
 }
 
@@ -176,7 +176,7 @@ TEST_F(BadVocabTest, MissingFiles) {
 
 TEST_F(BadVocabTest, BadJson) {
   write_file(dir_.file("encoder.json"), "{\"a\": 0,\n \"b\": }");
-  EXPECT_EQ(load_error(), dir_.file("encoder.json") + ": line 2, column 7: unexpected character '}', expected a value");
+  EXPECT_EQ(load_error(), dir_.file("encoder.json") + ": line 2, column 7: syntax error while parsing value - unexpected '}'; expected '[', '{', or a literal");
   write_file(dir_.file("encoder.json"), "[1, 2]");
   EXPECT_HAS(load_error(), dir_.file("encoder.json") + ": expected an object");
   write_file(dir_.file("encoder.json"), "{\"a\": \"zero\"}");

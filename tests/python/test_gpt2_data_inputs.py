@@ -145,7 +145,7 @@ def main():
 
         bad("glob matching nothing", [os.path.join(d, "nothing*.txt")], ["nothing*.txt", "matches no files"])
         bjl = write(os.path.join(d, "bad.jsonl"), lines[0] + "\n" + '{"text": "unterminated}\n')
-        bad("bad JSON line", [bjl], [bjl + ":2:", "unterminated string"])
+        bad("bad JSON line", [bjl], [bjl + ":2:", "missing closing quote"])
         njl = write(os.path.join(d, "notext.jsonl"), '{"body": "x"}\n')
         bad("JSON line without text", [njl], [njl + ":1:", '"text"'])
         ajl = write(os.path.join(d, "array.jsonl"), '["text"]\n')
