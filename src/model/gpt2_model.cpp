@@ -259,10 +259,10 @@ torch::Tensor GPT2Impl::hidden(const torch::Tensor& idx) {
   torch::Tensor pending;  // the last block's MLP output, still to be added to x by the next LayerNorm
   for (size_t i = 0; i < tr.blocks.size(); ++i) {
     std::shared_ptr<BlockImpl> block = tr.blocks[i].ptr();  // the lambda keeps it for the recompute
-    if (checkpoint_every_ > 0 && static_cast<int64_t>(i) % checkpoint_every_ == 0) {
-      if (pending.defined()) x = x + pending;                       // a checkpointed block takes one tensor
+    if (recompute_every_ > 0 && static_cast<int64_t>(i) % recompute_every_ == 0) {
+      if (pending.defined()) x = x + pending;                       // a recomputed block takes one tensor
       pending = torch::Tensor();
-      x = checkpointed([block](const torch::Tensor& in) { return block->forward(in); }, x);  // (B, T, C)
+      x = recomputed([block](const torch::Tensor& in) { return block->forward(in); }, x);  // (B, T, C)
     } else {
       std::tie(x, pending) = block->forward_pair(x, pending);       // x + pending is the stream
     }
@@ -277,8 +277,8 @@ torch::Tensor GPT2Impl::loss(const torch::Tensor& idx, const torch::Tensor& targ
     // The head and the loss together, chunk by chunk (src/model/chunked_loss.h): the logits of the
     // whole batch never exist, in any precision.
     const auto h = hidden(idx);  // (B, T, C)
-    return classifier_cross_entropy(h.reshape({-1, h.size(-1)}), transformer_->wte->weight, targets.reshape({-1}),
-                                    cfg_.vocab_size, kIgnoreIndex);
+    return chunked_cross_entropy(h.reshape({-1, h.size(-1)}), transformer_->wte->weight, targets.reshape({-1}),
+                                 cfg_.vocab_size, kIgnoreIndex);
   }
   if (fused_kernels_ && kernels::have_cuda_kernels() && idx.is_cuda() &&
       transformer_->wte->weight.scalar_type() != torch::kDouble) {
@@ -327,12 +327,11 @@ void GPT2Impl::set_fused_kernels(bool on) {
   }
 }
 
-void GPT2Impl::set_activation_checkpointing(int64_t every_k) {
+void GPT2Impl::set_recompute_every(int64_t every_k) {
   if (every_k < 0) {
-    throw std::invalid_argument("GPT2::set_activation_checkpointing: every_k must be >= 0, got " +
-                                std::to_string(every_k));
+    throw std::invalid_argument("GPT2::set_recompute_every: every_k must be >= 0, got " + std::to_string(every_k));
   }
-  checkpoint_every_ = every_k;
+  recompute_every_ = every_k;
 }
 
 int64_t GPT2Impl::num_parameters(bool count_padding) const {

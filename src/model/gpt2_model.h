@@ -141,12 +141,12 @@ class GPT2Impl : public torch::nn::Module {
   // Number of parameter elements; without padding it equals HF's count at the same vocab_size.
   int64_t num_parameters(bool count_padding = false) const;
 
-  // Activation checkpointing (memory.activation_checkpointing; recompute.h): 0 = none,
-  // 1 = every block (full), K = blocks 0, K, 2K, ... A checkpointed block keeps only its input for
-  // backward and is recomputed there. Applies only when forward runs with grad enabled; the values
+  // Activation recomputation (memory.activation_checkpointing; recompute.h): 0 = none,
+  // 1 = every block (full), K = blocks 0, K, 2K, ... A recomputed block keeps only its input for
+  // backward and runs again there. Applies only when forward runs with grad enabled; the values
   // and gradients are the same as without. Throws std::invalid_argument for every_k < 0.
-  void set_activation_checkpointing(int64_t every_k);
-  int64_t activation_checkpointing() const { return checkpoint_every_; }
+  void set_recompute_every(int64_t every_k);
+  int64_t recompute_every() const { return recompute_every_; }
 
   const GPT2Config& config() const { return cfg_; }
   Transformer& transformer() { return transformer_; }
@@ -154,9 +154,9 @@ class GPT2Impl : public torch::nn::Module {
  private:
   GPT2Config cfg_;
   Transformer transformer_{nullptr};
-  int64_t checkpoint_every_ = 0;  // see set_activation_checkpointing
-  bool chunked_loss_ = false;     // see set_chunked_loss
-  bool fused_kernels_ = true;     // see set_fused_kernels
+  int64_t recompute_every_ = 0;  // see set_recompute_every
+  bool chunked_loss_ = false;    // see set_chunked_loss
+  bool fused_kernels_ = true;    // see set_fused_kernels
 };
 TORCH_MODULE(GPT2);
 

@@ -1,4 +1,4 @@
-// Activation checkpointing (see recompute.h for the contract). The reentrant scheme of
+// Activation recomputation (see recompute.h for the contract). The reentrant scheme of
 // torch.utils.checkpoint(use_reentrant=True), written as a C++ custom autograd function.
 #include "src/model/recompute.h"
 
@@ -79,8 +79,8 @@ void set_rng_state(const at::Device& device, const at::Tensor& state) {
 
 // Everything the backward needs besides the saved input. Kept as one opaque object in the
 // context's saved_data (an IValue capsule), since a std::function is not an IValue.
-struct CheckpointState : torch::CustomClassHolder {
-  CheckpointFn fn;
+struct RecomputeState : torch::CustomClassHolder {
+  RecomputeFn fn;
   at::Tensor cpu_rng;                 // CPU generator state before the forward ran fn
   std::optional<at::Device> cuda;     // x's CUDA device, when x was on CUDA
   at::Tensor cuda_rng;                // that device's generator state before the forward
@@ -88,10 +88,10 @@ struct CheckpointState : torch::CustomClassHolder {
 };
 
 // Sets the forward's RNG states for a scope (the recompute) and puts the caller's back after, so
-// checkpointing neither replays nor skips random draws of the surrounding code.
+// recomputation neither replays nor skips random draws of the surrounding code.
 class ForkRng {
  public:
-  explicit ForkRng(const CheckpointState& st) : cuda_(st.cuda) {
+  explicit ForkRng(const RecomputeState& st) : cuda_(st.cuda) {
     saved_cpu_ = get_rng_state(at::kCPU);
     set_rng_state(at::kCPU, st.cpu_rng);
     if (cuda_) {
@@ -113,12 +113,12 @@ class ForkRng {
 
 }  // namespace
 
-// Not in the anonymous namespace: the node's name() (CppNode<gpt2::CheckpointFunction>) is what
+// Not in the anonymous namespace: the node's name() (CppNode<gpt2::RecomputeFunction>) is what
 // tests look for in the graph.
-struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               CheckpointFn fn) {
-    auto st = c10::make_intrusive<CheckpointState>();
+                               RecomputeFn fn) {
+    auto st = c10::make_intrusive<RecomputeState>();
     st->autocast = AutocastState::current();
     st->cpu_rng = get_rng_state(at::kCPU);
     if (x.is_cuda()) {
@@ -150,8 +150,8 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_out) {
     TORCH_CHECK(!torch::GradMode::is_enabled(),
-                "activation checkpointing does not support double backward (create_graph=true)");
-    auto st = c10::static_intrusive_pointer_cast<CheckpointState>(ctx->saved_data["state"].toCapsule());
+                "activation recomputation does not support double backward (create_graph=true)");
+    auto st = c10::static_intrusive_pointer_cast<RecomputeState>(ctx->saved_data["state"].toCapsule());
     const torch::Tensor x = ctx->get_saved_variables()[0];
     // A fresh leaf: the nested backward stops here and leaves d(loss)/dx in x_in.grad().
     torch::Tensor x_in = x.detach().requires_grad_(true);
@@ -172,9 +172,9 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
   }
 };
 
-torch::Tensor checkpointed(CheckpointFn fn, const torch::Tensor& x) {
+torch::Tensor recomputed(RecomputeFn fn, const torch::Tensor& x) {
   if (!torch::GradMode::is_enabled() || !x.requires_grad()) return fn(x);
-  return CheckpointFunction::apply(x, std::move(fn));
+  return RecomputeFunction::apply(x, std::move(fn));
 }
 
 }  // namespace gpt2

@@ -242,7 +242,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
       throw UserError("train.init_from = " + tc.init_from + ": " + e.what());
     }
   }
-  model->set_activation_checkpointing(cfg.checkpoint_every());  // 0 = none, 1 = every block, K = every K-th
+  model->set_recompute_every(cfg.checkpoint_every());  // 0 = none, 1 = every block, K = every K-th
   model->set_chunked_loss(cfg.memory.chunked_loss);
   model->set_fused_kernels(tc.fused_kernels);
   model->to(device, compute_dtype);
