@@ -3,7 +3,8 @@
 // learned positions, tanh GELU, LayerNorm eps 1e-5, lm head tied to wte, no dropout).
 // Contract: named_parameters() are exactly HF's names ("transformer.h.0.attn.c_attn.weight", ...),
 // forward() returns logits over the real vocab only, loss() is mean cross-entropy in >= fp32.
-// Works in fp32, fp64 and under CUDA autocast (bf16/fp16). See Note [Weight layout] for import.
+// Works in fp32 and fp64, and in bf16/fp16 with the parameters cast to it (no autocast). See Note
+// [Weight layout] for import.
 #include <torch/nn.h>
 
 #include <cstdint>
@@ -146,10 +147,8 @@ class GPT2Impl : public torch::nn::Module {
   // backward and runs again there. Applies only when forward runs with grad enabled; the values
   // and gradients are the same as without. Throws std::invalid_argument for every_k < 0.
   void set_recompute_every(int64_t every_k);
-  int64_t recompute_every() const { return recompute_every_; }
 
   const GPT2Config& config() const { return cfg_; }
-  Transformer& transformer() { return transformer_; }
 
  private:
   GPT2Config cfg_;

@@ -3,7 +3,6 @@
 #include "src/model/recompute.h"
 
 #include <ATen/Context.h>
-#include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -14,54 +13,6 @@
 
 namespace gpt2 {
 namespace {
-
-// The thread-local autocast settings a forward ran under. The autograd engine runs backward on
-// its own threads (one per CUDA device) whose autocast TLS is whatever the backward() caller had,
-// usually "off", so the recompute must put the forward's settings back explicitly.
-struct AutocastState {
-  bool cuda_enabled = false;
-  at::ScalarType cuda_dtype = at::kBFloat16;
-  bool cpu_enabled = false;
-  at::ScalarType cpu_dtype = at::kBFloat16;
-  bool cache_enabled = true;
-
-  static AutocastState current() {
-    AutocastState s;
-    s.cuda_enabled = at::autocast::is_autocast_enabled(at::kCUDA);
-    s.cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
-    s.cpu_enabled = at::autocast::is_autocast_enabled(at::kCPU);
-    s.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
-    s.cache_enabled = at::autocast::is_autocast_cache_enabled();
-    return s;
-  }
-  void apply() const {
-    at::autocast::set_autocast_enabled(at::kCUDA, cuda_enabled);
-    at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype);
-    at::autocast::set_autocast_enabled(at::kCPU, cpu_enabled);
-    at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
-    at::autocast::set_autocast_cache_enabled(cache_enabled);
-  }
-};
-
-// Applies `state` for a scope and restores the previous settings. Nesting is counted like
-// torch.autocast does, so the cast cache this scope filled is cleared when the outermost scope on
-// this thread ends (else bf16 copies of the weights would outlive the step on the engine thread).
-class AutocastGuard {
- public:
-  explicit AutocastGuard(const AutocastState& state) : saved_(AutocastState::current()) {
-    state.apply();
-    at::autocast::increment_nesting();
-  }
-  ~AutocastGuard() {
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    saved_.apply();
-  }
-  AutocastGuard(const AutocastGuard&) = delete;
-  AutocastGuard& operator=(const AutocastGuard&) = delete;
-
- private:
-  AutocastState saved_;
-};
 
 // Generator states are read and written under the generator's mutex, as ATen asks; the mutex is
 // not held while fn runs (dropout takes it itself).
@@ -81,10 +32,9 @@ void set_rng_state(const at::Device& device, const at::Tensor& state) {
 // context's saved_data (an IValue capsule), since a std::function is not an IValue.
 struct RecomputeState : torch::CustomClassHolder {
   RecomputeFn fn;
-  at::Tensor cpu_rng;                 // CPU generator state before the forward ran fn
-  std::optional<at::Device> cuda;     // x's CUDA device, when x was on CUDA
-  at::Tensor cuda_rng;                // that device's generator state before the forward
-  AutocastState autocast;             // the caller's autocast settings at forward
+  at::Tensor cpu_rng;              // CPU generator state before the forward ran fn
+  std::optional<at::Device> cuda;  // x's CUDA device, when x was on CUDA
+  at::Tensor cuda_rng;             // that device's generator state before the forward
 };
 
 // Sets the forward's RNG states for a scope (the recompute) and puts the caller's back after, so
@@ -119,7 +69,6 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                RecomputeFn fn) {
     auto st = c10::make_intrusive<RecomputeState>();
-    st->autocast = AutocastState::current();
     st->cpu_rng = get_rng_state(at::kCPU);
     if (x.is_cuda()) {
       st->cuda = x.device();
@@ -130,16 +79,7 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
       // Function::apply already runs forward with grad off; explicit because it is the point: no
       // node inside fn is recorded, so none of fn's intermediates is kept alive.
       torch::NoGradGuard no_grad;
-      // A cast made here has no grad_fn; keep it out of the caller's autocast cache so a later
-      // grad-enabled use of the same weight in this autocast scope cannot pick it up.
-      at::autocast::set_autocast_cache_enabled(false);
-      try {
-        out = fn(x);
-      } catch (...) {
-        at::autocast::set_autocast_cache_enabled(st->autocast.cache_enabled);
-        throw;
-      }
-      at::autocast::set_autocast_cache_enabled(st->autocast.cache_enabled);
+      out = fn(x);
     }
     st->fn = std::move(fn);
     ctx->save_for_backward({x});  // the only activation kept: the block input
@@ -158,15 +98,13 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
     torch::Tensor out;
     {
       ForkRng rng(*st);
-      AutocastGuard cast(st->autocast);
       torch::AutoGradMode grad_on(true);
       out = st->fn(x_in);  // same shape as the forward's output
     }
     // One gradient per forward argument: x's, and an undefined one for fn.
     if (!grad_out[0].defined()) return {torch::Tensor(), torch::Tensor()};  // output unused by the loss
-    // Backward through the recomputed graph outside the autocast scope (as the original backward
-    // would run). It reaches the parameters' AccumulateGrad nodes: hooks fire, .grad is added to
-    // in place; and x_in, a leaf, receives its gradient in x_in.grad().
+    // Backward through the recomputed graph. It reaches the parameters' AccumulateGrad nodes: hooks
+    // fire, .grad is added to in place; and x_in, a leaf, receives its gradient in x_in.grad().
     torch::autograd::backward({out}, {grad_out[0]});
     return {x_in.grad(), torch::Tensor()};
   }

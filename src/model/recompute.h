@@ -4,13 +4,12 @@
 // Contract of recomputed(fn, x):
 // - Returns fn(x) (same values, same dtype). When grad mode is on and x requires grad, fn runs under
 //   no-grad and the result's grad_fn is one custom node (its name() contains "RecomputeFunction")
-//   that holds only x, fn and the RNG / autocast state of the forward. Otherwise it simply returns
-//   fn(x): nothing to save (eval), or no edge to hang the node on (x is a constant; the block's
-//   parameters would then get no gradient through the node, so it runs as is).
-// - In backward the node re-runs fn on a detached copy of x with grad on, under the forward's
-//   autocast state (CUDA and CPU, dtype, cache flag) and with the CPU (and x's CUDA device)
-//   generator set to the state it had at forward, so dropout draws the same mask; the caller's RNG
-//   and autocast state are restored afterwards.
+//   that holds only x, fn and the RNG state of the forward. Otherwise it simply returns fn(x):
+//   nothing to save (eval), or no edge to hang the node on (x is a constant; the block's parameters
+//   would then get no gradient through the node, so it runs as is).
+// - In backward the node re-runs fn on a detached copy of x with grad on, with the CPU (and x's
+//   CUDA device) generator set to the state it had at forward, so dropout draws the same mask; the
+//   caller's RNG state is restored afterwards.
 // - Parameters fn uses (reached through fn, e.g. a captured module, not through graph edges) get
 //   their gradients from a nested torch::autograd::backward on the recomputed graph: through their
 //   own AccumulateGrad nodes, so post-hooks on the grad accumulators fire once per backward and an
