@@ -1,3 +1,4 @@
+// The chunked head + cross-entropy (see chunked_loss.h).
 #include "src/model/chunked_loss.h"
 
 #include <torch/autograd.h>
@@ -14,7 +15,7 @@ at::ScalarType accumulate_type(const torch::Tensor& t) {
   return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-class ClassifierCrossEntropy : public torch::autograd::Function<ClassifierCrossEntropy> {
+class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& W,
                                const torch::Tensor& targets, int64_t vocab, int64_t ignore_index, int64_t chunk) {
@@ -74,12 +75,12 @@ class ClassifierCrossEntropy : public torch::autograd::Function<ClassifierCrossE
 
 }  // namespace
 
-torch::Tensor classifier_cross_entropy(const torch::Tensor& h, const torch::Tensor& W, const torch::Tensor& targets,
-                                       int64_t vocab, int64_t ignore_index, int64_t chunk_rows) {
+torch::Tensor chunked_cross_entropy(const torch::Tensor& h, const torch::Tensor& W, const torch::Tensor& targets,
+                                    int64_t vocab, int64_t ignore_index, int64_t chunk_rows) {
   TORCH_CHECK(h.dim() == 2 && W.dim() == 2 && h.size(1) == W.size(1) && targets.dim() == 1 &&
                   targets.size(0) == h.size(0) && vocab <= W.size(0),
-              "classifier_cross_entropy: h ", h.sizes(), ", W ", W.sizes(), ", targets ", targets.sizes());
-  return ClassifierCrossEntropy::apply(h.contiguous(), W, targets.contiguous(), vocab, ignore_index,
+              "chunked_cross_entropy: h ", h.sizes(), ", W ", W.sizes(), ", targets ", targets.sizes());
+  return ChunkedCrossEntropy::apply(h.contiguous(), W, targets.contiguous(), vocab, ignore_index,
                                        std::max<int64_t>(chunk_rows, 1));
 }
 

@@ -13,7 +13,9 @@
 
 namespace gpt2 {
 
-torch::Tensor classifier_cross_entropy(const torch::Tensor& h, const torch::Tensor& W, const torch::Tensor& targets,
-                                       int64_t vocab, int64_t ignore_index, int64_t chunk_rows = 4096);
+// The loss GPT2::loss() computes under memory.chunked_loss: mean cross-entropy of h Wᵀ[:, :vocab]
+// against targets, `chunk_rows` rows at a time.
+torch::Tensor chunked_cross_entropy(const torch::Tensor& h, const torch::Tensor& W, const torch::Tensor& targets,
+                                    int64_t vocab, int64_t ignore_index, int64_t chunk_rows = 4096);
 
 }  // namespace gpt2

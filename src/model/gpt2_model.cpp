@@ -1,8 +1,6 @@
 // GPT-2 model (see gpt2_model.h). HF GPT2LMHeadModel is the behavioural reference.
 #include "src/model/gpt2_model.h"
 
-#include "src/model/chunked_loss.h"
-
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
@@ -12,11 +10,12 @@
 #include <string>
 #include <tuple>
 
-#include "src/model/recompute.h"
 #include "src/base/errors.h"
 #include "src/kernels/cross_entropy.h"
 #include "src/kernels/layer_norm.h"
 #include "src/kernels/linear.h"
+#include "src/model/chunked_loss.h"
+#include "src/model/recompute.h"
 
 namespace gpt2 {
 namespace {
@@ -45,7 +44,8 @@ torch::Tensor project(const torch::nn::Linear& layer, const torch::Tensor& x, bo
 }
 
 // (s, ln(s)) for s = x + y, or s = x when y is undefined: on CUDA (when asked) one fused kernel
-// each way (src/kernels/layer_norm.h).
+// each way (src/kernels/layer_norm.h). Every residual add of the model is one of these (Note
+// [Pending residual] in gpt2_model.h).
 std::pair<torch::Tensor, torch::Tensor> add_and_normalize(torch::nn::LayerNorm& ln, const torch::Tensor& x,
                                                           const torch::Tensor& y, bool fused) {
   if (fused && kernels::residual_layer_norm_applies(x, y, ln->weight, ln->bias)) {
@@ -53,6 +53,26 @@ std::pair<torch::Tensor, torch::Tensor> add_and_normalize(torch::nn::LayerNorm& 
   }
   auto s = y.defined() ? x + y : x;
   return {s, ln(s)};
+}
+
+// Where the t new positions of a cached step sit: their embedding positions (B, t) and the
+// attention mask (B, 1, t, start + t), undefined when plain causal attention is right.
+std::pair<torch::Tensor, torch::Tensor> cached_positions(const KVCache& cache, int64_t t,
+                                                         const torch::TensorOptions& opts) {
+  const int64_t start = cache.length, end = start + t;
+  // Position of query i in row b: start + i - pad[b], clamped at 0 for padding.
+  auto q_abs = torch::arange(start, end, opts);                                           // (t)
+  auto pos = (q_abs.unsqueeze(0) - cache.pad_tensor.unsqueeze(1)).clamp_min(0);           // (B, t)
+  torch::Tensor mask;  // (B, 1, t, end); undefined = causal
+  const bool padded = std::any_of(cache.pad.begin(), cache.pad.end(), [](int64_t p) { return p > 0; });
+  if (padded || (start > 0 && t > 1)) {
+    auto k_abs = torch::arange(end, opts);                                                // (end)
+    auto causal = k_abs.view({1, 1, 1, end}) <= q_abs.view({1, 1, t, 1});                 // (1, 1, t, end)
+    auto real_key = k_abs.view({1, 1, 1, end}) >= cache.pad_tensor.view({-1, 1, 1, 1});   // (B, 1, 1, end)
+    auto self = k_abs.view({1, 1, 1, end}) == q_abs.view({1, 1, t, 1});                  // padding sees itself
+    mask = causal & (real_key | self);
+  }
+  return {pos, mask};
 }
 
 void require_positive(int64_t value, const char* key) {
@@ -102,7 +122,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPT2Config& cfg) : n_head
   c_proj = register_module("c_proj", torch::nn::Linear(cfg.n_embd, cfg.n_embd));
 }
 
-torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const KVSlot* slot) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   const int64_t hs = C / n_head_;
   // One fused matmul for q, k and v; the splits below are views, no copies.
@@ -110,29 +130,24 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto q = qkv[0].view({B, T, n_head_, hs}).transpose(1, 2);         // (B, nh, T, hs)
   auto k = qkv[1].view({B, T, n_head_, hs}).transpose(1, 2);         // (B, nh, T, hs)
   auto v = qkv[2].view({B, T, n_head_, hs}).transpose(1, 2);         // (B, nh, T, hs)
+  bool causal = true;
+  std::optional<at::Tensor> mask;
+  if (slot != nullptr) {
+    // Decoding: store this step's keys and values, attend over everything cached so far.
+    const int64_t end = slot->start + T;
+    slot->keys.narrow(2, slot->start, T).copy_(k);
+    slot->values.narrow(2, slot->start, T).copy_(v);
+    k = slot->keys.narrow(2, 0, end);                                // (B, nh, end, hs)
+    v = slot->values.narrow(2, 0, end);                              // (B, nh, end, hs)
+    if (slot->mask.defined()) mask = slot->mask;
+    // Without a mask: one new position sees everything before it; a first chunk is plain causal.
+    causal = !mask && slot->start == 0 && T > 1;
+  }
   // Scale defaults to 1/sqrt(hs), as HF (scale_attn_weights=True). SDPA picks flash/efficient
   // kernels on GPU; the strided q/k/v (last dim contiguous) are accepted without a copy.
-  auto y = torch::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                               /*is_causal=*/true);  // (B, nh, T, hs)
-  y = y.transpose(1, 2).contiguous().view({B, T, C});               // (B, T, C)
+  auto y = torch::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, causal);  // (B, nh, T, hs)
+  y = y.transpose(1, 2).contiguous().view({B, T, C});                                     // (B, T, C)
   return project(c_proj, y, fused_kernels);
-}
-
-torch::Tensor CausalSelfAttentionImpl::forward_cached(const torch::Tensor& x, torch::Tensor& keys,
-                                                     torch::Tensor& values, int64_t start, const torch::Tensor& mask) {
-  const int64_t B = x.size(0), t = x.size(1), C = x.size(2);
-  const int64_t hs = C / n_head_;
-  auto qkv = project(c_attn, x, fused_kernels).split(C, /*dim=*/2);  // 3 x (B, t, C)
-  auto q = qkv[0].view({B, t, n_head_, hs}).transpose(1, 2);         // (B, nh, t, hs)
-  keys.narrow(2, start, t).copy_(qkv[1].view({B, t, n_head_, hs}).transpose(1, 2));
-  values.narrow(2, start, t).copy_(qkv[2].view({B, t, n_head_, hs}).transpose(1, 2));
-  auto k = keys.narrow(2, 0, start + t);                             // (B, nh, start + t, hs)
-  auto v = values.narrow(2, 0, start + t);
-  // Without a mask: one new position sees everything before it; a first chunk is plain causal.
-  const bool causal = !mask.defined() && start == 0 && t > 1;
-  auto y = torch::scaled_dot_product_attention(q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt,
-                                               /*dropout_p=*/0.0, causal);  // (B, nh, t, hs)
-  return project(c_proj, y.transpose(1, 2).contiguous().view({B, t, C}), fused_kernels);
 }
 
 MLPImpl::MLPImpl(const GPT2Config& cfg) {
@@ -155,10 +170,13 @@ BlockImpl::BlockImpl(const GPT2Config& cfg) {
   mlp = register_module("mlp", MLP(cfg));
 }
 
-std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_pair(const torch::Tensor& x, const torch::Tensor& pending) {
-  auto [r, n1] = add_and_normalize(ln_1, x, pending, fused_kernels);  // r = x + pending, (B, T, C)
-  auto [h, n2] = add_and_normalize(ln_2, r, attn(n1), fused_kernels);  // h = r + attn(ln_1(r))
-  return {h, mlp(n2)};                                                  // the output is h + mlp(ln_2(h))
+// Note [Pending residual]: both adds run inside the LayerNorm after them; the MLP's output is
+// handed on unadded.
+std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_pair(const torch::Tensor& x, const torch::Tensor& pending,
+                                                                const KVSlot* slot) {
+  auto [r, n1] = add_and_normalize(ln_1, x, pending, fused_kernels);              // r = x + pending, (B, T, C)
+  auto [h, n2] = add_and_normalize(ln_2, r, attn->forward(n1, slot), fused_kernels);  // h = r + attn(ln_1(r))
+  return {h, mlp(n2)};                                                              // the output is h + mlp(ln_2(h))
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
@@ -190,9 +208,26 @@ GPT2Impl::GPT2Impl(const GPT2Config& cfg) : cfg_(cfg) {
 }
 
 torch::Tensor GPT2Impl::forward(const torch::Tensor& idx) {
-  // Full padded matrix for a GEMM-friendly N; padding columns are dropped by a free view.
-  auto logits = torch::nn::functional::linear(hidden(idx), transformer_->wte->weight);  // (B, T, Vp)
-  return logits.narrow(-1, 0, cfg_.vocab_size);                                          // (B, T, V) view
+  return head(hidden(idx));  // (B, T, V) view
+}
+
+torch::Tensor GPT2Impl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
+  TORCH_CHECK(targets.sizes() == idx.sizes(), "GPT2::loss: targets ", targets.sizes(),
+              " must match idx ", idx.sizes());
+  return head_loss(hidden(idx), targets);  // () fp32, or fp64 for fp64 models
+}
+
+torch::Tensor GPT2Impl::forward_cached(const torch::Tensor& idx, KVCache& cache) {
+  TORCH_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong && idx.size(0) == static_cast<int64_t>(cache.pad.size()),
+              "GPT2::forward_cached expects (B, t) int64 ids with B = the cache's rows, got ", idx.sizes());
+  const int64_t t = idx.size(1), end = cache.length + t;
+  if (end > cache.capacity()) {
+    throw UserError("KV cache overflow: " + std::to_string(end) + " positions, capacity " +
+                    std::to_string(cache.capacity()));
+  }
+  const auto h = hidden(idx, &cache);  // (B, t, C)
+  cache.length = end;
+  return head(h.select(1, t - 1));     // (B, V)
 }
 
 KVCache GPT2Impl::make_kv_cache(int64_t capacity, const std::vector<int64_t>& pad) {
@@ -212,85 +247,63 @@ KVCache GPT2Impl::make_kv_cache(int64_t capacity, const std::vector<int64_t>& pa
   return cache;
 }
 
-torch::Tensor GPT2Impl::forward_cached(const torch::Tensor& idx, KVCache& cache) {
-  TORCH_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong && idx.size(0) == static_cast<int64_t>(cache.pad.size()),
-              "GPT2::forward_cached expects (B, t) int64 ids with B = the cache's rows, got ", idx.sizes());
-  const int64_t t = idx.size(1), start = cache.length, end = start + t;
-  if (end > cache.capacity()) {
-    throw UserError("KV cache overflow: " + std::to_string(end) + " positions, capacity " +
-                    std::to_string(cache.capacity()));
+torch::Tensor GPT2Impl::hidden(const torch::Tensor& idx, KVCache* cache) {
+  torch::Tensor pos, mask;  // (T), or (B, T) and the attention mask when decoding (cached_positions)
+  if (cache == nullptr) {
+    TORCH_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong,
+                "GPT2::forward expects (B, T) int64 token ids, got ", idx.sizes(), " ", idx.scalar_type());
+    const int64_t T = idx.size(1);
+    if (T > cfg_.block_size) {
+      throw UserError("sequence length " + std::to_string(T) + " exceeds model.block_size (" +
+                      std::to_string(cfg_.block_size) + ")");
+    }
+    pos = torch::arange(T, idx.options());
+  } else {
+    std::tie(pos, mask) = cached_positions(*cache, idx.size(1), idx.options());  // forward_cached checked idx
   }
   auto& tr = *transformer_;
-  const auto opts = idx.options();
-  // Position of query i in row b: start + i - pad[b], clamped at 0 for padding.
-  auto q_abs = torch::arange(start, end, opts);                                           // (t)
-  auto pos = (q_abs.unsqueeze(0) - cache.pad_tensor.unsqueeze(1)).clamp_min(0);           // (B, t)
-  torch::Tensor mask;  // (B, 1, t, end); undefined = causal
-  const bool padded = std::any_of(cache.pad.begin(), cache.pad.end(), [](int64_t p) { return p > 0; });
-  if (padded || (start > 0 && t > 1)) {
-    auto k_abs = torch::arange(end, opts);                                                // (end)
-    auto causal = k_abs.view({1, 1, 1, end}) <= q_abs.view({1, 1, t, 1});                 // (1, 1, t, end)
-    auto real_key = k_abs.view({1, 1, 1, end}) >= cache.pad_tensor.view({-1, 1, 1, 1});   // (B, 1, 1, end)
-    auto self = k_abs.view({1, 1, 1, end}) == q_abs.view({1, 1, t, 1});                  // padding sees itself
-    mask = causal & (real_key | self);
-  }
-  auto x = tr.wte(idx) + tr.wpe(pos);                                                     // (B, t, C)
-  for (size_t i = 0; i < tr.blocks.size(); ++i) {
-    auto& block = *tr.blocks[i];
-    x = x + block.attn->forward_cached(block.ln_1(x), cache.keys[i], cache.values[i], start, mask);
-    x = x + block.mlp(block.ln_2(x));
-  }
-  cache.length = end;
-  auto last = tr.ln_f(x.select(1, t - 1));                                                // (B, C)
-  return torch::nn::functional::linear(last, tr.wte->weight).narrow(-1, 0, cfg_.vocab_size);  // (B, V)
-}
-
-torch::Tensor GPT2Impl::hidden(const torch::Tensor& idx) {
-  TORCH_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong,
-              "GPT2::forward expects (B, T) int64 token ids, got ", idx.sizes(), " ", idx.scalar_type());
-  const int64_t T = idx.size(1);
-  if (T > cfg_.block_size) {
-    throw UserError("sequence length " + std::to_string(T) + " exceeds model.block_size (" +
-                    std::to_string(cfg_.block_size) + ")");
-  }
-  auto& tr = *transformer_;
-  auto pos = torch::arange(T, idx.options());                       // (T)
-  auto x = tr.wte(idx) + tr.wpe(pos);                               // (B, T, C)
-  torch::Tensor pending;  // the last block's MLP output, still to be added to x by the next LayerNorm
+  auto x = tr.wte(idx) + tr.wpe(pos);  // (B, T, C)
+  torch::Tensor pending;               // Note [Pending residual]: the stream is x + pending
   for (size_t i = 0; i < tr.blocks.size(); ++i) {
     std::shared_ptr<BlockImpl> block = tr.blocks[i].ptr();  // the lambda keeps it for the recompute
-    if (checkpoint_every_ > 0 && static_cast<int64_t>(i) % checkpoint_every_ == 0) {
-      if (pending.defined()) x = x + pending;                       // a checkpointed block takes one tensor
+    if (cache != nullptr) {
+      const KVSlot slot{cache->keys[i], cache->values[i], cache->length, mask};
+      std::tie(x, pending) = block->forward_pair(x, pending, &slot);
+    } else if (recompute_every_ > 0 && static_cast<int64_t>(i) % recompute_every_ == 0) {
+      // A recomputed block takes one tensor: fold pending in first (Note [Pending residual]).
+      if (pending.defined()) x = x + pending;
       pending = torch::Tensor();
-      x = checkpointed([block](const torch::Tensor& in) { return block->forward(in); }, x);  // (B, T, C)
+      x = recomputed([block](const torch::Tensor& in) { return block->forward(in); }, x);  // (B, T, C)
     } else {
-      std::tie(x, pending) = block->forward_pair(x, pending);       // x + pending is the stream
+      std::tie(x, pending) = block->forward_pair(x, pending);
     }
   }
-  return add_and_normalize(tr.ln_f, x, pending, fused_kernels_).second;  // (B, T, C)
+  return add_and_normalize(tr.ln_f, x, pending, fused_kernels_).second;  // ln_f adds the last pending
 }
 
-torch::Tensor GPT2Impl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
-  TORCH_CHECK(targets.sizes() == idx.sizes(), "GPT2::loss: targets ", targets.sizes(),
-              " must match idx ", idx.sizes());
+torch::Tensor GPT2Impl::head(const torch::Tensor& h) {
+  // Full padded matrix for a GEMM-friendly N; padding columns are dropped by a free view.
+  auto logits = torch::nn::functional::linear(h, transformer_->wte->weight);  // (..., Vp)
+  return logits.narrow(-1, 0, cfg_.vocab_size);                               // (..., V) view
+}
+
+torch::Tensor GPT2Impl::head_loss(const torch::Tensor& h, const torch::Tensor& targets) {
+  const auto& W = transformer_->wte->weight;  // (Vp, C), the tied head
   if (chunked_loss_) {
-    // The head and the loss together, chunk by chunk (src/model/chunked_loss.h): the logits of the
-    // whole batch never exist, in any precision.
-    const auto h = hidden(idx);  // (B, T, C)
-    return classifier_cross_entropy(h.reshape({-1, h.size(-1)}), transformer_->wte->weight, targets.reshape({-1}),
-                                    cfg_.vocab_size, kIgnoreIndex);
+    // memory.chunked_loss: the head and the loss together, chunk by chunk (chunked_loss.h); the
+    // logits of the whole batch never exist, in any precision.
+    return chunked_cross_entropy(h.reshape({-1, h.size(-1)}), W, targets.reshape({-1}), cfg_.vocab_size,
+                                 kIgnoreIndex);
   }
-  if (fused_kernels_ && kernels::have_cuda_kernels() && idx.is_cuda() &&
-      transformer_->wte->weight.scalar_type() != torch::kDouble) {
+  if (fused_kernels_ && kernels::have_cuda_kernels() && h.is_cuda() && W.scalar_type() != torch::kDouble) {
     // The head and the loss as one node: the padded (B*T, Vp) logits are the only logits-sized
     // buffer, and the loss kernel turns them into their gradient (src/kernels/cross_entropy.h).
-    const auto h = hidden(idx);  // (B, T, C)
-    return kernels::head_cross_entropy(h.reshape({-1, h.size(-1)}), transformer_->wte->weight, targets.reshape({-1}),
-                                       cfg_.vocab_size, kIgnoreIndex);
+    return kernels::head_cross_entropy(h.reshape({-1, h.size(-1)}), W, targets.reshape({-1}), cfg_.vocab_size,
+                                       kIgnoreIndex);
   }
-  auto logits = forward(idx);  // (B, T, V), rows stride Vp
-  // (B*T, V): still a view (row stride Vp). Low precision is upcast; the cast also compacts rows.
-  auto flat = logits.reshape({-1, cfg_.vocab_size});
+  // Logits, then cross_entropy. (B*T, V): still a view (row stride Vp). Low precision is upcast;
+  // the cast also compacts rows.
+  auto flat = head(h).reshape({-1, cfg_.vocab_size});
   if (flat.scalar_type() == torch::kBFloat16 || flat.scalar_type() == torch::kHalf) flat = flat.to(torch::kFloat);
   return torch::nn::functional::cross_entropy(
       flat, targets.reshape({-1}), torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));
@@ -327,12 +340,11 @@ void GPT2Impl::set_fused_kernels(bool on) {
   }
 }
 
-void GPT2Impl::set_activation_checkpointing(int64_t every_k) {
+void GPT2Impl::set_recompute_every(int64_t every_k) {
   if (every_k < 0) {
-    throw std::invalid_argument("GPT2::set_activation_checkpointing: every_k must be >= 0, got " +
-                                std::to_string(every_k));
+    throw std::invalid_argument("GPT2::set_recompute_every: every_k must be >= 0, got " + std::to_string(every_k));
   }
-  checkpoint_every_ = every_k;
+  recompute_every_ = every_k;
 }
 
 int64_t GPT2Impl::num_parameters(bool count_padding) const {

@@ -3,7 +3,8 @@
 // learned positions, tanh GELU, LayerNorm eps 1e-5, lm head tied to wte, no dropout).
 // Contract: named_parameters() are exactly HF's names ("transformer.h.0.attn.c_attn.weight", ...),
 // forward() returns logits over the real vocab only, loss() is mean cross-entropy in >= fp32.
-// Works in fp32, fp64 and under CUDA autocast (bf16/fp16). See Note [Weight layout] for import.
+// Works in fp32 and fp64, and in bf16/fp16 with the parameters cast to it (no autocast). One Block
+// serves training, evaluation and KV-cache decoding. See Note [Weight layout] for import.
 #include <torch/nn.h>
 
 #include <cstdint>
@@ -24,17 +25,49 @@ namespace gpt2 {
 // GPT2Config (the [model] section: n_layer, n_head, n_embd, vocab_size, block_size) is declared
 // in model_config.h so config code needs no torch; its methods are defined in gpt2_model.cpp.
 
+// Note [Pending residual]
+// With fused kernels every residual add runs inside the LayerNorm that reads its sum
+// (src/kernels/layer_norm.h: one kernel each way, and the two gradients of the stream are never
+// summed by autograd). So between blocks the residual stream is carried as a pair (x, pending):
+// - the true stream is x + pending; pending is the last branch output (an MLP's) not yet added,
+//   or undefined (then the stream is x alone, as after the embeddings);
+// - every add happens inside the LayerNorm that reads the sum: a block's ln_1 adds the pending it
+//   is given, its ln_2 adds the attention output, and it hands its MLP output on as the next pending;
+// - a recomputed block (recompute.h) takes one tensor, so pending is folded into x before it and
+//   the block's output comes back whole (pending undefined);
+// - ln_f consumes the last pending, so the final hidden states are LayerNorm(x + pending).
+// Without the kernels (CPU, fp64, fused_kernels off) the pair is summed by a plain x + pending in
+// the same place: the same adds, in the same order, as the textbook x = x + f(ln(x)) chain.
+
+// Decoding with a cache. Keys and values of every layer for a batch being generated (generate.h),
+// so each new token costs one position of compute instead of the whole context. Sequences of
+// different lengths are left-padded: row b's first pad[b] positions are padding, never attended to
+// (except by themselves, which keeps their values finite), and its positions count from the first
+// real token.
+struct KVCache {
+  std::vector<torch::Tensor> keys, values;  // per layer, (B, n_head, capacity, head_size)
+  std::vector<int64_t> pad;                 // left padding per row
+  torch::Tensor pad_tensor;                 // the same, (B) int64 on the model's device
+  int64_t length = 0;                       // positions filled, padding included
+  int64_t capacity() const { return keys.empty() ? 0 : keys.front().size(2); }
+};
+
+// One layer's part of a KVCache for one decoding step of t positions [start, start + t): the
+// attention writes their keys and values into `keys`/`values` (that layer's cache tensors) at
+// [start, start + t) and its queries attend to [0, start + t) under `mask`.
+struct KVSlot {
+  torch::Tensor keys, values;  // (B, n_head, capacity, head_size)
+  int64_t start = 0;
+  torch::Tensor mask;          // (B, 1, t, start + t) bool, true = attend; undefined = causal
+};
+
 // Causal multi-head self-attention with one fused qkv projection.
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GPT2Config& cfg);
-  torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
-  // Inference with a key/value cache: x (B, t, C) are the positions [start, start + t); their keys
-  // and values are written into keys/values (B, n_head, capacity, head_size) at [start, start + t)
-  // and the queries attend to [0, start + t) under `mask` ((B, 1, t, start + t) bool, true =
-  // attend), or causally when `mask` is undefined. Returns (B, t, C).
-  torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values, int64_t start,
-                               const torch::Tensor& mask);
+  // x (B, T, C) -> (B, T, C), causal over x's own positions. With a cache slot (decoding), x holds
+  // the positions [slot->start, slot->start + T), which also attend to the cached ones (KVSlot).
+  torch::Tensor forward(const torch::Tensor& x, const KVSlot* slot = nullptr);
 
   torch::nn::Linear c_attn{nullptr};  // C -> 3C (q, k, v concatenated along the output)
   torch::nn::Linear c_proj{nullptr};  // C -> C, residual projection
@@ -56,15 +89,20 @@ class MLPImpl : public torch::nn::Module {
 };
 TORCH_MODULE(MLP);
 
-// Pre-LN transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+// Pre-LN transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)). The one block of the model:
+// training, evaluation and decoding (with a KV slot) all run forward_pair.
 class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const GPT2Config& cfg);
-  torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
-  // The same block with the residual adds left to the next LayerNorm: the input is x + pending
-  // (pending may be undefined: just x), the output is (h, m) with h + m the block's output.
-  // Chained through the model, every residual add fuses with the LayerNorm that reads it.
-  std::pair<torch::Tensor, torch::Tensor> forward_pair(const torch::Tensor& x, const torch::Tensor& pending);
+  // The block with its residual adds left to the LayerNorms (Note [Pending residual]): the input
+  // stream is x + pending (pending may be undefined: just x), the output is (h, m) with h + m the
+  // block's output stream, m the pending of the next block. x, pending: (B, T, C). `slot`: decoding
+  // (the attention's KV slot), else nullptr.
+  std::pair<torch::Tensor, torch::Tensor> forward_pair(const torch::Tensor& x, const torch::Tensor& pending,
+                                                       const KVSlot* slot = nullptr);
+  // The whole output stream, (B, T, C) -> (B, T, C): what a recomputed block runs (one tensor in,
+  // one out).
+  torch::Tensor forward(const torch::Tensor& x);
   bool fused_kernels = true;  // CUDA: add + LayerNorm through src/kernels/layer_norm.h
 
   torch::nn::LayerNorm ln_1{nullptr};
@@ -87,28 +125,20 @@ class TransformerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Transformer);
 
-// Keys and values of every layer for a batch being generated (generate.h), so each new token costs
-// one position of compute instead of the whole context. Sequences of different lengths are
-// left-padded: row b's first pad[b] positions are padding, never attended to (except by
-// themselves, which keeps their values finite), and its positions count from the first real token.
-struct KVCache {
-  std::vector<torch::Tensor> keys, values;  // per layer, (B, n_head, capacity, head_size)
-  std::vector<int64_t> pad;                 // left padding per row
-  torch::Tensor pad_tensor;                 // the same, (B) int64 on the model's device
-  int64_t length = 0;                       // positions filled, padding included
-  int64_t capacity() const { return keys.empty() ? 0 : keys.front().size(2); }
-};
-
 class GPT2Impl : public torch::nn::Module {
  public:
   // Validates cfg. Parameters start with LibTorch's default init: call init_weights() for GPT-2's
   // init, or load weights (hf_import.h). Allocates on CPU in fp32; move with ->to(device, dtype).
   explicit GPT2Impl(const GPT2Config& cfg);
 
+  // Three entry points, one walk (hidden: embeddings, blocks, ln_f) and one tied head.
   // idx: (B, T) int64 token ids in [0, vocab_size), T <= block_size.
   // Returns logits (B, T, vocab_size): a view narrowed from the padded (B, T, padded_vocab) product,
   // so it is not contiguous; call .contiguous() if needed.
   torch::Tensor forward(const torch::Tensor& idx);
+  // Mean cross-entropy over the real vocab; targets (B, T) int64, -1 = ignored position. The
+  // softmax is fp32 for bf16/fp16/fp32 models and fp64 for fp64 ones.
+  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
   // Inference step with a cache: idx (B, t) are the next t positions of every row; appends their
   // keys/values at cache.length, advances it, and returns the logits of the last position,
   // (B, vocab_size). Throws gpt2::UserError when cache.length + t exceeds the cache's capacity.
@@ -116,20 +146,21 @@ class GPT2Impl : public torch::nn::Module {
   // An empty cache for `batch` rows of up to `capacity` (<= block_size) positions, left padding
   // `pad` (size batch), on the model's device and dtype.
   KVCache make_kv_cache(int64_t capacity, const std::vector<int64_t>& pad);
-  // The final hidden states (after ln_f), (B, T, C): what the tied head multiplies.
-  torch::Tensor hidden(const torch::Tensor& idx);
 
-  // Mean cross-entropy over the real vocab; targets (B, T) int64, -1 = ignored position. The
-  // softmax is fp32 for bf16/fp16/fp32 models and fp64 for fp64 ones.
-  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
   // true: loss() runs the head and the loss chunk by chunk without the batch's logits
-  // (memory.chunked_loss); false: logits, then cross_entropy (faster today).
+  // (memory.chunked_loss, chunked_loss.h); false: logits, then cross_entropy (faster today).
   void set_chunked_loss(bool on) { chunked_loss_ = on; }
   // true (default): on CUDA, the head and the loss run as one node whose loss kernel also writes
   // the logits' gradient (src/kernels/cross_entropy.h) instead of a cast to fp32, log_softmax and
-  // nll; every residual add runs fused with the LayerNorm after it (src/kernels/layer_norm.h); the
-  // linear layers take their bias gradients, and c_fc its GELU backward, from src/kernels/linear.h.
+  // nll; every residual add runs fused with the LayerNorm after it (src/kernels/layer_norm.h, Note
+  // [Pending residual]); the linear layers take their bias gradients, and c_fc its GELU backward,
+  // from src/kernels/linear.h. Decoding runs the same blocks, so the same kernels.
   void set_fused_kernels(bool on);
+  // Activation recomputation (memory.activation_checkpointing; recompute.h): 0 = none,
+  // 1 = every block (full), K = blocks 0, K, 2K, ... A recomputed block keeps only its input for
+  // backward and runs again there. Applies only when forward runs with grad enabled; the values
+  // and gradients are the same as without. Throws std::invalid_argument for every_k < 0.
+  void set_recompute_every(int64_t every_k);
 
   // GPT-2 init: Linear/Embedding weights N(0, 0.02); residual projections (attn.c_proj, mlp.c_proj)
   // N(0, 0.02/sqrt(2*n_layer)); biases 0; LayerNorm weight 1, bias 0; padded wte rows 0.
@@ -141,22 +172,26 @@ class GPT2Impl : public torch::nn::Module {
   // Number of parameter elements; without padding it equals HF's count at the same vocab_size.
   int64_t num_parameters(bool count_padding = false) const;
 
-  // Activation checkpointing (memory.activation_checkpointing; recompute.h): 0 = none,
-  // 1 = every block (full), K = blocks 0, K, 2K, ... A checkpointed block keeps only its input for
-  // backward and is recomputed there. Applies only when forward runs with grad enabled; the values
-  // and gradients are the same as without. Throws std::invalid_argument for every_k < 0.
-  void set_activation_checkpointing(int64_t every_k);
-  int64_t activation_checkpointing() const { return checkpoint_every_; }
-
   const GPT2Config& config() const { return cfg_; }
-  Transformer& transformer() { return transformer_; }
 
  private:
+  // The walk every entry point takes: wte(idx) + wpe(positions), the blocks, ln_f, the stream
+  // carried as Note [Pending residual] says. Without a cache the positions are 0..T-1 and blocks
+  // are recomputed per recompute_every_; with one (decoding) the positions follow cache->length
+  // and the padding, and each block's attention uses its KVSlot.
+  // idx (B, T) -> the final hidden states (B, T, C), what the tied head multiplies.
+  torch::Tensor hidden(const torch::Tensor& idx, KVCache* cache = nullptr);
+  // The tied lm head: h (..., C) -> logits (..., vocab_size), narrowed from the padded product.
+  torch::Tensor head(const torch::Tensor& h);
+  // The head and the mean cross-entropy, h (B, T, C), targets (B, T): the one place that chooses
+  // between the chunked node, the fused-kernel node and logits + cross_entropy.
+  torch::Tensor head_loss(const torch::Tensor& h, const torch::Tensor& targets);
+
   GPT2Config cfg_;
   Transformer transformer_{nullptr};
-  int64_t checkpoint_every_ = 0;  // see set_activation_checkpointing
-  bool chunked_loss_ = false;     // see set_chunked_loss
-  bool fused_kernels_ = true;     // see set_fused_kernels
+  int64_t recompute_every_ = 0;  // see set_recompute_every
+  bool chunked_loss_ = false;    // see set_chunked_loss
+  bool fused_kernels_ = true;    // see set_fused_kernels
 };
 TORCH_MODULE(GPT2);
 

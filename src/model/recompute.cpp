@@ -1,9 +1,8 @@
-// Activation checkpointing (see recompute.h for the contract). The reentrant scheme of
+// Activation recomputation (see recompute.h for the contract). The reentrant scheme of
 // torch.utils.checkpoint(use_reentrant=True), written as a C++ custom autograd function.
 #include "src/model/recompute.h"
 
 #include <ATen/Context.h>
-#include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -14,54 +13,6 @@
 
 namespace gpt2 {
 namespace {
-
-// The thread-local autocast settings a forward ran under. The autograd engine runs backward on
-// its own threads (one per CUDA device) whose autocast TLS is whatever the backward() caller had,
-// usually "off", so the recompute must put the forward's settings back explicitly.
-struct AutocastState {
-  bool cuda_enabled = false;
-  at::ScalarType cuda_dtype = at::kBFloat16;
-  bool cpu_enabled = false;
-  at::ScalarType cpu_dtype = at::kBFloat16;
-  bool cache_enabled = true;
-
-  static AutocastState current() {
-    AutocastState s;
-    s.cuda_enabled = at::autocast::is_autocast_enabled(at::kCUDA);
-    s.cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
-    s.cpu_enabled = at::autocast::is_autocast_enabled(at::kCPU);
-    s.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
-    s.cache_enabled = at::autocast::is_autocast_cache_enabled();
-    return s;
-  }
-  void apply() const {
-    at::autocast::set_autocast_enabled(at::kCUDA, cuda_enabled);
-    at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype);
-    at::autocast::set_autocast_enabled(at::kCPU, cpu_enabled);
-    at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
-    at::autocast::set_autocast_cache_enabled(cache_enabled);
-  }
-};
-
-// Applies `state` for a scope and restores the previous settings. Nesting is counted like
-// torch.autocast does, so the cast cache this scope filled is cleared when the outermost scope on
-// this thread ends (else bf16 copies of the weights would outlive the step on the engine thread).
-class AutocastGuard {
- public:
-  explicit AutocastGuard(const AutocastState& state) : saved_(AutocastState::current()) {
-    state.apply();
-    at::autocast::increment_nesting();
-  }
-  ~AutocastGuard() {
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    saved_.apply();
-  }
-  AutocastGuard(const AutocastGuard&) = delete;
-  AutocastGuard& operator=(const AutocastGuard&) = delete;
-
- private:
-  AutocastState saved_;
-};
 
 // Generator states are read and written under the generator's mutex, as ATen asks; the mutex is
 // not held while fn runs (dropout takes it itself).
@@ -79,19 +30,18 @@ void set_rng_state(const at::Device& device, const at::Tensor& state) {
 
 // Everything the backward needs besides the saved input. Kept as one opaque object in the
 // context's saved_data (an IValue capsule), since a std::function is not an IValue.
-struct CheckpointState : torch::CustomClassHolder {
-  CheckpointFn fn;
-  at::Tensor cpu_rng;                 // CPU generator state before the forward ran fn
-  std::optional<at::Device> cuda;     // x's CUDA device, when x was on CUDA
-  at::Tensor cuda_rng;                // that device's generator state before the forward
-  AutocastState autocast;             // the caller's autocast settings at forward
+struct RecomputeState : torch::CustomClassHolder {
+  RecomputeFn fn;
+  at::Tensor cpu_rng;              // CPU generator state before the forward ran fn
+  std::optional<at::Device> cuda;  // x's CUDA device, when x was on CUDA
+  at::Tensor cuda_rng;             // that device's generator state before the forward
 };
 
 // Sets the forward's RNG states for a scope (the recompute) and puts the caller's back after, so
-// checkpointing neither replays nor skips random draws of the surrounding code.
+// recomputation neither replays nor skips random draws of the surrounding code.
 class ForkRng {
  public:
-  explicit ForkRng(const CheckpointState& st) : cuda_(st.cuda) {
+  explicit ForkRng(const RecomputeState& st) : cuda_(st.cuda) {
     saved_cpu_ = get_rng_state(at::kCPU);
     set_rng_state(at::kCPU, st.cpu_rng);
     if (cuda_) {
@@ -113,13 +63,12 @@ class ForkRng {
 
 }  // namespace
 
-// Not in the anonymous namespace: the node's name() (CppNode<gpt2::CheckpointFunction>) is what
+// Not in the anonymous namespace: the node's name() (CppNode<gpt2::RecomputeFunction>) is what
 // tests look for in the graph.
-struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               CheckpointFn fn) {
-    auto st = c10::make_intrusive<CheckpointState>();
-    st->autocast = AutocastState::current();
+                               RecomputeFn fn) {
+    auto st = c10::make_intrusive<RecomputeState>();
     st->cpu_rng = get_rng_state(at::kCPU);
     if (x.is_cuda()) {
       st->cuda = x.device();
@@ -130,16 +79,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       // Function::apply already runs forward with grad off; explicit because it is the point: no
       // node inside fn is recorded, so none of fn's intermediates is kept alive.
       torch::NoGradGuard no_grad;
-      // A cast made here has no grad_fn; keep it out of the caller's autocast cache so a later
-      // grad-enabled use of the same weight in this autocast scope cannot pick it up.
-      at::autocast::set_autocast_cache_enabled(false);
-      try {
-        out = fn(x);
-      } catch (...) {
-        at::autocast::set_autocast_cache_enabled(st->autocast.cache_enabled);
-        throw;
-      }
-      at::autocast::set_autocast_cache_enabled(st->autocast.cache_enabled);
+      out = fn(x);
     }
     st->fn = std::move(fn);
     ctx->save_for_backward({x});  // the only activation kept: the block input
@@ -150,31 +90,29 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_out) {
     TORCH_CHECK(!torch::GradMode::is_enabled(),
-                "activation checkpointing does not support double backward (create_graph=true)");
-    auto st = c10::static_intrusive_pointer_cast<CheckpointState>(ctx->saved_data["state"].toCapsule());
+                "activation recomputation does not support double backward (create_graph=true)");
+    auto st = c10::static_intrusive_pointer_cast<RecomputeState>(ctx->saved_data["state"].toCapsule());
     const torch::Tensor x = ctx->get_saved_variables()[0];
     // A fresh leaf: the nested backward stops here and leaves d(loss)/dx in x_in.grad().
     torch::Tensor x_in = x.detach().requires_grad_(true);
     torch::Tensor out;
     {
       ForkRng rng(*st);
-      AutocastGuard cast(st->autocast);
       torch::AutoGradMode grad_on(true);
       out = st->fn(x_in);  // same shape as the forward's output
     }
     // One gradient per forward argument: x's, and an undefined one for fn.
     if (!grad_out[0].defined()) return {torch::Tensor(), torch::Tensor()};  // output unused by the loss
-    // Backward through the recomputed graph outside the autocast scope (as the original backward
-    // would run). It reaches the parameters' AccumulateGrad nodes: hooks fire, .grad is added to
-    // in place; and x_in, a leaf, receives its gradient in x_in.grad().
+    // Backward through the recomputed graph. It reaches the parameters' AccumulateGrad nodes: hooks
+    // fire, .grad is added to in place; and x_in, a leaf, receives its gradient in x_in.grad().
     torch::autograd::backward({out}, {grad_out[0]});
     return {x_in.grad(), torch::Tensor()};
   }
 };
 
-torch::Tensor checkpointed(CheckpointFn fn, const torch::Tensor& x) {
+torch::Tensor recomputed(RecomputeFn fn, const torch::Tensor& x) {
   if (!torch::GradMode::is_enabled() || !x.requires_grad()) return fn(x);
-  return CheckpointFunction::apply(x, std::move(fn));
+  return RecomputeFunction::apply(x, std::move(fn));
 }
 
 }  // namespace gpt2

@@ -1,16 +1,15 @@
 #pragma once
-// Activation checkpointing: run a block without keeping its activations, recompute it in backward.
+// Activation recomputation: run a block without keeping its activations, run it again in backward.
 //
-// Contract of checkpointed(fn, x):
+// Contract of recomputed(fn, x):
 // - Returns fn(x) (same values, same dtype). When grad mode is on and x requires grad, fn runs under
-//   no-grad and the result's grad_fn is one custom node (its name() contains "CheckpointFunction")
-//   that holds only x, fn and the RNG / autocast state of the forward. Otherwise it simply returns
-//   fn(x): nothing to save (eval), or no edge to hang the node on (x is a constant; the block's
-//   parameters would then get no gradient through the node, so it runs uncheckpointed).
-// - In backward the node re-runs fn on a detached copy of x with grad on, under the forward's
-//   autocast state (CUDA and CPU, dtype, cache flag) and with the CPU (and x's CUDA device)
-//   generator set to the state it had at forward, so dropout draws the same mask; the caller's RNG
-//   and autocast state are restored afterwards.
+//   no-grad and the result's grad_fn is one custom node (its name() contains "RecomputeFunction")
+//   that holds only x, fn and the RNG state of the forward. Otherwise it simply returns fn(x):
+//   nothing to save (eval), or no edge to hang the node on (x is a constant; the block's parameters
+//   would then get no gradient through the node, so it runs as is).
+// - In backward the node re-runs fn on a detached copy of x with grad on, with the CPU (and x's
+//   CUDA device) generator set to the state it had at forward, so dropout draws the same mask; the
+//   caller's RNG state is restored afterwards.
 // - Parameters fn uses (reached through fn, e.g. a captured module, not through graph edges) get
 //   their gradients from a nested torch::autograd::backward on the recomputed graph: through their
 //   own AccumulateGrad nodes, so post-hooks on the grad accumulators fire once per backward and an
@@ -23,9 +22,9 @@
 
 namespace gpt2 {
 
-using CheckpointFn = std::function<torch::Tensor(const torch::Tensor&)>;
+using RecomputeFn = std::function<torch::Tensor(const torch::Tensor&)>;
 
-// fn(x), checkpointed as described above. x: any shape fn accepts; returns fn's output.
-torch::Tensor checkpointed(CheckpointFn fn, const torch::Tensor& x);
+// fn(x), recomputed in backward as described above. x: any shape fn accepts; returns fn's output.
+torch::Tensor recomputed(RecomputeFn fn, const torch::Tensor& x);
 
 }  // namespace gpt2

@@ -93,7 +93,7 @@ GPT2 build_model(const Config& cfg, torch::Device device, at::ScalarType dtype, 
       throw UserError("train.init_from = " + cfg.train.init_from + ": " + e.what());
     }
   }
-  model->set_activation_checkpointing(cfg.recompute_every());  // 0 = none, 1 = every block, K = every K-th
+  model->set_recompute_every(cfg.recompute_every());  // 0 = none, 1 = every block, K = every K-th
   model->set_chunked_loss(cfg.memory.chunked_loss);
   model->set_fused_kernels(cfg.train.fused_kernels);
   model->to(device, dtype);

@@ -128,9 +128,9 @@ TEST(FusedCrossEntropy, ModelLossWithAndWithoutFusedKernel) {
   model->to(torch::kCUDA, torch::kBFloat16);
   auto idx = torch::randint(0, 1000, {4, 32}, torch::dtype(torch::kLong).device(torch::kCUDA));
   auto targets = torch::randint(0, 1000, {4, 32}, idx.options());
-  // Every block plain, and block 0 checkpointed (its input is then the materialised residual stream).
-  for (int64_t checkpoint_every : {0, 2}) {
-    model->set_activation_checkpointing(checkpoint_every);
+  // Every block plain, and block 0 recomputed (its input is then the materialised residual stream).
+  for (int64_t recompute_every : {0, 2}) {
+    model->set_recompute_every(recompute_every);
     std::vector<torch::Tensor> grads[2];
     double losses[2];
     for (int fused = 0; fused < 2; ++fused) {
@@ -143,7 +143,7 @@ TEST(FusedCrossEntropy, ModelLossWithAndWithoutFusedKernel) {
     }
     EXPECT_LE(std::abs(losses[1] - losses[0]) / losses[0], 1e-3) << losses[1] << " vs " << losses[0];
     for (size_t i = 0; i < grads[0].size(); ++i) {
-      EXPECT_LE(rel_error(grads[1][i], grads[0][i]), 2e-2) << "parameter " << i << ", checkpoint every " << checkpoint_every;
+      EXPECT_LE(rel_error(grads[1][i], grads[0][i]), 2e-2) << "parameter " << i << ", recompute every " << recompute_every;
     }
   }
 }

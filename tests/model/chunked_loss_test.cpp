@@ -43,13 +43,13 @@ double rel(const torch::Tensor& a, const torch::Tensor& b) {
   return ((a.to(torch::kFloat64) - b).norm() / b.norm()).item<double>();
 }
 
-TEST(ClassifierCrossEntropy, MatchesPlainCrossEntropyInFloat64) {
+TEST(ChunkedCrossEntropy, MatchesPlainCrossEntropyInFloat64) {
   const auto c = make_case(torch::kFloat64);
   const auto want = reference(c, 29);
   for (int64_t chunk : {1, 5, 37, 100}) {
     SCOPED_TRACE("chunk " + std::to_string(chunk));
     auto h = c.h.detach().clone().requires_grad_(true), W = c.W.detach().clone().requires_grad_(true);
-    auto loss = classifier_cross_entropy(h, W, c.targets, 29, -1, chunk);
+    auto loss = chunked_cross_entropy(h, W, c.targets, 29, -1, chunk);
     loss.backward();
     EXPECT_EQ(loss.scalar_type(), torch::kFloat64);
     EXPECT_LE(std::abs(loss.item<double>() - want[0].item<double>()), 1e-12);
@@ -59,15 +59,15 @@ TEST(ClassifierCrossEntropy, MatchesPlainCrossEntropyInFloat64) {
   }
   // A scaled upstream gradient scales both gradients.
   auto h = c.h.detach().clone().requires_grad_(true), W = c.W.detach().clone().requires_grad_(true);
-  (3.0 * classifier_cross_entropy(h, W, c.targets, 29, -1, 8)).backward();
+  (3.0 * chunked_cross_entropy(h, W, c.targets, 29, -1, 8)).backward();
   EXPECT_LE(rel(h.grad(), 3.0 * want[1]), 1e-12);
 }
 
-TEST(ClassifierCrossEntropy, Bf16WithinBf16PrecisionOfFp32) {
+TEST(ChunkedCrossEntropy, Bf16WithinBf16PrecisionOfFp32) {
   const auto c = make_case(torch::kBFloat16);
   const auto want = reference(c, 29);  // from the same bf16 inputs, in float64
   auto h = c.h.detach().clone().requires_grad_(true), W = c.W.detach().clone().requires_grad_(true);
-  auto loss = classifier_cross_entropy(h, W, c.targets, 29, -1, 6);
+  auto loss = chunked_cross_entropy(h, W, c.targets, 29, -1, 6);
   loss.backward();
   EXPECT_EQ(loss.scalar_type(), torch::kFloat);  // the softmax is fp32
   EXPECT_LE(std::abs(loss.item<double>() - want[0].item<double>()) / want[0].item<double>(), 1e-2);
@@ -78,7 +78,7 @@ TEST(ClassifierCrossEntropy, Bf16WithinBf16PrecisionOfFp32) {
 
 // The model's switch (memory.chunked_loss): the same loss and parameter gradients as the default
 // path (logits, then cross_entropy), in float64, with a padded vocabulary and an ignored target.
-TEST(ClassifierCrossEntropy, ModelLossIsTheSameWithAndWithoutChunks) {
+TEST(ChunkedCrossEntropy, ModelLossIsTheSameWithAndWithoutChunks) {
   GPT2Config cfg;
   cfg.n_layer = 2;
   cfg.n_head = 2;

@@ -28,6 +28,9 @@ GPT2Config tiny_config(int64_t vocab = 100) {
   return cfg;
 }
 
+// The parameter HF calls `name` ("transformer.wte.weight", ...): the model's own tensor.
+torch::Tensor param(GPT2& model, const std::string& name) { return model->named_parameters()[name]; }
+
 // Randomises every parameter (LN and biases included) so no term of the model is trivial.
 void randomise(GPT2& model, uint64_t seed, double std = 0.3) {
   torch::NoGradGuard no_grad;
@@ -36,7 +39,7 @@ void randomise(GPT2& model, uint64_t seed, double std = 0.3) {
     p.copy_(torch::empty(p.sizes(), torch::kFloat).normal_(0.0, std, gen));
   }
   const auto& cfg = model->config();
-  model->transformer()->wte->weight.narrow(0, cfg.vocab_size, cfg.padded_vocab_size() - cfg.vocab_size).zero_();
+  param(model, "transformer.wte.weight").narrow(0, cfg.vocab_size, cfg.padded_vocab_size() - cfg.vocab_size).zero_();
 }
 
 using test::user_error;
@@ -128,10 +131,11 @@ TEST(ModelStructure, NamedParametersMatchHf) {
 TEST(ModelStructure, ShapesAndTiedHead) {
   const GPT2Config cfg = tiny_config(100);
   GPT2 model(cfg);
-  auto& tr = *model->transformer();
-  EXPECT_EQ(tr.wte->weight.sizes(), torch::IntArrayRef({128, 16}));  // padded rows
-  EXPECT_EQ(tr.blocks[0]->attn->c_attn->weight.sizes(), torch::IntArrayRef({48, 16}));  // Linear (out, in)
-  EXPECT_EQ(tr.blocks[0]->mlp->c_fc->weight.sizes(), torch::IntArrayRef({64, 16}));
+  const auto wte = param(model, "transformer.wte.weight");
+  EXPECT_EQ(wte.sizes(), torch::IntArrayRef({128, 16}));  // padded rows
+  // Linear's (out, in) layout, not HF's Conv1D (in, out): Note [Weight layout].
+  EXPECT_EQ(param(model, "transformer.h.0.attn.c_attn.weight").sizes(), torch::IntArrayRef({48, 16}));
+  EXPECT_EQ(param(model, "transformer.h.0.mlp.c_fc.weight").sizes(), torch::IntArrayRef({64, 16}));
   model->init_weights(1);
   auto idx = torch::randint(cfg.vocab_size, {3, 7}, torch::kLong);
   auto logits = model->forward(idx);
@@ -139,7 +143,7 @@ TEST(ModelStructure, ShapesAndTiedHead) {
   // Padded rows are neither looked up nor predicted, so they get no gradient (stay 0 under AdamW).
   auto loss = model->loss(idx, idx);
   loss.backward();
-  EXPECT_TRUE(tr.wte->weight.grad().narrow(0, 100, 28).abs().max().item<double>() == 0.0);
+  EXPECT_TRUE(wte.grad().narrow(0, 100, 28).abs().max().item<double>() == 0.0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -160,17 +164,17 @@ TEST(ModelInit, GptTwoInitDeterministicAndGlobalRngUntouched) {
   auto pa = a->parameters(), pb = b->parameters();
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i]));
   b->init_weights(43);
-  EXPECT_FALSE(torch::equal(a->transformer()->wpe->weight, b->transformer()->wpe->weight));
+  EXPECT_FALSE(torch::equal(param(a, "transformer.wpe.weight"), param(b, "transformer.wpe.weight")));
 
-  auto& tr = *a->transformer();
-  EXPECT_EQ(tr.wte->weight.narrow(0, 100, 28).abs().max().item<double>(), 0.0);
-  EXPECT_NEAR(tr.wte->weight.narrow(0, 0, 100).std().item<double>(), 0.02, 0.002);
-  EXPECT_NEAR(tr.blocks[0]->attn->c_attn->weight.std().item<double>(), 0.02, 0.002);
-  EXPECT_NEAR(tr.blocks[1]->mlp->c_proj->weight.std().item<double>(), 0.02 / std::sqrt(4.0), 0.001);
-  EXPECT_NEAR(tr.blocks[1]->attn->c_proj->weight.std().item<double>(), 0.02 / std::sqrt(4.0), 0.001);
-  EXPECT_EQ(tr.blocks[0]->mlp->c_fc->bias.abs().max().item<double>(), 0.0);
-  EXPECT_TRUE(torch::equal(tr.ln_f->weight, torch::ones({64})));
-  EXPECT_EQ(tr.ln_f->bias.abs().max().item<double>(), 0.0);
+  const auto wte = param(a, "transformer.wte.weight");
+  EXPECT_EQ(wte.narrow(0, 100, 28).abs().max().item<double>(), 0.0);
+  EXPECT_NEAR(wte.narrow(0, 0, 100).std().item<double>(), 0.02, 0.002);
+  EXPECT_NEAR(param(a, "transformer.h.0.attn.c_attn.weight").std().item<double>(), 0.02, 0.002);
+  EXPECT_NEAR(param(a, "transformer.h.1.mlp.c_proj.weight").std().item<double>(), 0.02 / std::sqrt(4.0), 0.001);
+  EXPECT_NEAR(param(a, "transformer.h.1.attn.c_proj.weight").std().item<double>(), 0.02 / std::sqrt(4.0), 0.001);
+  EXPECT_EQ(param(a, "transformer.h.0.mlp.c_fc.bias").abs().max().item<double>(), 0.0);
+  EXPECT_TRUE(torch::equal(param(a, "transformer.ln_f.weight"), torch::ones({64})));
+  EXPECT_EQ(param(a, "transformer.ln_f.bias").abs().max().item<double>(), 0.0);
 }
 
 TEST(ModelInit, LossAtInitIsLogVocab) {
@@ -295,10 +299,9 @@ TEST(ModelGenerate, IdsInVocabAndDeterministic) {
   // Push every real logit below zero, so a padded (zero) logit would win if it were ever exposed.
   {
     torch::NoGradGuard no_grad;
-    auto& tr = *model->transformer();
-    tr.ln_f->weight.zero_();
-    tr.ln_f->bias.fill_(1.0);
-    tr.wte->weight.narrow(0, 0, 100).uniform_(-2.0, -1.0);
+    param(model, "transformer.ln_f.weight").zero_();
+    param(model, "transformer.ln_f.bias").fill_(1.0);
+    param(model, "transformer.wte.weight").narrow(0, 0, 100).uniform_(-2.0, -1.0);
   }
   const std::vector<int64_t> prompt(20, 7);  // longer than block_size: the context is cropped
   for (double temperature : {0.0, 1.0, 5.0}) {
@@ -462,7 +465,7 @@ TEST(ModelHfImport, StateDictRoundTripAndNamedErrors) {
   dst->init_weights(0);
   {
     torch::NoGradGuard no_grad;
-    dst->transformer()->wte->weight.fill_(3.0);  // padding rows must come back zero
+    param(dst, "transformer.wte.weight").fill_(3.0);  // padding rows must come back zero
   }
   load_hf_state_dict(dst, hf_style, "mem");
   auto ps = src->parameters(), pd = dst->parameters();

@@ -1,11 +1,10 @@
-// Activation checkpointing (src/model/recompute.h, GPT2::set_activation_checkpointing,
+// Activation recomputation (src/model/recompute.h, GPT2::set_recompute_every,
 // memory.activation_checkpointing): same loss and gradients as without, gradients still flow
 // through the parameters' accumulators (hooks, in-place .grad), fewer graph nodes kept, dropout
-// recomputed with the forward's RNG state, autocast re-applied, config parsing. CPU only.
+// recomputed with the forward's RNG state, config parsing. CPU only.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 
@@ -63,7 +62,7 @@ struct LossAndGrads {
 };
 
 LossAndGrads loss_and_grads(GPT2& model, int64_t every_k, const Batch& b) {
-  model->set_activation_checkpointing(every_k);
+  model->set_recompute_every(every_k);
   model->zero_grad();
   auto loss = model->loss(b.idx, b.targets);
   loss.backward();
@@ -117,7 +116,7 @@ class CountingHook : public torch::autograd::FunctionPostHook {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Same numbers as without checkpointing
+// Same numbers as without recomputation
 
 void expect_same_as_none(torch::Dtype dtype, double tol) {
   auto model = make_model(dtype);
@@ -131,30 +130,31 @@ void expect_same_as_none(torch::Dtype dtype, double tol) {
   }
 }
 
-TEST(ActivationCheckpoint, SameLossAndGradsFp64) { expect_same_as_none(torch::kDouble, 1e-12); }
-TEST(ActivationCheckpoint, SameLossAndGradsFp32) { expect_same_as_none(torch::kFloat, 1e-6); }
+TEST(Recompute, SameLossAndGradsFp64) { expect_same_as_none(torch::kDouble, 1e-12); }
+TEST(Recompute, SameLossAndGradsFp32) { expect_same_as_none(torch::kFloat, 1e-6); }
 
-TEST(ActivationCheckpoint, EvalForwardUnchangedAndBuildsNoGraph) {
+TEST(Recompute, EvalForwardUnchangedAndBuildsNoGraph) {
   auto model = make_model(torch::kFloat);
   const auto batch = make_batch();
   torch::NoGradGuard no_grad;
   auto ref = model->forward(batch.idx);
-  model->set_activation_checkpointing(1);
+  model->set_recompute_every(1);
   auto got = model->forward(batch.idx);
   EXPECT_TRUE(torch::equal(got, ref));
   EXPECT_FALSE(got.requires_grad());
 }
 
-TEST(ActivationCheckpoint, RejectsNegativeEveryK) {
+TEST(Recompute, RejectsNegativeEveryK) {
   auto model = make_model(torch::kFloat);
-  EXPECT_THROW(model->set_activation_checkpointing(-1), std::invalid_argument);
-  EXPECT_EQ(model->activation_checkpointing(), 0);
+  EXPECT_THROW(model->set_recompute_every(-1), std::invalid_argument);
+  const auto batch = make_batch();  // the setting is unchanged: no block is recomputed
+  EXPECT_EQ(count_named(graph_nodes(model->loss(batch.idx, batch.targets)), "RecomputeFunction"), 0);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Gradients go through the parameters' accumulators (what the data-parallel reducer relies on)
 
-TEST(ActivationCheckpoint, AccumulatorPostHooksFireOncePerParameterPerBackward) {
+TEST(Recompute, AccumulatorPostHooksFireOncePerParameterPerBackward) {
   auto model = make_model(torch::kFloat);
   const auto batch = make_batch();
   auto params = model->parameters();
@@ -168,7 +168,7 @@ TEST(ActivationCheckpoint, AccumulatorPostHooksFireOncePerParameterPerBackward) 
     keys.push_back(accs.back()->add_post_hook(std::make_unique<CountingHook>(&calls[i])));
   }
   for (int64_t k : {1, 2}) {
-    model->set_activation_checkpointing(k);
+    model->set_recompute_every(k);
     for (int step = 1; step <= 2; ++step) {
       std::fill(calls.begin(), calls.end(), 0);
       model->loss(batch.idx, batch.targets).backward();
@@ -180,7 +180,7 @@ TEST(ActivationCheckpoint, AccumulatorPostHooksFireOncePerParameterPerBackward) 
   for (size_t i = 0; i < accs.size(); ++i) accs[i]->del_post_hook(keys[i]);
 }
 
-TEST(ActivationCheckpoint, GradsAccumulateInPlaceIntoExistingBuffers) {
+TEST(Recompute, GradsAccumulateInPlaceIntoExistingBuffers) {
   auto model = make_model(torch::kDouble);
   const auto batch = make_batch();
   const auto ref = loss_and_grads(model, 0, batch);
@@ -196,7 +196,7 @@ TEST(ActivationCheckpoint, GradsAccumulateInPlaceIntoExistingBuffers) {
     p.mutable_grad() = views.back();
     offset += p.numel();
   }
-  model->set_activation_checkpointing(1);
+  model->set_recompute_every(1);
   for (int pass = 1; pass <= 2; ++pass) {  // the second pass adds to the first
     model->loss(batch.idx, batch.targets).backward();
     for (size_t i = 0; i < params.size(); ++i) {
@@ -207,24 +207,24 @@ TEST(ActivationCheckpoint, GradsAccumulateInPlaceIntoExistingBuffers) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// What the forward keeps: one node per checkpointed block, none of the block's inner nodes
+// What the forward keeps: one node per recomputed block, none of the block's inner nodes
 
-TEST(ActivationCheckpoint, GraphHasOneNodePerCheckpointedBlock) {
+TEST(Recompute, GraphHasOneNodePerRecomputedBlock) {
   auto model = make_model(torch::kFloat);
   const auto batch = make_batch();
   struct Case {
-    int64_t every_k, checkpointed;
+    int64_t every_k, recomputed;
   };
-  // Blocks 0, K, 2K, ... are checkpointed; GELU (one per MLP) appears only in the others.
+  // Blocks 0, K, 2K, ... are recomputed; GELU (one per MLP) appears only in the others.
   std::vector<int64_t> total_nodes;
   for (const Case c : {Case{0, 0}, Case{1, kLayers}, Case{2, 2}, Case{3, 2}}) {
     SCOPED_TRACE("every_k = " + std::to_string(c.every_k));
-    model->set_activation_checkpointing(c.every_k);
+    model->set_recompute_every(c.every_k);
     auto loss = model->loss(batch.idx, batch.targets);
     const auto nodes = graph_nodes(loss);
-    EXPECT_EQ(count_named(nodes, "CheckpointFunction"), c.checkpointed);
-    EXPECT_EQ(count_named(nodes, "GeluBackward"), kLayers - c.checkpointed);
-    EXPECT_EQ(count_named(nodes, "LayerNormBackward"), 2 * (kLayers - c.checkpointed) + 1);  // + ln_f
+    EXPECT_EQ(count_named(nodes, "RecomputeFunction"), c.recomputed);
+    EXPECT_EQ(count_named(nodes, "GeluBackward"), kLayers - c.recomputed);
+    EXPECT_EQ(count_named(nodes, "LayerNormBackward"), 2 * (kLayers - c.recomputed) + 1);  // + ln_f
     total_nodes.push_back(static_cast<int64_t>(nodes.size()));
   }
   EXPECT_LT(total_nodes[1], total_nodes[2]);
@@ -239,24 +239,24 @@ struct DropoutStackImpl : torch::nn::Module {
   DropoutStackImpl() {
     for (int i = 0; i < 3; ++i) layers.push_back(register_module("l" + std::to_string(i), torch::nn::Linear(8, 8)));
   }
-  // x: (N, 8) -> (N, 8); each layer checkpointed when `checkpoint`.
-  torch::Tensor forward(torch::Tensor x, bool checkpoint) {
+  // x: (N, 8) -> (N, 8); each layer recomputed when `recompute`.
+  torch::Tensor forward(torch::Tensor x, bool recompute) {
     for (auto& layer : layers) {
       auto block = [lin = layer.ptr()](const torch::Tensor& in) {
         return in + torch::dropout(torch::tanh(lin->forward(in)), /*p=*/0.5, /*train=*/true);
       };
-      x = checkpoint ? checkpointed(block, x) : block(x);
+      x = recompute ? recomputed(block, x) : block(x);
     }
     return x;
   }
 };
 TORCH_MODULE(DropoutStack);
 
-std::vector<torch::Tensor> dropout_grads(DropoutStack& net, const torch::Tensor& x, bool checkpoint, uint64_t seed,
+std::vector<torch::Tensor> dropout_grads(DropoutStack& net, const torch::Tensor& x, bool recompute, uint64_t seed,
                                          torch::Tensor* rng_after_forward = nullptr) {
   net->zero_grad();
   torch::manual_seed(seed);
-  auto y = net->forward(x, checkpoint);                  // (N, 8)
+  auto y = net->forward(x, recompute);                   // (N, 8)
   if (rng_after_forward) *rng_after_forward = at::detail::getDefaultCPUGenerator().get_state();
   (y * y).sum().backward();
   std::vector<torch::Tensor> grads;
@@ -264,52 +264,21 @@ std::vector<torch::Tensor> dropout_grads(DropoutStack& net, const torch::Tensor&
   return grads;
 }
 
-TEST(ActivationCheckpoint, DropoutRecomputesWithForwardRngState) {
+TEST(Recompute, DropoutRecomputesWithForwardRngState) {
   torch::manual_seed(0);
   DropoutStack net;
   net->to(torch::kDouble);
   auto x = torch::randn({16, 8}, torch::kDouble).requires_grad_(true);  // (N, 8)
-  const auto ref = dropout_grads(net, x, /*checkpoint=*/false, 42);
+  const auto ref = dropout_grads(net, x, /*recompute=*/false, 42);
   torch::Tensor rng_after_forward;
-  const auto got = dropout_grads(net, x, /*checkpoint=*/true, 42, &rng_after_forward);
+  const auto got = dropout_grads(net, x, /*recompute=*/true, 42, &rng_after_forward);
   ASSERT_EQ(got.size(), ref.size());
   for (size_t i = 0; i < ref.size(); ++i) EXPECT_TRUE(torch::allclose(got[i], ref[i], 1e-12, 1e-14)) << i;
   // The backward put the caller's generator back where the forward left it.
   EXPECT_TRUE(torch::equal(at::detail::getDefaultCPUGenerator().get_state(), rng_after_forward));
   // Control: another seed gives other masks, so the equality above is not vacuous.
-  const auto other = dropout_grads(net, x, /*checkpoint=*/false, 43);
+  const auto other = dropout_grads(net, x, /*recompute=*/false, 43);
   EXPECT_FALSE(torch::allclose(other[0], ref[0]));
-}
-
-// ---------------------------------------------------------------------------------------------
-// Autocast (CPU bf16 here; the CUDA path is the same code): the recompute runs under the forward's
-// autocast state even though backward() is called outside it.
-
-TEST(ActivationCheckpoint, RecomputeUsesForwardAutocastState) {
-  auto model = make_model(torch::kFloat);
-  const auto batch = make_batch();
-  auto run = [&](int64_t every_k) {
-    model->set_activation_checkpointing(every_k);
-    model->zero_grad();
-    torch::Tensor loss;
-    {
-      at::autocast::set_autocast_enabled(at::kCPU, true);
-      at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-      at::autocast::increment_nesting();
-      loss = model->loss(batch.idx, batch.targets);
-      if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-      at::autocast::set_autocast_enabled(at::kCPU, false);
-    }
-    loss.backward();
-    std::vector<torch::Tensor> grads;
-    for (auto& p : model->parameters()) grads.push_back(p.grad().clone());
-    return grads;
-  };
-  const auto ref = run(0);
-  const auto got = run(1);
-  // Recomputing in fp32 instead would differ at bf16's precision (~1e-2), far above this.
-  EXPECT_LE(max_rel_diff(got, ref), 1e-6);
-  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));  // the backward restored the caller's state
 }
 
 // ---------------------------------------------------------------------------------------------
