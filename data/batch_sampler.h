@@ -14,7 +14,6 @@ class BatchSampler {
   BatchSampler(int64_t num_tokens, int64_t seq_len, uint64_t seed);
 
   int64_t num_windows() const { return num_windows_; }
-  int64_t seq_len() const { return seq_len_; }
   // First token of the window that global sample `g` (0, 1, 2, ... over the whole run) reads.
   int64_t window_start(int64_t g) const;
   int64_t epoch(int64_t g) const { return g / num_windows_; }

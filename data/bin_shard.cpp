@@ -45,15 +45,6 @@ BinFormat parse_bin_format(const std::string& name) {
   throw UserError("--bin_format " + name + ": expected auto, llmc or raw");
 }
 
-const char* bin_format_name(BinFormat format) {
-  switch (format) {
-    case BinFormat::kAuto: return "auto";
-    case BinFormat::kLlmc: return "llmc";
-    case BinFormat::kRaw: return "raw";
-  }
-  return "?";
-}
-
 BinShardInfo parse_bin_header(std::string_view head, int64_t file_size, BinFormat format,
                               const std::string& path) {
   if (file_size <= 0) throw UserError(path + ": empty .bin file (no header, no tokens)");

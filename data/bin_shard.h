@@ -16,7 +16,6 @@ namespace gpt2::data {
 // GPT-2 tokens can never look like an llm.c shard.
 enum class BinFormat { kAuto, kLlmc, kRaw };
 BinFormat parse_bin_format(const std::string& name);  // "auto" | "llmc" | "raw"; else UserError
-const char* bin_format_name(BinFormat format);
 
 inline constexpr int32_t kLlmcMagic = 20240520;        // llm.c GPT-2 shards
 inline constexpr int32_t kLlmcLlama3Magic = 20240801;  // llm.c LLaMA-3 shards (uint32): refused by name
@@ -45,8 +44,6 @@ class BinShardReader {
   ~BinShardReader();
 
   const BinShardInfo& info() const { return info_; }
-  const std::string& path() const { return path_; }
-  int64_t position() const { return position_; }  // tokens returned so far
 
   // Appends up to `max_tokens` further tokens to `out`; returns how many (0 at the end). Throws
   // gpt2::UserError for an id >= vocab_size (naming its position) or a read error / short file.
@@ -57,7 +54,7 @@ class BinShardReader {
   int fd_ = -1;
   int64_t vocab_size_ = 0;
   BinShardInfo info_;
-  int64_t position_ = 0;
+  int64_t position_ = 0;  // tokens returned so far
   std::vector<uint16_t> buffer_;
 };
 

@@ -166,7 +166,6 @@ constexpr size_t kSmallPiece = 128;
 
 Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& dir) {
   Gpt2Tokenizer tok;
-  tok.dir_ = dir;
   tok.instance_id_ = g_next_instance_id.fetch_add(1);
   const std::string enc_path = dir + "/encoder.json";
   const std::string bpe_path = dir + "/vocab.bpe";

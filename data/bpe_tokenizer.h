@@ -30,9 +30,6 @@ class Gpt2Tokenizer {
   int32_t eot_token() const { return eot_token_; }    // 50256 for GPT-2
   int64_t vocab_size() const { return static_cast<int64_t>(id_to_bytes_.size()); }  // 50257
 
-  // The directory the vocabulary came from (for messages and file attributes).
-  const std::string& dir() const { return dir_; }
-
  private:
   Gpt2Tokenizer() = default;
 
@@ -48,7 +45,6 @@ class Gpt2Tokenizer {
   // Merge rank of a mergeable token (lower merges first).
   int32_t rank(int32_t id) const { return rank_[static_cast<size_t>(id)]; }
 
-  std::string dir_;
   uint64_t instance_id_ = 0;            // keys the per-thread word cache
   int32_t eot_token_ = -1;
   std::vector<std::string> id_to_bytes_;  // raw bytes of every token, by id

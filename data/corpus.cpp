@@ -228,24 +228,6 @@ double validation_draw(uint64_t seed, uint64_t index) {
   return static_cast<double>(splitmix64(splitmix64(seed) ^ splitmix64(index)) >> 11) * 0x1.0p-53;
 }
 
-std::vector<bool> assign_validation(size_t num_documents, double val_fraction, uint64_t seed) {
-  std::vector<bool> val(num_documents, false);
-  if (val_fraction <= 0 || num_documents == 0) return val;
-  // u[i] in [0, 1) from a hash of (seed, i): the split of a document does not depend on the others.
-  std::vector<double> u(num_documents);
-  size_t num_val = 0;
-  for (size_t i = 0; i < num_documents; ++i) {
-    u[i] = validation_draw(seed, i);
-    val[i] = u[i] < val_fraction;
-    num_val += val[i] ? 1 : 0;
-  }
-  if (num_documents >= 2) {
-    if (num_val == 0) val[static_cast<size_t>(std::min_element(u.begin(), u.end()) - u.begin())] = true;
-    if (num_val == num_documents) val[static_cast<size_t>(std::max_element(u.begin(), u.end()) - u.begin())] = false;
-  }
-  return val;
-}
-
 std::vector<std::vector<int32_t>> tokenize_documents(const Gpt2Tokenizer& tokenizer, const Corpus& corpus,
                                                      int threads, TokenizeProgress* progress) {
   const auto& docs = corpus.documents();

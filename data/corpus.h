@@ -118,13 +118,9 @@ class CorpusReader {
 std::vector<std::pair<size_t, size_t>> split_documents(std::string_view text,
                                                        const std::optional<std::string>& separator);
 
-// The draw in [0, 1) that decides document `index`'s split: val when below val_fraction.
+// The draw in [0, 1) that decides document `index`'s split: val when below val_fraction
+// (DatasetWriter, data/shard_writer.h).
 double validation_draw(uint64_t seed, uint64_t index);
-
-// For each of `num_documents` documents, whether it goes to the validation split: its
-// validation_draw below val_fraction. When val_fraction > 0 and there are at least two
-// documents, at least one goes to val (the lowest draw) and at least one stays in train (the highest).
-std::vector<bool> assign_validation(size_t num_documents, double val_fraction, uint64_t seed);
 
 // Counters the tokenizer threads advance as they finish pieces (progress lines).
 struct TokenizeProgress {

@@ -75,15 +75,6 @@ InputKind input_kind(const std::string& path) {
   return InputKind::kText;
 }
 
-const char* input_kind_name(InputKind kind) {
-  switch (kind) {
-    case InputKind::kText: return "text";
-    case InputKind::kJsonLines: return "JSON lines";
-    case InputKind::kTokenShard: return "token shard";
-  }
-  return "?";
-}
-
 bool has_glob_chars(const std::string& arg) { return arg.find_first_of("*?[") != std::string::npos; }
 
 ExpandedInputs expand_inputs(const std::vector<std::string>& inputs) {

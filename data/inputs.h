@@ -12,7 +12,6 @@ namespace gpt2::data {
 
 enum class InputKind { kText, kJsonLines, kTokenShard };
 InputKind input_kind(const std::string& path);  // by extension
-const char* input_kind_name(InputKind kind);
 
 struct InputFile {
   std::string path;

@@ -27,7 +27,6 @@ class JsonlReader {
 
   // The next document's text into `text`; false at the end of the file.
   bool next(std::string* text);
-  int64_t line_number() const { return line_number_; }  // of the document just returned
   int64_t bytes_read() const { return bytes_read_; }
 
  private:
@@ -35,7 +34,7 @@ class JsonlReader {
   std::FILE* file_ = nullptr;
   char* line_ = nullptr;  // getline(3)'s buffer, grown as needed
   size_t capacity_ = 0;
-  int64_t line_number_ = 0;
+  int64_t line_number_ = 0;  // of the line just read (errors name it)
   int64_t bytes_read_ = 0;
 };
 

@@ -58,10 +58,10 @@ struct DatasetSummary {
 };
 
 // Both splits: documents go to val by validation_draw(seed, index) < val_fraction (corpus.h).
-// As in assign_validation, when val_fraction > 0 and there are two or more documents, a split
-// left empty gets the document with the extreme draw from the other one; and train always gets
-// a document. That needs the document still in memory: for a split that is only empty after
-// shard_tokens tokens were written, a note says so instead.
+// When val_fraction > 0 and there are two or more documents, a split left empty gets the document
+// with the extreme draw from the other one (the lowest draw goes to val, the highest to train);
+// and train always gets a document. That needs the document still in memory: for a split that is
+// only empty after shard_tokens tokens were written, a note says so instead.
 class DatasetWriter {
  public:
   // Creates the staging directory DIR/.gpt2-data.XXXXXX (DIR must exist).

@@ -17,7 +17,6 @@ class TokenStream {
   static TokenStream open(const std::string& spec, int64_t model_vocab, const std::string& what);
 
   int64_t size() const { return total_; }
-  const std::vector<TokenFile>& files() const { return files_; }
   // Tokens [start, start + n) of the stream as int64; bounds-checked.
   void read(int64_t start, int64_t n, int64_t* out) const;
   // The file holding stream position `pos` and the position inside that file (for messages).

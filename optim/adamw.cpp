@@ -51,7 +51,6 @@ void AdamW::step(double lr, const torch::Tensor& found_inf) {
     // A skipped step does not count (as torch.amp.GradScaler does with fused optimizers).
     if (skip) at::_foreach_sub_(steps, std::vector<at::Tensor>(steps.size(), skip->reshape({})));
   }
-  ++steps_taken_;
 }
 
 int64_t AdamW::adam_step() const {
@@ -65,34 +64,12 @@ void AdamW::set_adam_step(int64_t step) {
     for (auto& s : g.step) s.fill_(static_cast<double>(step));
 }
 
-void AdamW::zero_grad() {
-  for (auto& g : groups_) {
-    for (size_t i = 0; i < g.params.size(); ++i) {
-      at::Tensor grad = g.grads.empty() ? g.params[i].grad() : g.grads[i];
-      if (grad.defined()) grad.zero_();
-    }
-  }
-}
-
 int64_t AdamW::state_bytes() const {
   int64_t bytes = 0;
   for (const auto& g : groups_)
     for (size_t i = 0; i < g.params.size(); ++i)
       bytes += g.exp_avg[i].nbytes() + g.exp_avg_sq[i].nbytes() + g.step[i].nbytes();
   return bytes;
-}
-
-std::vector<torch::Tensor> AdamW::params() const {
-  std::vector<torch::Tensor> out;
-  for (const auto& g : groups_) out.insert(out.end(), g.params.begin(), g.params.end());
-  return out;
-}
-
-std::vector<AdamW::Group> decay_groups(const std::vector<torch::Tensor>& params, double weight_decay) {
-  AdamW::Group decay, no_decay;
-  decay.weight_decay = weight_decay;
-  for (const auto& p : params) (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
-  return {decay, no_decay};
 }
 
 }  // namespace gpt2::optim

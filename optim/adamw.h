@@ -33,17 +33,13 @@ class AdamW {
   // found_inf (a 1-element fp32 tensor on the params' device, from LossScaler): when it holds 1 the
   // fused kernel leaves parameters and moments untouched and the step count is not advanced.
   void step(double lr, const torch::Tensor& found_inf = {});
-  // Zeroes gradients in place (keeps the storage: gradient buckets view into it).
-  void zero_grad();
 
-  int64_t steps_taken() const { return steps_taken_; }
   // The bias-correction step count (updates applied, skipped ones not counted; a host sync), and
   // setting it when resuming.
   int64_t adam_step() const;
   void set_adam_step(int64_t step);
   // Bytes of optimizer state (both moments and step counters) held by this rank.
   int64_t state_bytes() const;
-  std::vector<torch::Tensor> params() const;
 
  private:
   struct GroupState {
@@ -52,11 +48,6 @@ class AdamW {
   };
   std::vector<GroupState> groups_;
   AdamWOptions options_;
-  int64_t steps_taken_ = 0;
 };
-
-// GPT-2's split: weight decay on 2-D tensors (matmul weights, embeddings), none on biases and
-// LayerNorm parameters.
-std::vector<AdamW::Group> decay_groups(const std::vector<torch::Tensor>& params, double weight_decay);
 
 }  // namespace gpt2::optim

@@ -258,63 +258,10 @@ GPT2_INLINE void adamw_body(const Coeffs& c, int64_t n, float* __restrict param,
   }
 }
 
-// Sum of squares in double with independent lanes, so that the loop vectorises without
-// reassociation (the lanes are added at the end).
-template <bool kBf16>
-GPT2_INLINE double sum_squares_body(int64_t n, const void* grad) {
-  const float* __restrict gf = static_cast<const float*>(grad);
-  const uint16_t* __restrict gh = static_cast<const uint16_t*>(grad);
-  constexpr int kLanes = 32;
-  double acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int k = 0; k < kLanes; ++k) {
-      const double x = load_grad<kBf16>(gf, gh, i + k);
-      acc[k] += x * x;
-    }
-  }
-  double tail = 0;
-  for (; i < n; ++i) {
-    const double x = load_grad<kBf16>(gf, gh, i);
-    tail += x * x;
-  }
-  for (int width = kLanes / 2; width > 0; width /= 2)
-    for (int k = 0; k < width; ++k) acc[k] += acc[k + width];
-  return acc[0] + tail;
-}
-
-// Exponent all ones: inf or NaN. Checked in blocks so that a hit ends the scan early.
-template <bool kBf16>
-GPT2_INLINE bool has_nonfinite_body(int64_t n, const void* grad) {
-  constexpr int64_t kBlock = 4096;
-  if constexpr (kBf16) {
-    const uint16_t* __restrict g = static_cast<const uint16_t*>(grad);
-    for (int64_t b = 0; b < n; b += kBlock) {
-      const int64_t e = std::min(n, b + kBlock);
-      uint16_t bad = 0;
-      for (int64_t i = b; i < e; ++i) bad |= static_cast<uint16_t>((g[i] & 0x7F80u) == 0x7F80u);
-      if (bad) return true;
-    }
-  } else {
-    const uint32_t* __restrict g = static_cast<const uint32_t*>(grad);
-    for (int64_t b = 0; b < n; b += kBlock) {
-      const int64_t e = std::min(n, b + kBlock);
-      uint32_t bad = 0;
-      for (int64_t i = b; i < e; ++i) bad |= static_cast<uint32_t>((g[i] & 0x7F800000u) == 0x7F800000u);
-      if (bad) return true;
-    }
-  }
-  return false;
-}
-
 using UpdateFn = void (*)(const Coeffs&, int64_t, float*, float*, float*, const void*, uint16_t*);
-using SumFn = double (*)(int64_t, const void*);
-using NonfiniteFn = bool (*)(int64_t, const void*);
 
 struct Kernels {
   UpdateFn update[2][2];  // [bf16 grad][bf16 out]
-  SumFn sum_squares[2];   // [bf16 grad]
-  NonfiniteFn nonfinite[2];
   const char* isa;
 };
 
@@ -325,19 +272,9 @@ struct Kernels {
                           uint16_t* out) {                                                               \
     adamw_body<kBf16Grad, kBf16Out, FMA>(c, n, p, m, v, g, out);                                         \
   }                                                                                                      \
-  template <bool kBf16>                                                                                  \
-  ATTR double sum_squares_##NAME(int64_t n, const void* g) {                                             \
-    return sum_squares_body<kBf16>(n, g);                                                                \
-  }                                                                                                      \
-  template <bool kBf16>                                                                                  \
-  ATTR bool nonfinite_##NAME(int64_t n, const void* g) {                                                 \
-    return has_nonfinite_body<kBf16>(n, g);                                                              \
-  }                                                                                                      \
   Kernels kernels_##NAME(const char* isa) {                                                              \
     return Kernels{{{update_##NAME<false, false>, update_##NAME<false, true>},                           \
                     {update_##NAME<true, false>, update_##NAME<true, true>}},                            \
-                   {sum_squares_##NAME<false>, sum_squares_##NAME<true>},                                \
-                   {nonfinite_##NAME<false>, nonfinite_##NAME<true>},                                    \
                    isa};                                                                                 \
   }
 
@@ -380,16 +317,6 @@ void cpu_adamw_update(const CpuAdamWStep& s, int64_t n, float* param, float* exp
   const Coeffs c = make_coeffs(s);
   kernels().update[bf16_index(grad_type)][param_bf16 != nullptr ? 1 : 0](c, n, param, exp_avg, exp_avg_sq, grad,
                                                                          param_bf16);
-}
-
-double cpu_sum_squares(int64_t n, const void* grad, HostGradType grad_type, double grad_scale) {
-  if (n <= 0) return 0.0;
-  return kernels().sum_squares[bf16_index(grad_type)](n, grad) * (grad_scale * grad_scale);
-}
-
-bool cpu_has_nonfinite(int64_t n, const void* grad, HostGradType grad_type) {
-  if (n <= 0) return false;
-  return kernels().nonfinite[bf16_index(grad_type)](n, grad);
 }
 
 const char* cpu_adamw_isa() { return kernels().isa; }

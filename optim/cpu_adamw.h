@@ -46,13 +46,7 @@ struct CpuAdamWStep {
 void cpu_adamw_update(const CpuAdamWStep& s, int64_t n, float* param, float* exp_avg, float* exp_avg_sq,
                       const void* grad, HostGradType grad_type, uint16_t* param_bf16);
 
-// Sum of squares of n gradients (fp32 or bf16) times grad_scale^2, accumulated in double.
-double cpu_sum_squares(int64_t n, const void* grad, HostGradType grad_type, double grad_scale);
-
-// Any non-finite value among n gradients.
-bool cpu_has_nonfinite(int64_t n, const void* grad, HostGradType grad_type);
-
-// The instruction set the kernels above run with on this machine: "avx512", "avx2" or "baseline".
+// The instruction set cpu_adamw_update runs with on this machine: "avx512", "avx2" or "baseline".
 const char* cpu_adamw_isa();
 
 }  // namespace gpt2::optim

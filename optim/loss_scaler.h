@@ -35,7 +35,6 @@ class LossScaler {
   double scale() const { return scale_.item<double>(); }  // for logs (host sync)
   // Restores a saved state (checkpoints).
   void load(double scale, int64_t growth_tracker);
-  const torch::Tensor& scale_tensor() const { return scale_; }
   const torch::Tensor& growth_tracker() const { return growth_tracker_; }
 
  private:

@@ -1,5 +1,5 @@
-// Tests for data/corpus.h: document splitting, the train/val assignment, directory walking with
-// skips, input errors, and parallel tokenization equal to serial.
+// Tests for data/corpus.h: document splitting, directory walking with skips, input errors, and
+// parallel tokenization equal to serial. (The train/val split is tested with DatasetWriter.)
 #include "data/corpus.h"
 
 #include <gtest/gtest.h>
@@ -30,23 +30,6 @@ TEST(Corpus, SplitDocuments) {
   // " %" are not separators.
   EXPECT_EQ(docs_of("a\r\n%\r\n\n%\nb %\n%%\nc", "%"), (std::vector<std::string>{"a\r\n", "b %\n%%\nc"}));
   EXPECT_EQ(docs_of("%\nx\n%", "%"), (std::vector<std::string>{"x\n"}));
-}
-
-TEST(Corpus, AssignValidation) {
-  const auto a = assign_validation(1000, 0.1, 7);
-  EXPECT_EQ(a, assign_validation(1000, 0.1, 7));  // deterministic
-  EXPECT_NE(a, assign_validation(1000, 0.1, 8));  // seeded
-  const auto n = std::count(a.begin(), a.end(), true);
-  EXPECT_GT(n, 60);
-  EXPECT_LT(n, 140);
-  // Few documents: still one in val (and one in train).
-  const auto b = assign_validation(3, 0.001, 1);
-  EXPECT_EQ(std::count(b.begin(), b.end(), true), 1);
-  const auto c = assign_validation(2, 0.999, 1);
-  EXPECT_EQ(std::count(c.begin(), c.end(), true), 1);
-  EXPECT_EQ(assign_validation(1, 0.5, 1), std::vector<bool>{false});  // one document: train only
-  const auto z = assign_validation(50, 0.0, 1);
-  EXPECT_EQ(std::count(z.begin(), z.end(), true), 0);
 }
 
 TEST(Corpus, WalksDirectoriesAndSkipsNonText) {

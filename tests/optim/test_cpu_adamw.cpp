@@ -1,5 +1,5 @@
 // CPU AdamW for optimizer offload against ATen's fused CPU AdamW (an independent implementation),
-// the host thread pool, and the gradient reductions against hand loops.
+// and the host thread pool.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -251,50 +251,6 @@ TEST(HostThreadPool, DefaultSizeAndSingleThread) {
   one.parallel_for(100, 16, [&](int64_t b, int64_t e) { ranges.emplace_back(b, e); });
   ASSERT_EQ(ranges.size(), 1u);
   EXPECT_EQ(ranges[0], std::make_pair(int64_t{0}, int64_t{100}));
-}
-
-// ---------------------------------------------------------------------------------------------
-// Reductions
-
-TEST(CpuGradReductions, SumSquaresMatchesDoubleLoop) {
-  at::manual_seed(3);
-  at::Tensor g = at::randn({kN}) * 5.0;
-  at::Tensor g_bf16 = g.to(at::kBFloat16);
-  const at::Tensor g_from_bf16 = g_bf16.to(at::kFloat);
-  const double scale = 0.25;
-  for (const bool bf16 : {false, true}) {
-    const float* gv = (bf16 ? g_from_bf16 : g).data_ptr<float>();
-    for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{31}, int64_t{33}, kN}) {
-      double want = 0;
-      for (int64_t i = 0; i < n; ++i) want += static_cast<double>(gv[i]) * gv[i];
-      want *= scale * scale;
-      const void* grad = bf16 ? static_cast<const void*>(bf16_bits(g_bf16)) : g.data_ptr<float>();
-      const double got = cpu_sum_squares(n, grad, bf16 ? HostGradType::kBFloat16 : HostGradType::kFloat32, scale);
-      EXPECT_NEAR(got, want, 1e-12 * std::max(1.0, want)) << "bf16 " << bf16 << " n " << n;
-    }
-  }
-}
-
-TEST(CpuGradReductions, NonfiniteFoundAnywhere) {
-  for (const bool bf16 : {false, true}) {
-    const HostGradType type = bf16 ? HostGradType::kBFloat16 : HostGradType::kFloat32;
-    for (const float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                            std::numeric_limits<float>::quiet_NaN()}) {
-      for (const int64_t n : {int64_t{1}, int64_t{4096}, int64_t{4097}, kN}) {
-        at::Tensor g = at::randn({n}) * 1e3;
-        g[0] = 3.0e38f;  // large but finite (a finite bf16 too: bf16 max is 3.39e38)
-        at::Tensor gb = g.to(at::kBFloat16);
-        const auto check = [&] {
-          return cpu_has_nonfinite(n, bf16 ? static_cast<const void*>(bf16_bits(gb)) : g.data_ptr<float>(), type);
-        };
-        EXPECT_FALSE(check()) << "bf16 " << bf16 << " n " << n;
-        g[n - 1] = bad;  // the last position
-        gb = g.to(at::kBFloat16);
-        EXPECT_TRUE(check()) << "bf16 " << bf16 << " n " << n << " " << bad;
-      }
-    }
-  }
-  EXPECT_FALSE(cpu_has_nonfinite(0, nullptr, HostGradType::kFloat32));
 }
 
 }  // namespace
