@@ -18,6 +18,7 @@
 
 #include "data/bpe_tokenizer.h"
 #include "data/unicode_tables.h"
+#include "src/base/decimal.h"
 #include "src/base/errors.h"
 #include "src/base/log.h"
 #include "src/model/generate.h"
@@ -58,9 +59,9 @@ std::optional<Options> parse_options(int argc, char** argv) {
       ("prompt", po::value(&o.prompts), "a prompt (repeat for a batch)")
       ("prompt_file", po::value(&o.prompt_file), "prompts, one per line")
       ("max_new_tokens", po::value(&s.max_new_tokens)->default_value(s.max_new_tokens), "tokens to sample per prompt")
-      ("temperature", po::value(&s.temperature)->default_value(s.temperature), "0 = greedy")
+      ("temperature", po::value(&s.temperature)->default_value(s.temperature, gpt2::decimal(s.temperature)), "0 = greedy")
       ("top_k", po::value(&s.top_k)->default_value(s.top_k), "keep the k most likely ids; 0 = all")
-      ("top_p", po::value(&s.top_p)->default_value(s.top_p), "nucleus: keep ids until their mass reaches p; 1 = off")
+      ("top_p", po::value(&s.top_p)->default_value(s.top_p, gpt2::decimal(s.top_p)), "nucleus: keep ids until their mass reaches p; 1 = off")
       ("seed", po::value(&s.seed)->default_value(s.seed), "sampling seed")
       ("device", po::value(&o.device)->default_value(o.device), "auto | cpu | cuda")
       ("dtype", po::value(&o.dtype)->default_value(o.dtype), "auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16")

@@ -6,7 +6,9 @@
 #include <functional>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
+#include "src/base/decimal.h"
 #include "src/base/errors.h"
 #include "src/base/files.h"
 
@@ -17,9 +19,13 @@ namespace {
 
 template <typename T>
 std::string to_text(const T& v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
+  if constexpr (std::is_floating_point_v<T>) {
+    return decimal(v);  // as written in the code: 6e-4 shows as 0.0006, not its binary expansion
+  } else {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  }
 }
 
 // Every option once: its name, help, the field it binds to and how to print it. Options are bound
@@ -30,7 +36,7 @@ struct OptionList {
 
   template <typename T>
   void add(const char* name, T* field, const char* help) {
-    desc.add_options()(name, po::value<T>(field)->default_value(*field), help);
+    desc.add_options()(name, po::value<T>(field)->default_value(*field, to_text(*field)), help);
     shown.emplace_back(name, [field] { return to_text(*field); });
   }
 };

@@ -136,6 +136,13 @@ class Generate(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertEqual(ids_of(out)[0][0], EOT)
 
+    def test_help_shows_defaults_as_written(self):
+        rc, out, _ = generate("--help")
+        self.assertEqual(rc, 0)
+        self.assertIn("--temperature arg (=0.8)", out)  # not 0.80000000000000004
+        self.assertIn("--top_p arg (=1)", out)
+        self.assertNotIn("0000000", out)
+
     def test_bad_input_is_named(self):
         missing = os.path.join(self.tmp.name, "nope")
         cases = [
