@@ -31,6 +31,7 @@ void ProgressLog::exclude_since(Clock::time_point t) { window_start_ += Clock::n
 double ProgressLog::step_done(int64_t step, const torch::Tensor& loss_sum, int64_t accum,
                               const torch::Tensor& grad_norm, double lr, double loss_scale) {
   ++window_steps_;
+  if (step == start_step_) first_step_done_ = Clock::now();
   const bool last_step = step == max_steps_ - 1;
   if (step % log_every_ != 0 && !last_step) return std::nan("");
   const int world = env_.world_size();
@@ -47,12 +48,17 @@ double ProgressLog::step_done(int64_t step, const torch::Tensor& loss_sum, int64
     timed_seconds_ += elapsed;
     timed_steps_ += window_steps_;
   }
-  // Over the steps this process ran (a resumed run starts counting at its first step).
-  const double eta = seconds() / static_cast<double>(step + 1 - start_step_) * (max_steps_ - step - 1);
+  // From the steps after this process's first, which carries warm-up (a resumed run counts from
+  // where it started); unknown until one of them has run.
+  const int64_t timed = step - start_step_;
+  const std::string eta =
+      timed > 0 ? format_duration(std::chrono::duration<double>(Clock::now() - first_step_done_).count() /
+                                  static_cast<double>(timed) * static_cast<double>(max_steps_ - step - 1))
+                : "--";
   log::info(log::format("step %lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | mfu %.1f%% | "
                         "mem %.2f GiB | eta %s",
                         (long long)step, (long long)max_steps_, step_loss, lr, norm, ms_per_step, tok_per_sec,
-                        100.0 * mfu, mem, format_duration(eta).c_str()));
+                        100.0 * mfu, mem, eta.c_str()));
   metrics_.write(step,
                  {{"loss", step_loss},
                   {"lr", lr},

@@ -44,6 +44,7 @@ class ProgressLog {
   double flops_per_token_ = 0, peak_flops_ = 0;
   MetricsWriter metrics_;
   const Clock::time_point run_start_ = Clock::now();
+  Clock::time_point first_step_done_;  // end of this process's first step (it carries warm-up)
   Clock::time_point window_start_ = Clock::now();
   int64_t window_steps_ = 0;
   double data_wait_ = 0;  // seconds the loop blocked on the prefetcher in this window

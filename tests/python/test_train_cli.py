@@ -1,7 +1,7 @@
 """gpt2-train end to end on CPU: a learnable token stream written independently with h5py, the
 loss must fall, metrics.jsonl must carry DESIGN.md's fields, and bad input must exit 2 naming the
 key or file. Run by CTest (env GPT2_BIN_DIR, GPT2_SOURCE_DIR)."""
-import json, os, subprocess, tempfile
+import json, os, re, subprocess, tempfile
 import h5py, numpy as np
 from checks import check, finish
 
@@ -57,6 +57,10 @@ with tempfile.TemporaryDirectory() as d:
         check(steps[-1]["tokens_per_sec"] > 0 and steps[-1]["peak_mem_gib"] > 0, "speed and memory reported")
     check("sample at step 120" in out, "a sample is printed at the end")
     check("train.batch_tokens" in out and "[rank 0/1]" in out, "settings table and rank prefix in the log")
+    # The ETA comes from the steps after the first (which carries warm-up): unknown on step 0.
+    etas = re.findall(r"step (\d+)/120 \| loss .*\| eta (\S+)", out)
+    check(len(etas) >= 12 and etas[0] == ("0", "--") and all(re.fullmatch(r"\d+[hms].*", e) for _, e in etas[1:]),
+          f"eta -- on step 0, then a duration: {etas[:3]}")
 
     # Same run twice gives the same losses (seeded init and data order).
     m2 = os.path.join(d, "m2.jsonl")
@@ -85,6 +89,10 @@ with tempfile.TemporaryDirectory() as d:
     not_h5 = os.path.join(d, "not_h5.h5")
     open(not_h5, "w").write("hello")
     cases.append((override(base, [f"--data.train={not_h5}"]), "not_h5.h5"))
+    short = os.path.join(d, "short.h5")  # 10 tokens, one window needs seq_len + 1 = 33
+    token_file(short, list(range(10)))
+    cases.append((override(base, [f"--data.train={short}"]), f"data.train = {short}: token stream of 10 tokens"))
+    cases.append((override(base, [f"--data.val={short}"]), f"data.val = {short}: token stream of 10 tokens"))
     for args, needle in cases:
         rc, out = run(override(args, ["--train.max_steps=50"]), timeout=300)
         check(rc == 2 and needle in out, f"exit 2 naming {needle!r} (rc={rc})")
