@@ -114,4 +114,25 @@ GPT2 load_model(const std::string& path) {
   return model;
 }
 
+InferenceModel load_model_to_run(const std::string& path, const std::string& device, const std::string& dtype) {
+  if (device != "auto" && device != "cpu" && device != "cuda") {
+    throw UserError("--device = " + device + ": must be auto, cpu or cuda");
+  }
+  if (dtype != "auto" && dtype != "fp32" && dtype != "bf16" && dtype != "fp16") {
+    throw UserError("--dtype = " + dtype + ": must be auto, fp32, bf16 or fp16");
+  }
+  const bool have_cuda = torch::cuda::is_available();
+  if (device == "cuda" && !have_cuda) throw UserError("--device = cuda: no CUDA device is visible");
+  InferenceModel m;
+  m.device = (device == "cpu" || !have_cuda) ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA);
+  m.dtype = dtype != "auto" ? dtype : m.device.is_cuda() ? "bf16" : "fp32";
+  const auto scalar = m.dtype == "bf16" ? torch::kBFloat16 : m.dtype == "fp16" ? torch::kHalf : torch::kFloat;
+  m.source = find_weights(path);
+  m.model = GPT2(m.source.config);
+  load_weights(m.model, m.source);
+  m.model->to(m.device, scalar);
+  m.model->eval();
+  return m;
+}
+
 }  // namespace gpt2

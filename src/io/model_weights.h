@@ -36,4 +36,15 @@ void load_weights(GPT2& model, const WeightsSource& source);
 // find_weights + a GPT2 of that config (CPU, fp32) + load_weights.
 GPT2 load_model(const std::string& path);
 
+// A model loaded to run (gpt2-generate, gpt2-eval): `device` auto | cpu | cuda (auto: CUDA when
+// there is one), `dtype` auto | fp32 | bf16 | fp16 (auto: bf16 on CUDA, fp32 on CPU); in eval mode.
+// gpt2::UserError naming --device or --dtype for another value, or CUDA asked for and none visible.
+struct InferenceModel {
+  GPT2 model{nullptr};
+  WeightsSource source;
+  torch::Device device{torch::kCPU};
+  std::string dtype;  // the resolved name
+};
+InferenceModel load_model_to_run(const std::string& path, const std::string& device, const std::string& dtype);
+
 }  // namespace gpt2

@@ -84,12 +84,6 @@ std::optional<Options> parse_options(int argc, char** argv) {
   }
   if (o.model.empty()) throw gpt2::UserError("no MODEL given (see gpt2-generate --help)");
   s.kv_cache = vm.count("no_kv_cache") == 0;
-  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda") {
-    throw gpt2::UserError("--device = " + o.device + ": must be auto, cpu or cuda");
-  }
-  if (o.dtype != "auto" && o.dtype != "fp32" && o.dtype != "bf16" && o.dtype != "fp16") {
-    throw gpt2::UserError("--dtype = " + o.dtype + ": must be auto, fp32, bf16 or fp16");
-  }
   return o;
 }
 
@@ -152,17 +146,11 @@ int run(int argc, char** argv) {
   if (!parsed) return gpt2::kExitOk;
   Options o = *parsed;
 
-  const bool have_cuda = torch::cuda::is_available();
-  if (o.device == "cuda" && !have_cuda) throw gpt2::UserError("--device = cuda: no CUDA device is visible");
-  const torch::Device device = (o.device == "cpu" || !have_cuda) ? torch::kCPU : torch::kCUDA;
-  const std::string dtype = o.dtype != "auto" ? o.dtype : device.is_cuda() ? "bf16" : "fp32";
-  const auto scalar = dtype == "bf16" ? torch::kBFloat16 : dtype == "fp16" ? torch::kHalf : torch::kFloat;
-
-  const gpt2::WeightsSource source = gpt2::find_weights(o.model);
-  gpt2::GPT2 model(source.config);
-  gpt2::load_weights(model, source);
-  model->to(device, scalar);
-  model->eval();
+  gpt2::InferenceModel loaded = gpt2::load_model_to_run(o.model, o.device, o.dtype);
+  gpt2::GPT2& model = loaded.model;
+  const gpt2::WeightsSource& source = loaded.source;
+  const torch::Device device = loaded.device;
+  const std::string& dtype = loaded.dtype;
   const int64_t vocab = source.config.vocab_size;
 
   std::optional<data::Gpt2Tokenizer> tokenizer;
