@@ -28,6 +28,7 @@
 #include "src/base/errors.h"
 #include "src/base/files.h"
 #include "src/base/log.h"
+#include "src/tools/command_line.h"
 
 namespace po = boost::program_options;
 namespace files = gpt2::files;
@@ -95,20 +96,10 @@ std::optional<Options> parse_options(int argc, char** argv) {
        "*.bin layout: auto (llm.c header if its magic is there, else raw uint16), llmc, raw (nanoGPT)");
   po::options_description hidden;
   hidden.add_options()("input", po::value(&opt.inputs)->composing(), "input files, directories or globs");
-  po::options_description all;
-  all.add(named).add(hidden);
   po::positional_options_description positional;
   positional.add("input", -1);
-
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(all).positional(positional).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw gpt2::UserError(std::string(e.what()) + " (see gpt2-data --help)");
-  }
-  if (vm.count("help")) {
-    std::cout << kUsage << "\n\n" << named << "\n";
+  if (!gpt2::tools::parse_command_line(argc, argv, "gpt2-data", kUsage, named, positional, vm, hidden)) {
     return std::nullopt;
   }
   if (opt.inputs.empty()) {

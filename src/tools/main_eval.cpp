@@ -26,6 +26,7 @@
 #include "src/base/log.h"
 #include "src/base/mpi_check.h"
 #include "src/io/model_weights.h"
+#include "src/tools/command_line.h"
 
 namespace po = boost::program_options;
 
@@ -57,16 +58,7 @@ std::optional<Options> parse_options(int argc, char** argv) {
   po::positional_options_description positional;
   positional.add("model", 1);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(named).positional(positional).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw gpt2::UserError(std::string(e.what()) + " (see gpt2-eval --help)");
-  }
-  if (vm.count("help")) {
-    std::cout << kUsage << "\n\n" << named << "\n";
-    return std::nullopt;
-  }
+  if (!gpt2::tools::parse_command_line(argc, argv, "gpt2-eval", kUsage, named, positional, vm)) return std::nullopt;
   if (o.model.empty()) throw gpt2::UserError("no MODEL given (see gpt2-eval --help)");
   if (o.data.empty()) throw gpt2::UserError("no --data given (see gpt2-eval --help)");
   if (o.seq_len < 0) throw gpt2::UserError("--seq_len = " + std::to_string(o.seq_len) + ": must be >= 0");

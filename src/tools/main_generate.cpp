@@ -23,6 +23,7 @@
 #include "src/base/log.h"
 #include "src/model/generate.h"
 #include "src/io/model_weights.h"
+#include "src/tools/command_line.h"
 
 namespace po = boost::program_options;
 namespace data = gpt2::data;
@@ -72,16 +73,7 @@ std::optional<Options> parse_options(int argc, char** argv) {
   po::positional_options_description positional;
   positional.add("model", 1);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(named).positional(positional).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw gpt2::UserError(std::string(e.what()) + " (see gpt2-generate --help)");
-  }
-  if (vm.count("help")) {
-    std::cout << kUsage << "\n\n" << named << "\n";
-    return std::nullopt;
-  }
+  if (!gpt2::tools::parse_command_line(argc, argv, "gpt2-generate", kUsage, named, positional, vm)) return std::nullopt;
   if (o.model.empty()) throw gpt2::UserError("no MODEL given (see gpt2-generate --help)");
   s.kv_cache = vm.count("no_kv_cache") == 0;
   return o;

@@ -1,0 +1,37 @@
+#pragma once
+// The command line of the tools (gpt2-data, gpt2-generate, gpt2-eval): Boost.Program_options with
+// positional arguments, a malformed line as a gpt2::UserError that points at the tool's --help, and
+// --help printing the usage text and the options.
+#include <boost/program_options.hpp>
+
+#include <iostream>
+#include <string>
+
+#include "src/base/errors.h"
+
+namespace gpt2::tools {
+
+// Parses argv into `vm` against `options` (those listed by --help) and `hidden` (positional-only).
+// Returns false when --help was given: usage and options are printed, the caller exits 0.
+inline bool parse_command_line(int argc, char** argv, const char* tool, const char* usage,
+                               const boost::program_options::options_description& options,
+                               const boost::program_options::positional_options_description& positional,
+                               boost::program_options::variables_map& vm,
+                               const boost::program_options::options_description& hidden = {}) {
+  namespace po = boost::program_options;
+  po::options_description all;
+  all.add(options).add(hidden);
+  try {
+    po::store(po::command_line_parser(argc, argv).options(all).positional(positional).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw UserError(std::string(e.what()) + " (see " + tool + " --help)");
+  }
+  if (vm.count("help")) {
+    std::cout << usage << "\n\n" << options << "\n";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace gpt2::tools
