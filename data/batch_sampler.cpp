@@ -17,13 +17,14 @@ uint64_t mix64(uint64_t x) {
 
 }  // namespace
 
-BatchSampler::BatchSampler(int64_t num_tokens, int64_t seq_len, uint64_t seed)
+BatchSampler::BatchSampler(int64_t num_tokens, int64_t seq_len, uint64_t seed, const std::string& source)
     : num_windows_(seq_len > 0 && num_tokens > seq_len ? (num_tokens - 1) / seq_len : 0),
       seq_len_(seq_len),
       seed_(seed) {
   if (num_windows_ <= 0) {
-    throw UserError("token stream of " + std::to_string(num_tokens) + " tokens is shorter than one window of " +
-                    std::to_string(seq_len + 1) + " tokens (train.seq_len + 1)");
+    throw UserError((source.empty() ? "" : source + ": ") + "token stream of " + std::to_string(num_tokens) +
+                    " tokens is shorter than one window of " + std::to_string(seq_len + 1) +
+                    " tokens (train.seq_len + 1)");
   }
   int bits = 2;
   while ((int64_t{1} << bits) < num_windows_) ++bits;

@@ -5,13 +5,15 @@
 // the run maps to (epoch g / W, a seeded permutation of g % W), so any rank can compute any sample,
 // and resuming, or changing the number of ranks, needs only the global sample count.
 #include <cstdint>
+#include <string>
 
 namespace gpt2::data {
 
 class BatchSampler {
  public:
-  // Throws gpt2::UserError when the stream holds fewer than seq_len + 1 tokens.
-  BatchSampler(int64_t num_tokens, int64_t seq_len, uint64_t seed);
+  // Throws gpt2::UserError when the stream holds fewer than seq_len + 1 tokens; `source` (e.g.
+  // "data.train = a.h5") starts the message when given, so it names where the tokens came from.
+  BatchSampler(int64_t num_tokens, int64_t seq_len, uint64_t seed, const std::string& source = "");
 
   int64_t num_windows() const { return num_windows_; }
   // First token of the window that global sample `g` (0, 1, 2, ... over the whole run) reads.

@@ -80,12 +80,7 @@ int run(int argc, char** argv, const gpt2::parallel::RankEnv& env) {
                           std::to_string(config.block_size));
   }
   const auto stream = gpt2::data::TokenStream::open(o.data, config.vocab_size, "--data");
-  int64_t windows = 0;
-  try {
-    windows = gpt2::data::BatchSampler(stream.size(), T, 0).num_windows();
-  } catch (const gpt2::UserError& e) {
-    throw gpt2::UserError("--data = " + o.data + ": " + e.what());
-  }
+  int64_t windows = gpt2::data::BatchSampler(stream.size(), T, 0, "--data = " + o.data).num_windows();
   if (o.windows > windows) {
     throw gpt2::UserError("--windows = " + std::to_string(o.windows) + ": the data holds only " +
                           std::to_string(windows) + " windows of " + std::to_string(T + 1) + " tokens");

@@ -170,24 +170,13 @@ void log_parallel_setup(const Config& cfg, const parallel::RankEnv& env, const p
                         (long long)optimizer.shard_numel(), (long long)layout.total));
 }
 
-// The window sampler over `stream`; a stream shorter than one window is named by its option and
-// files ("data.train = a.h5, b.h5: token stream of 10 tokens is shorter than ...").
-data::BatchSampler sampler_over(const data::TokenStream& stream, const std::string& key, const std::string& spec,
-                                int64_t seq_len, uint64_t seed) {
-  try {
-    return data::BatchSampler(stream.size(), seq_len, seed);
-  } catch (const UserError& e) {
-    throw UserError(key + " = " + spec + ": " + e.what());
-  }
-}
-
 // The batches of a run (Note [Batch layout]). Training batch i is micro-step i % accum of step
 // i / accum, prefetched on a thread; validation reads the same sequential windows at every eval,
 // synchronously. Not movable: the loaders refer to the streams and the sampler.
 struct RunData {
   RunData(const Config& cfg, const parallel::RankEnv& env, torch::Device device, int64_t accum, int64_t start_step)
       : train_stream(data::TokenStream::open(cfg.data.train, cfg.model.vocab_size, "data.train")),
-        sampler(sampler_over(train_stream, "data.train", cfg.data.train, cfg.train.seq_len, cfg.train.seed)),
+        sampler(train_stream.size(), cfg.train.seq_len, cfg.train.seed, "data.train = " + cfg.data.train),
         train(train_stream,
               [this, accum, rank = env.rank(), world = env.world_size(), mb = cfg.train.micro_batch](int64_t i, int64_t row) {
                 return sampler.window_start(data::global_sample_index(i / accum, i % accum, rank, row, mb, world, accum));
@@ -197,7 +186,7 @@ struct RunData {
     const int64_t T = cfg.train.seq_len, mb = cfg.train.micro_batch, eval_steps = cfg.train.eval_steps;
     if (!cfg.data.val.empty()) {
       val_stream.emplace(data::TokenStream::open(cfg.data.val, cfg.model.vocab_size, "data.val"));
-      const int64_t windows = sampler_over(*val_stream, "data.val", cfg.data.val, T, 0).num_windows();
+      const int64_t windows = data::BatchSampler(val_stream->size(), T, 0, "data.val = " + cfg.data.val).num_windows();
       val.emplace(
           *val_stream,
           [=, rank = env.rank(), world = env.world_size()](int64_t e, int64_t row) {

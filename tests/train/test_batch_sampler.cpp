@@ -58,6 +58,13 @@ TEST(BatchSampler, RanksSplitTheGlobalBatchLikeOneRank) {
 TEST(BatchSampler, TooShortStreamIsANamedError) {
   EXPECT_THROW(BatchSampler(16, 16, 0), UserError);
   EXPECT_NO_THROW(BatchSampler(17, 16, 0));
+  try {
+    BatchSampler(10, 32, 0, "data.val = v.h5");
+    FAIL() << "no error for a stream shorter than one window";
+  } catch (const UserError& e) {
+    EXPECT_STREQ(e.what(), "data.val = v.h5: token stream of 10 tokens is shorter than one window of 33 tokens "
+                           "(train.seq_len + 1)");
+  }
 }
 
 }  // namespace
