@@ -2,8 +2,9 @@
 // Collectives over a group of ranks, on whole contiguous tensors, asynchronous.
 // Contract: every call returns a Work at once; the result is ready after Work::wait(). All ranks of
 // the group must issue the same collectives in the same order (Note [Collective order]). Two
-// backends: MPI for CPU tensors (non-blocking MPI collectives, wait() blocks the host) and NCCL for
-// CUDA tensors (its own stream; wait() makes the caller's current stream wait, the host does not).
+// backends: MPI (non-blocking MPI collectives on host memory, wait() blocks the host; CUDA and
+// bf16/fp16 tensors are staged through host buffers) and NCCL for CUDA tensors (its own stream;
+// wait() makes the caller's current stream wait, the host does not).
 #include <mpi.h>
 #include <torch/types.h>
 
@@ -43,8 +44,14 @@ class Communicator {
 };
 
 // MPI backend over `comm` (not owned; must outlive the communicator). CPU tensors of fp32, fp64,
-// int32, int64 and uint8.
+// int32, int64 and uint8 go to MPI as they are; CUDA tensors and bf16/fp16 ones are staged
+// through host buffers (stage_through_host), so several ranks can share one GPU.
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
+
+// Wraps a communicator of host tensors so that it also takes CUDA tensors and bf16/fp16 tensors:
+// each collective copies them to host memory (16-bit floats as fp32) and wait() copies the result
+// back (Note [Host staging]). Tensors the inner communicator takes go to it unchanged.
+std::unique_ptr<Communicator> stage_through_host(std::unique_ptr<Communicator> host);
 
 // NCCL backend for CUDA tensors on `device`, bootstrapped over `comm` (rank 0's unique id by
 // MPI_Bcast). Collectives time out after `timeout_seconds`: the communicator is then aborted and
@@ -52,8 +59,10 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
 // Throws gpt2::Error when this build has no NCCL.
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, int device, double timeout_seconds);
 
-// NCCL for CUDA devices when the group has several ranks, MPI otherwise.
+// parallel.backend: "nccl", "mpi", or "auto" = NCCL for CUDA devices when the group has several
+// ranks, MPI otherwise. Throws gpt2::UserError naming parallel.backend when "nccl" is asked for a
+// CPU device or a build without NCCL.
 std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, const torch::Device& device,
-                                                double timeout_seconds);
+                                                const std::string& backend, double timeout_seconds);
 
 }  // namespace gpt2::parallel

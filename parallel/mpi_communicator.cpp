@@ -136,7 +136,7 @@ class MpiCommunicator : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
-  return std::make_unique<MpiCommunicator>(comm);
+  return stage_through_host(std::make_unique<MpiCommunicator>(comm));
 }
 
 #ifndef GPT2_WITH_NCCL
@@ -146,11 +146,23 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm, int, double) {
 #endif
 
 std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, const torch::Device& device,
-                                                double timeout_seconds) {
+                                                const std::string& backend, double timeout_seconds) {
   int size = 1;
   MPI_CHECK(MPI_Comm_size(comm, &size));
-  // One rank has nothing to reduce: no NCCL communicator (and no watchdog thread) for it.
-  if (device.is_cuda() && size > 1) return make_nccl_communicator(comm, device.index(), timeout_seconds);
+  if (backend == "nccl") {
+    if (!device.is_cuda()) throw UserError("parallel.backend = nccl needs CUDA tensors; this run is on " + device.str());
+#ifndef GPT2_WITH_NCCL
+    throw UserError("parallel.backend = nccl: this build of gpt2-dist has no NCCL (use mpi or auto)");
+#endif
+    return make_nccl_communicator(comm, device.index(), timeout_seconds);
+  }
+  if (backend != "auto" && backend != "mpi") {
+    throw UserError("parallel.backend = " + backend + ": expected auto, nccl or mpi");
+  }
+  // auto: one rank has nothing to reduce, so no NCCL communicator (and no watchdog thread) for it.
+  if (backend == "auto" && device.is_cuda() && size > 1) {
+    return make_nccl_communicator(comm, device.index(), timeout_seconds);
+  }
   return make_mpi_communicator(comm);
 }
 

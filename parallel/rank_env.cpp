@@ -11,10 +11,12 @@ MpiSession::MpiSession(int* argc, char*** argv) {
   int initialized = 0;
   MPI_CHECK(MPI_Initialized(&initialized));
   if (initialized) return;
-  // FUNNELED: only the main thread calls MPI (backward hooks on CPU run on the calling thread;
-  // the NCCL watchdog and data threads never call MPI).
+  // SERIALIZED: one thread at a time calls MPI. Backward hooks on CPU run on the calling thread,
+  // but on CUDA in autograd's device thread while the caller waits in backward(): with
+  // parallel.backend = mpi their reductions are MPI calls from that thread. The NCCL watchdog and
+  // the data threads never call MPI.
   int provided = 0;
-  MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
   finalize_ = true;
   // Errors come back as codes so MPI_CHECK can name the call instead of MPI aborting silently.
   MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));

@@ -76,6 +76,9 @@ OptionList bind_options(Config& c) {
         "none | weights to fine-tune: a checkpoint, a model file (gpt2-ckpt consolidate/import-hf) or a Hugging Face dir");
   o.add("precision.dtype", &c.precision.dtype, "bf16 | fp16 | fp32");
   o.add("precision.reduce_dtype", &c.precision.reduce_dtype, "fp32 | bf16 | fp16: gradient accumulation and all-reduce");
+  o.add("parallel.backend", &c.parallel.backend,
+        "auto | nccl | mpi: collectives; auto = nccl for several CUDA ranks, mpi otherwise (mpi stages CUDA "
+        "tensors through host memory: slow, lets ranks share a GPU)");
   o.add("parallel.bucket_mb", &c.parallel.bucket_mb, "gradient bucket size in MiB");
   o.add("parallel.zero_stage", &c.parallel.zero_stage, "0 | 1 | 2");
   o.add("parallel.offload", &c.parallel.offload, "none | optimizer");
@@ -164,6 +167,9 @@ void Config::validate() const {
   require_one_of("precision.reduce_dtype", precision.reduce_dtype, {"fp32", "bf16", "fp16"});
   require(precision.reduce_dtype == "fp32" || precision.reduce_dtype == precision.dtype, "precision.reduce_dtype",
           precision.reduce_dtype, "must be fp32 or precision.dtype (" + precision.dtype + ")");
+  require_one_of("parallel.backend", parallel.backend, {"auto", "nccl", "mpi"});
+  require(parallel.backend != "nccl" || train.device != "cpu", "parallel.backend", parallel.backend,
+          "needs CUDA tensors (train.device = cpu)");
   require(parallel.bucket_mb > 0, "parallel.bucket_mb", parallel.bucket_mb, "must be positive");
   require(parallel.zero_stage >= 0 && parallel.zero_stage <= 2, "parallel.zero_stage",
           parallel.zero_stage, "must be 0, 1 or 2");

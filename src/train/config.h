@@ -42,11 +42,12 @@ struct TrainConfig {
 };
 
 struct PrecisionConfig {
-  std::string dtype = "bf16";     // bf16 | fp16 | fp32 (bf16/fp16 fall back to fp32 on CPU, with a warning)
+  std::string dtype = "bf16";     // bf16 | fp16 | fp32 (on CPU too: slow, but the GPU's bookkeeping)
   std::string reduce_dtype = "fp32";  // gradient buffer: fp32, or dtype itself (half the all-reduce bytes)
 };
 
 struct ParallelConfig {
+  std::string backend = "auto";   // auto (NCCL for several CUDA ranks, else MPI) | nccl | mpi (stages CUDA tensors through host memory)
   double bucket_mb = 25;          // gradient bucket size (PyTorch DDP's default)
   int64_t zero_stage = 0;         // 0 | 1 | 2
   std::string offload = "none";   // none | optimizer (AdamW state in host memory, updated by the CPU)

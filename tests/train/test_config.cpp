@@ -98,6 +98,11 @@ TEST(Config, ErrorsNameTheKey) {
                 .find("parallel.offload"),
             std::string::npos);
   EXPECT_NE(error_of({"--config", ini, "--parallel.offload=gpu"}).find("parallel.offload"), std::string::npos);
+  EXPECT_NE(error_of({"--config", ini, "--parallel.backend=gloo"}).find("parallel.backend = gloo"), std::string::npos);
+  EXPECT_NE(error_of({"--config", ini, "--train.device=cpu", "--parallel.backend=nccl"})
+                .find("parallel.backend = nccl: needs CUDA tensors (train.device = cpu)"),
+            std::string::npos)
+      << error_of({"--config", ini, "--train.device=cpu", "--parallel.backend=nccl"});
 }
 
 TEST(Config, BatchThatDoesNotDivideAcrossRanksNamesTheKey) {
