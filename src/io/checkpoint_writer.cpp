@@ -132,7 +132,7 @@ std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::Fl
     m.world_size = world;
     m.zero_stage = settings_.zero_stage;
     m.offload = settings_.offload;
-    m.dtype = named[0].value().is_cuda() ? settings_.dtype : "fp32";
+    m.dtype = settings_.dtype;
     m.flat_total = layout.total;
     m.flat_padded = layout.padded;
     for (size_t i = 0; i < named.size(); ++i) {

@@ -22,6 +22,7 @@ struct TrainResult {
   int64_t start_step = 0;          // > 0 when the run resumed from a checkpoint
   bool preempted = false;          // stopped early on SIGUSR1/SIGTERM after saving a checkpoint
   std::string last_checkpoint;     // directory of the last checkpoint saved ("" = none)
+  double loss_scale = 1;           // fp16's loss scale at the end (halved by every skipped step); 1 otherwise
   GPT2 model{nullptr};             // the trained model (on the training device)
 };
 

@@ -21,34 +21,8 @@ using test::SharedTokenFile;
 using test::quiet_logs;
 using test::tiny_config;
 using test::world_size;
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-// A directory rank 0 makes and every rank uses (one machine: the file system is shared).
-class SharedDir {
- public:
-  SharedDir() {
-    std::string path;
-    if (world_rank() == 0) {
-      dir_ = std::make_unique<test::TempDir>("gpt2_ckpt");
-      path = dir_->path();
-    }
-    int len = static_cast<int>(path.size());
-    MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    path.resize(len);
-    MPI_Bcast(path.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
-    path_ = path;
-  }
-  std::string file(const std::string& name) const { return files::join(path_, name); }
-
- private:
-  std::unique_ptr<test::TempDir> dir_;
-  std::string path_;
-};
+using test::world_rank;
+using test::SharedDir;
 
 void expect_params_bitwise_equal(GPT2& got, GPT2& want) {
   auto a = got->named_parameters(), b = want->named_parameters();

@@ -26,26 +26,6 @@ using test::rel_error;
 using test::tiny_config;
 using test::world_size;
 
-// Per-step losses and final parameters of `got` against `want`, relative error <= tol.
-void expect_same_training(TrainResult& got, TrainResult& want, int64_t n_embd, double tol) {
-  ASSERT_EQ(got.losses.size(), 20u);
-  ASSERT_EQ(want.losses.size(), 20u);
-  double worst_loss = 0;
-  for (size_t s = 0; s < 20; ++s) {
-    const double e = std::abs(got.losses[s] - want.losses[s]) / std::abs(want.losses[s]);
-    worst_loss = std::max(worst_loss, e);
-    EXPECT_LE(e, tol) << "step " << s;
-  }
-  auto mean = [](auto first, auto last) { return std::accumulate(first, last, 0.0) / std::distance(first, last); };
-  EXPECT_LT(mean(want.losses.end() - 5, want.losses.end()), mean(want.losses.begin(), want.losses.begin() + 5) - 0.1)
-      << "the reference run did not learn: the comparison would prove little";
-  const double worst = test::expect_same_parameters(got.model, want.model, n_embd, tol);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0) std::printf("[ measured ] worst relative error: loss %.2e, parameter %.2e\n", worst_loss, worst);
-}
-
-
 // Training with `cfg` on all ranks against `reference` (default: the same config) on rank 0 alone.
 void expect_same_as_one_rank(const Config& cfg, const Config* reference = nullptr) {
   const parallel::RankEnv world(MPI_COMM_WORLD);
@@ -54,7 +34,7 @@ void expect_same_as_one_rank(const Config& cfg, const Config* reference = nullpt
   if (world.rank() == 0) {
     const parallel::RankEnv self(MPI_COMM_SELF);
     TrainResult one = train(reference ? *reference : cfg, self);
-    expect_same_training(dp, one, cfg.model.n_embd, 1e-5);
+    test::expect_same_training(dp, one, cfg.model.n_embd, 1e-5);
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
@@ -111,7 +91,7 @@ TEST(DataParallel, Zero1And2AndOffloadMatchZero0WithAShareOfTheState) {
         TrainResult sharded = train(cfg, world);
         SCOPED_TRACE("ZeRO " + std::to_string(stage) + ", offload " + offload + ", accumulation " +
                      std::to_string(accum));
-        expect_same_training(sharded, zero0, cfg.model.n_embd, 1e-6);
+        test::expect_same_training(sharded, zero0, cfg.model.n_embd, 1e-6);
         if (std::string(offload) == "optimizer") {
           // All state in host memory; the shard's share of it is 1/N of ZeRO 0's.
           EXPECT_EQ(sharded.optimizer_state_bytes, 0);
@@ -129,6 +109,26 @@ TEST(DataParallel, Zero1And2AndOffloadMatchZero0WithAShareOfTheState) {
     cfg.parallel.zero_stage = 0;
     cfg.parallel.offload = "none";
   }
+}
+
+// precision.dtype = bf16 on CPU runs the GPU's bookkeeping: bf16 parameters and gradients in the
+// model, fp32 masters in the optimizer, bf16 collectives staged through fp32 host buffers.
+// See Note [Mixed-precision tolerances] in training_fixtures.h.
+TEST(DataParallel, Bf16VariantsMatchZero0AndOneRank) {
+  SharedTokenFile file;
+  auto cfg = tiny_config(file.path(), 2 * 2 * 16 * world_size(), 0.01);
+  cfg.precision.dtype = "bf16";
+  test::expect_variants_match(cfg, test::kBf16Tolerances);
+}
+
+// fp16 with dynamic loss scaling; rank 0's gradients overflow at step 5 (GPT2_FAULT_AT=0:5:inf):
+// every rank, in every variant, skips that step and halves its scale (65536 -> 32768).
+TEST(DataParallel, Fp16OverflowSkipsTheStepOnEveryRank) {
+  SharedTokenFile file;
+  auto cfg = tiny_config(file.path(), 2 * 2 * 16 * world_size(), 0.01);
+  cfg.precision.dtype = "fp16";
+  test::FaultAt overflow("0:5:inf");
+  test::expect_variants_match(cfg, test::kFp16Tolerances, /*loss_scale=*/32768);
 }
 
 }  // namespace
