@@ -25,15 +25,18 @@ function(gpt2_executable name)
   target_link_libraries(${name} PRIVATE ${ARG_LIBS})
 endfunction()
 
-# Serial GoogleTest binary; each TEST becomes a CTest case labelled `unit`.
-# gpt2_add_test(NAME SOURCES ... LIBS ...)
+# Serial GoogleTest binary; each TEST becomes a CTest case labelled `unit` (or LABEL, e.g. gpu).
+# gpt2_add_test(NAME SOURCES ... LIBS ... [LABEL label])
 function(gpt2_add_test name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(ARG "" "LABEL" "SOURCES;LIBS" ${ARGN})
+  if(NOT ARG_LABEL)
+    set(ARG_LABEL unit)
+  endif()
   gpt2_executable(${name} SOURCES ${ARG_SOURCES} LIBS ${ARG_LIBS} GTest::gtest_main)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   # One label: gtest_discover_tests cannot pass a list-valued property through.
   gtest_discover_tests(${name} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-                       PROPERTIES LABELS unit ENVIRONMENT "GPT2_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
+                       PROPERTIES LABELS ${ARG_LABEL} ENVIRONMENT "GPT2_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
                        DISCOVERY_TIMEOUT 60)
 endfunction()
 

@@ -13,9 +13,12 @@
 #include "parallel/flat_layout.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "tests/optim/one_rank.h"
 
 namespace gpt2::optim {
 namespace {
+
+using test::OneRank;
 
 // Reference AdamW groups with GPT-2's split: weight decay on 2-D tensors, none on 1-D ones (the
 // product's split lives in ShardedAdamW).
@@ -88,26 +91,6 @@ TEST(WarmupCosine, HandComputedValues) {
   EXPECT_DOUBLE_EQ(no_warmup.at(0), 1.0);
   EXPECT_NEAR(no_warmup.at(2), 0.5, 1e-12);
 }
-
-// A group of one rank: ShardedAdamW without MPI (its collectives are never called at world 1).
-class OneRank : public parallel::Communicator {
- public:
-  int rank() const override { return 0; }
-  int world_size() const override { return 1; }
-  std::string backend() const override { return "none"; }
-  std::unique_ptr<parallel::Work> all_reduce(torch::Tensor, parallel::ReduceOp) override { return unused(); }
-  std::unique_ptr<parallel::Work> reduce(torch::Tensor, int, parallel::ReduceOp) override { return unused(); }
-  std::unique_ptr<parallel::Work> reduce_scatter(torch::Tensor, torch::Tensor, parallel::ReduceOp) override { return unused(); }
-  std::unique_ptr<parallel::Work> all_gather(torch::Tensor, torch::Tensor) override { return unused(); }
-  std::unique_ptr<parallel::Work> broadcast(torch::Tensor, int) override { return unused(); }
-  void barrier() override {}
-
- private:
-  static std::unique_ptr<parallel::Work> unused() {
-    ADD_FAILURE() << "a one-rank group must not communicate";
-    return nullptr;
-  }
-};
 
 TEST(GradClip, NormAndScaling) {
   auto a = torch::zeros({2}, torch::kFloat64).set_requires_grad(true);

@@ -1,0 +1,152 @@
+// GPU suite (ctest label gpu; every case skips without a GPU). What users run on GPUs, against
+// references, on one GPU: under mpiexec -n 3 the ranks share the GPU through the MPI backend
+// (parallel.backend = mpi stages CUDA tensors through host memory), so ZeRO, offload, fp16's loss
+// scaling and checkpoints run their CUDA code with several ranks; under mpiexec -n 1 NCCL runs
+// every collective the trainer uses, and trains as the MPI backend does.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <string>
+
+#include "parallel/communicator.h"
+#include "parallel/rank_env.h"
+#include "src/train/trainer.h"
+#include "tests/parallel/collective_checks.h"
+#include "tests/parallel/training_fixtures.h"
+
+namespace gpt2 {
+namespace {
+
+using test::SharedDir;
+using test::SharedTokenFile;
+using test::quiet_logs;
+using test::tiny_config;
+using test::world_rank;
+using test::world_size;
+
+#define SKIP_WITHOUT_GPU() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
+
+// The tiny model on the GPU, every rank on cuda:0 (pick_device: local rank % devices), MPI backend.
+Config gpu_config(const std::string& train, const std::string& dtype) {
+  auto cfg = tiny_config(train, 2 * 2 * 16 * world_size(), 0.01);
+  cfg.train.device = "cuda";
+  cfg.parallel.backend = "mpi";
+  cfg.precision.dtype = dtype;
+  cfg.validate();
+  return cfg;
+}
+
+torch::TensorOptions on_gpu(torch::ScalarType dtype) { return torch::TensorOptions().device(torch::kCUDA, 0).dtype(dtype); }
+
+TEST(GpuMpiBackend, EveryCollectiveOnCudaTensorsOfEveryDtype) {
+  SKIP_WITHOUT_GPU();
+  auto comm = parallel::make_communicator(MPI_COMM_WORLD, torch::Device(torch::kCUDA, 0), "mpi", 600);
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) test::expect_collectives_exact(*comm, on_gpu(dtype));
+}
+
+TEST(GpuNccl, EveryCollectiveOnOneRank) {
+  SKIP_WITHOUT_GPU();
+  if (world_size() != 1) GTEST_SKIP() << "NCCL takes one rank per GPU: runs under mpiexec -n 1";
+  auto comm = parallel::make_communicator(MPI_COMM_WORLD, torch::Device(torch::kCUDA, 0), "nccl", 600);
+  ASSERT_EQ(comm->backend(), "nccl");
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) test::expect_collectives_exact(*comm, on_gpu(dtype));
+}
+
+// One rank with parallel.backend = nccl trains bit for bit as with mpi: the NCCL communicator (its
+// init and watchdog thread) runs beside the training without changing it.
+TEST(GpuNccl, TrainsAsTheMpiBackendOnOneRank) {
+  SKIP_WITHOUT_GPU();
+  if (world_size() != 1) GTEST_SKIP() << "runs under mpiexec -n 1";
+  SharedTokenFile file;
+  const parallel::RankEnv world(MPI_COMM_WORLD);
+  quiet_logs(world);
+  for (const char* dtype : {"fp32", "bf16"}) {
+    auto cfg = gpu_config(file.path(), dtype);
+    TrainResult mpi = train(cfg, world);
+    cfg.parallel.backend = "nccl";
+    TrainResult nccl = train(cfg, world);
+    auto a = nccl.model->named_parameters(), b = mpi.model->named_parameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].value(), b[i].value())) << dtype << " " << a[i].key();
+    EXPECT_EQ(nccl.losses, mpi.losses) << dtype;
+  }
+}
+
+// fp32 on the GPU: ZeRO 1/2, offload and recomputation within 1e-6 of ZeRO 0 (the same sums;
+// offload's host AdamW rounds as the fused CUDA one does to an ulp), 3 ranks within 1e-5 of one
+// (the order of the sums differs).
+TEST(GpuMpiBackend, Fp32VariantsMatchZero0AndOneRank) {
+  SKIP_WITHOUT_GPU();
+  if (world_size() < 2) GTEST_SKIP() << "runs under mpiexec -n 3";
+  SharedTokenFile file;
+  test::expect_variants_match(gpu_config(file.path(), "fp32"), {/*variants=*/{1e-6, 1e-6}, /*one_rank=*/{1e-5, 1e-5}});
+}
+
+// bf16 and fp16: see Note [Mixed-precision tolerances] in training_fixtures.h.
+TEST(GpuMpiBackend, Bf16VariantsMatchZero0AndOneRank) {
+  SKIP_WITHOUT_GPU();
+  if (world_size() < 2) GTEST_SKIP() << "runs under mpiexec -n 3";
+  SharedTokenFile file;
+  test::expect_variants_match(gpu_config(file.path(), "bf16"), test::kBf16Tolerances);
+}
+
+TEST(GpuMpiBackend, Fp16OverflowSkipsTheStepOnEveryRank) {
+  SKIP_WITHOUT_GPU();
+  if (world_size() < 2) GTEST_SKIP() << "runs under mpiexec -n 3";
+  SharedTokenFile file;
+  test::FaultAt overflow("0:5:inf");
+  test::expect_variants_match(gpu_config(file.path(), "fp16"), test::kFp16Tolerances, /*loss_scale=*/32768);
+}
+
+// Sync and async checkpoints of a 3-rank GPU run (ZeRO 1), resumed at step 10 on the same 3 ranks
+// (bit for bit the straight run, fp32 and bf16) and on 2 (fp32: within 1e-5, the sums' order changes).
+TEST(GpuMpiBackend, CheckpointsResumeOnThreeRanksThenTwo) {
+  SKIP_WITHOUT_GPU();
+  if (world_size() != 3) GTEST_SKIP() << "runs under mpiexec -n 3";
+  SharedTokenFile file;
+  SharedDir dir;
+  const parallel::RankEnv world(MPI_COMM_WORLD);
+  quiet_logs(world);
+  MPI_Comm two = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world.rank() < 2 ? 0 : MPI_UNDEFINED, world.rank(), &two);
+  for (const char* dtype : {"fp32", "bf16"}) {
+    for (const bool async : {false, true}) {
+      const std::string what = std::string(dtype) + (async ? ", async" : ", sync");
+      SCOPED_TRACE(what);
+      auto cfg = gpu_config(file.path(), dtype);
+      cfg.train.batch_tokens = 6 * 2 * 16;  // divides over 3 ranks and over 2
+      cfg.parallel.zero_stage = 1;
+      cfg.checkpoint.dir = dir.file(std::string("ckpt_") + dtype + (async ? "_async" : "_sync"));
+      cfg.checkpoint.every = 10;
+      cfg.checkpoint.async = async;
+      TrainResult straight = train(cfg, world);
+
+      auto resumed = cfg;
+      resumed.checkpoint.every = 0;
+      resumed.checkpoint.resume = cfg.checkpoint.dir + "/step_0000010";
+      TrainResult on_three = train(resumed, world);
+      ASSERT_EQ(on_three.start_step, 10);
+      for (size_t s = 10; s < 20; ++s) EXPECT_EQ(on_three.losses[s], straight.losses[s]) << "step " << s;
+      auto a = on_three.model->named_parameters(), b = straight.model->named_parameters();
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].value(), b[i].value())) << a[i].key();
+      if (std::string(dtype) == "fp32" && two != MPI_COMM_NULL) {
+        const parallel::RankEnv env2(two);
+        quiet_logs(env2);
+        TrainResult on_two = train(resumed, env2);
+        ASSERT_EQ(on_two.start_step, 10);
+        if (env2.is_main()) std::printf("[ measured ] %s, 3 -> 2 ranks:\n", what.c_str());
+        for (size_t s = 10; s < 20; ++s) {
+          EXPECT_LE(std::abs(on_two.losses[s] - straight.losses[s]) / std::abs(straight.losses[s]), 1e-5) << "step " << s;
+        }
+        test::expect_same_parameters(on_two.model, straight.model, cfg.model.n_embd, 1e-5);
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
+  }
+  if (two != MPI_COMM_NULL) MPI_Comm_free(&two);
+}
+
+}  // namespace
+}  // namespace gpt2

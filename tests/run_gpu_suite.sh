@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The GPU suite in one go, on the GPU machine: build into build-gpu (Release, the machine's
+# LibTorch), run every ctest labelled `gpu` (they skip on machines without a GPU), and print a
+# summary: each test's result and the numbers the tests measured ([ measured ] lines).
+#   source .device-deps/gpu-env.sh && bash tests/run_gpu_suite.sh      (logs under $OUT, or /tmp/out)
+# FORTUNES_DIR points the 124m check at the corpus where the fortunes package is not installed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-/tmp/out}"
+mkdir -p "$out"
+t0=$(date +%s)
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPT2_PYTHON="$(command -v python3)" \
+  >"$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; exit 1; }
+grep -E "gpt2-dist:|LibTorch" "$out/configure.log"
+cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+ctest --test-dir build-gpu -L gpu -V -j "${GPU_SUITE_JOBS:-3}" --timeout 900 >"$out/gpu-suite.log" 2>&1
+status=$?
+{
+  echo "== GPU suite summary ($(date -u +%Y-%m-%dT%H:%MZ), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
+  grep -E "^ *[0-9]+/[0-9]+ Test +#" "$out/gpu-suite.log" | sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: //'
+  grep -E "tests passed|tests failed" "$out/gpu-suite.log"
+  echo "== measured"
+  grep -hE "\[ measured \]" "$out/gpu-suite.log" | sed -E 's/^.*\[ measured \]/ /' | sort | uniq
+} | tee "$out/gpu-suite-summary.txt"
+exit $status
