@@ -22,6 +22,7 @@ status=$?
   grep -E "^ *[0-9]+/[0-9]+ Test +#" "$out/gpu-suite.log" | sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: //'
   grep -E "tests passed|tests failed" "$out/gpu-suite.log"
   echo "== measured"
-  grep -hE "\[ measured \]" "$out/gpu-suite.log" | sed -E 's/^.*\[ measured \]/ /' | sort | uniq
+  # ctest -V prefixes each test's lines with its number: keep each test's lines together, in order.
+  grep -hE "^[0-9]+: .*\[ measured \]" "$out/gpu-suite.log" | sort -s -n -t: -k1,1 | sed -E 's/^([0-9]+): .*\[ measured \]/\1:/' 
 } | tee "$out/gpu-suite-summary.txt"
 exit $status
