@@ -79,6 +79,7 @@ CheckpointWriter::CheckpointWriter(CheckpointSettings settings, const parallel::
     : settings_(std::move(settings)), env_(env) {}
 
 CheckpointWriter::~CheckpointWriter() {
+  release_hold();
   if (thread_.joinable()) thread_.join();  // files only; an unfinished save stays a .tmp directory
 }
 
@@ -151,8 +152,19 @@ std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::Fl
   // Files on a thread (HDF5 is used by no other thread during training); finish() is collective
   // and runs on this thread once every rank's files are written (poll()).
   written_.store(false);
+  {
+    const char* hold = std::getenv("GPT2_CKPT_HOLD");  // read per save, so a test can set it
+    std::lock_guard<std::mutex> lock(hold_mutex_);
+    hold_ = hold != nullptr ? std::strtoll(hold, nullptr, 10) : 0;
+    polls_ = 0;
+    released_ = hold_ <= 0;
+  }
   thread_ = std::thread([this] {
     try {
+      {
+        std::unique_lock<std::mutex> lock(hold_mutex_);
+        hold_cv_.wait(lock, [this] { return released_ || polls_ >= hold_; });
+      }
       write_files(*pending_);
     } catch (const std::exception& e) {
       error_ = e.what();
@@ -203,8 +215,21 @@ void CheckpointWriter::write_files(Snapshot& snap) {
   fault_point(rank, 5, step);
 }
 
+void CheckpointWriter::release_hold() {
+  {
+    std::lock_guard<std::mutex> lock(hold_mutex_);
+    released_ = true;
+  }
+  hold_cv_.notify_all();
+}
+
 std::string CheckpointWriter::poll() {
   if (!pending_) return "";
+  {
+    std::lock_guard<std::mutex> lock(hold_mutex_);
+    ++polls_;
+  }
+  hold_cv_.notify_all();
   int done = written_.load() ? 1 : 0;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &done, 1, MPI_INT, MPI_MIN, env_.comm()));
   return done ? finish() : "";
@@ -212,11 +237,13 @@ std::string CheckpointWriter::poll() {
 
 std::string CheckpointWriter::wait() {
   if (!pending_) return "";
+  release_hold();
   if (thread_.joinable()) thread_.join();
   return finish();
 }
 
 std::string CheckpointWriter::finish() {
+  release_hold();
   if (thread_.joinable()) thread_.join();
   std::unique_ptr<Snapshot> snap = std::move(pending_);
   if (!error_.empty()) {
