@@ -60,7 +60,8 @@ FileRecord record_of(const std::string& path) {
 
 }  // namespace
 
-// Everything a save writes, copied to host memory, so training may go on while it is written.
+// Everything a save writes, copied to host memory, so training may go on while it is written:
+// every tensor here owns its storage (none is a view of a parameter or of optimizer state).
 struct CheckpointWriter::Snapshot {
   int64_t step = 0;
   std::string root, final_dir, tmp;
@@ -126,7 +127,12 @@ std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::Fl
   }
 #endif
   if (rank == 0) {
-    for (const auto& item : named) snap->params.emplace_back(item.key(), item.value().detach().to(torch::kCPU, torch::kFloat));
+    // copy = true: for a CPU fp32 parameter .to() returns the parameter itself, which training
+    // changes while an async save writes; a CUDA or bf16 one is copied once either way.
+    for (const auto& item : named) {
+      snap->params.emplace_back(item.key(), item.value().detach().to(torch::kCPU, torch::kFloat, /*non_blocking=*/false,
+                                                                     /*copy=*/true));
+    }
     snap->model_config = model->config();
     CheckpointManifest& m = snap->manifest;
     m.step = step;
