@@ -7,9 +7,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 
 #include "src/base/files.h"
+#include "src/base/json.h"
 #include "src/io/checkpoint.h"
 #include "src/io/model_weights.h"
 #include "src/train/trainer.h"
@@ -221,6 +223,90 @@ TEST(Checkpoint, ItsModelFileLoadsAsTheTrainedModel) {
     expect_params_bitwise_equal(loaded, trained.model);
   }
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Resume checks the model's flat layout against the manifest parameter by parameter (name, shape,
+// offset) and names the first one that differs, also when the total count matches, which is all
+// the old check compared. The saved manifest is edited: what a model whose code changed between
+// the save and the resume (same config keys, another layout) would meet.
+TEST(Checkpoint, ResumeRefusesAnotherLayoutNamingTheParameter) {
+  SharedTokenFile data;
+  SharedDir dir;
+  const parallel::RankEnv world(MPI_COMM_WORLD);
+  quiet_logs(world);
+  auto cfg = tiny_config(data.path(), 2 * 16 * world_size(), 0.01);
+  cfg.train.max_steps = 2;
+  cfg.checkpoint.dir = dir.file("ckpt");
+  cfg.checkpoint.every = 2;
+  train(cfg, world);
+  const std::string saved = dir.file("ckpt/step_0000002"), mf = files::join(saved, "manifest.json");
+  const std::string pristine = files::read_file(mf);
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto with_manifest = [&](const std::function<void(json::Value&)>& edit) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) {
+      json::Value m = json::parse(pristine, mf);
+      edit(m);
+      test::write_file(mf, json::dump(m));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  };
+  auto param = [](json::Value& m, const std::string& name) -> json::Value& {
+    for (auto& p : m["params"])
+      if (p["name"] == name) return p;
+    throw std::runtime_error("no parameter " + name + " in the manifest");
+  };
+  auto resume = [&](Config c) {
+    c.train.max_steps = 4;
+    c.checkpoint.every = 0;
+    c.checkpoint.resume = saved;
+    return train(c, world);
+  };
+  auto resume_error = [&](const Config& c) { return test::user_error([&] { resume(c); }); };
+
+  // Another model of the same parameter count: 1 layer and block_size 32 + 12 C + 13 instead of
+  // 2 layers and 32 (the wpe rows make up for the block). The manifest's model.* keys are taken
+  // out, so only the layout can tell the two apart.
+  auto other = cfg;
+  other.model.n_layer = 1;
+  other.model.block_size = 32 + 12 * 32 + 13;
+  other.validate();
+  ASSERT_EQ(GPT2(other.model)->num_parameters(true), GPT2(cfg.model)->num_parameters(true));
+  with_manifest([](json::Value& m) {
+    for (const char* key : {"n_layer", "n_head", "n_embd", "vocab_size", "block_size"}) m["config"].erase(std::string("model.") + key);
+  });
+  EXPECT_HAS(resume_error(other), mf + ": parameter transformer.wpe.weight has shape [32, 32] in the checkpoint, the model has [429, 32]");
+
+  // The same model, one weight's shape transposed (same numel).
+  with_manifest([&](json::Value& m) { param(m, "transformer.h.0.attn.c_attn.weight")["shape"] = {32, 96}; });
+  EXPECT_HAS(resume_error(cfg), mf + ": parameter transformer.h.0.attn.c_attn.weight has shape [32, 96] in the checkpoint, the model has [96, 32]");
+
+  // A renamed parameter.
+  with_manifest([&](json::Value& m) { param(m, "transformer.h.1.ln_2.bias")["name"] = "transformer.h.1.ln_2.b"; });
+  std::string err = resume_error(cfg);
+  EXPECT_HAS(err, mf + ": parameter transformer.h.1.ln_2.bias of the model is not in the checkpoint");
+  EXPECT_HAS(err, "transformer.h.1.ln_2.b at its flat offset");
+
+  // Two parameters of one size at each other's place in the flat space.
+  int64_t weight_at = -1, bias_at = -1;
+  with_manifest([&](json::Value& m) {
+    auto& w = param(m, "transformer.h.0.ln_1.weight");
+    auto& b = param(m, "transformer.h.0.ln_1.bias");
+    weight_at = w["offset"].get<int64_t>();
+    bias_at = b["offset"].get<int64_t>();
+    std::swap(w["offset"], b["offset"]);
+  });
+  if (world_rank() == 0) {  // rank 0 read the offsets; the message is the same on every rank
+    EXPECT_HAS(resume_error(cfg), mf + ": parameter transformer.h.0.ln_1.weight is at flat offset " +
+                                      std::to_string(bias_at) + " in the checkpoint, the model has it at " +
+                                      std::to_string(weight_at));
+  } else {
+    EXPECT_HAS(resume_error(cfg), "parameter transformer.h.0.ln_1.weight is at flat offset");
+  }
+
+  // The manifest as saved: it resumes.
+  with_manifest([](json::Value&) {});
+  EXPECT_EQ(resume(cfg).start_step, 2);
 }
 
 TEST(Checkpoint, DamagedFilesAreRefusedOnEveryRankByName) {
