@@ -1,10 +1,13 @@
 // Checkpoints under mpiexec (CPU ranks, fp32): a run resumed from step 10 continues exactly as the
 // run that saved it (bitwise, for ZeRO 0/1/2 and offload); a 2-rank checkpoint resumes on 3 ranks
 // and on 1 (losses and parameters within 1e-5 of the straight run); a damaged file is refused on
-// every rank with an error that names it; the checkpoint's model.h5 loads as a model file.
+// every rank with an error that names it; a checkpoint is the manifest and the shards, and loads
+// as the trained model; an async save writes the state of its step; resume names the parameter
+// whose name, shape or offset differs from the model's.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -200,9 +203,10 @@ TEST(Checkpoint, ResumesOnThreeRanksAndOnOne) {
   if (two != MPI_COMM_NULL) MPI_Comm_free(&two);
 }
 
-// The model.h5 inside a checkpoint is a model file (src/io/model_file.h): load_model() reads its
-// sizes and step and gives the trained parameters bit for bit (fp32 CPU run).
-TEST(Checkpoint, ItsModelFileLoadsAsTheTrainedModel) {
+// A checkpoint is the manifest and the optimizer shards: no model file (rank 0 used to write a full
+// fp32 model.h5 into every checkpoint, which nothing read). load_model() assembles the trained
+// parameters from the shards' masters, bit for bit (fp32 CPU run).
+TEST(Checkpoint, IsTheManifestAndTheShardsAndLoadsAsTheTrainedModel) {
   SharedTokenFile data;
   SharedDir dir;
   const parallel::RankEnv world(MPI_COMM_WORLD);
@@ -213,9 +217,18 @@ TEST(Checkpoint, ItsModelFileLoadsAsTheTrainedModel) {
   cfg.checkpoint.every = 3;
   TrainResult trained = train(cfg, world);
   if (world_rank() == 0) {
-    const std::string path = dir.file("ckpt/step_0000003/model.h5");
+    const std::string path = dir.file("ckpt/step_0000003");
+    std::vector<std::string> shards, listed;
+    for (int r = 0; r < world_size(); ++r) shards.push_back(shard_file_name(r));
+    auto entries = files::list_directory(path), want = shards;
+    want.push_back("manifest.json");
+    std::sort(entries.begin(), entries.end());
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(entries, want);
+    for (const auto& f : CheckpointManifest::read(path).files) listed.push_back(f.name);
+    EXPECT_EQ(listed, shards);
     const WeightsSource source = find_weights(path);
-    EXPECT_EQ(source.kind, WeightsSource::Kind::model_file);
+    EXPECT_EQ(source.kind, WeightsSource::Kind::checkpoint);
     EXPECT_EQ(source.step, 3);
     EXPECT_EQ(source.config.n_layer, cfg.model.n_layer);
     EXPECT_EQ(source.config.vocab_size, cfg.model.vocab_size);
@@ -321,8 +334,8 @@ TEST(Checkpoint, DamagedFilesAreRefusedOnEveryRankByName) {
   train(cfg, world);
   const std::string ckpt = dir.file("ckpt/step_0000004");
   const std::string shard = files::join(ckpt, "optim_r00001.h5");
-  const std::string pristine = files::read_file(world_size() > 1 ? shard : files::join(ckpt, "model.h5"));
-  const std::string victim = world_size() > 1 ? shard : files::join(ckpt, "model.h5");
+  const std::string pristine = files::read_file(shard);
+  const std::string victim = shard;
   MPI_Barrier(MPI_COMM_WORLD);  // every rank has read the pristine bytes before rank 0 damages them
   auto resume_error = [&] {
     auto c = cfg;
