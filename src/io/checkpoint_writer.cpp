@@ -10,7 +10,6 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #endif
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -24,15 +23,11 @@
 #include "src/base/mpi_check.h"
 #include "src/io/h5_io.h"
 #include "src/io/manifest.h"
-#include "src/io/model_file.h"
 #include "src/io/retention.h"
 #include "src/model/gpt2_model.h"
 
 namespace gpt2 {
 namespace {
-
-// The `source` attribute of a checkpoint's model.h5 (no path: equal states give equal bytes).
-constexpr char kCheckpointModelSource[] = "gpt2-train";
 
 // Test hook GPT2_CKPT_FAULT=RANK:POINT[:STEP] (checkpoint_writer.h): kills this rank at `point`.
 void fault_point(int rank, int point, int64_t step) {
@@ -60,25 +55,24 @@ FileRecord record_of(const std::string& path) {
 
 }  // namespace
 
-// Everything a save writes, copied to host memory, so training may go on while it is written.
+// Everything a save writes, copied to host memory, so training may go on while it is written:
+// every tensor here owns its storage (none is a view of a parameter or of optimizer state).
 struct CheckpointWriter::Snapshot {
   int64_t step = 0;
   std::string root, final_dir, tmp;
   optim::ShardedAdamW::ShardState state;
   int64_t begin = 0, end = 0;
   torch::Tensor rng_cpu, rng_cuda;
-  // Rank 0 only: the model (fp32), its sizes, and what the manifest needs.
-  std::vector<std::pair<std::string, torch::Tensor>> params;
-  GPT2Config model_config;
-  CheckpointManifest manifest;
+  CheckpointManifest manifest;  // rank 0 only
   // Filled by write_files().
-  FileRecord shard_record{0, 0, 0}, model_record{0, 0, 0};
+  FileRecord shard_record{0, 0, 0};
 };
 
 CheckpointWriter::CheckpointWriter(CheckpointSettings settings, const parallel::RankEnv& env)
     : settings_(std::move(settings)), env_(env) {}
 
 CheckpointWriter::~CheckpointWriter() {
+  release_hold();
   if (thread_.joinable()) thread_.join();  // files only; an unfinished save stays a .tmp directory
 }
 
@@ -105,7 +99,8 @@ std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::Fl
   if (exists) return snap->final_dir;
   fault_point(rank, 1, step);
 
-  // The snapshot: optimizer shard, generator states, and on rank 0 the model and manifest fields.
+  // The snapshot: optimizer shard, generator states, and on rank 0 the manifest fields. The
+  // parameters are not saved apart: the shards' fp32 masters are the model (model_weights.h).
   snap->state = optimizer.state();
   snap->begin = optimizer.shard_begin();
   snap->end = optimizer.shard_begin() + optimizer.shard_numel();
@@ -125,8 +120,6 @@ std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::Fl
   }
 #endif
   if (rank == 0) {
-    for (const auto& item : named) snap->params.emplace_back(item.key(), item.value().detach().to(torch::kCPU, torch::kFloat));
-    snap->model_config = model->config();
     CheckpointManifest& m = snap->manifest;
     m.step = step;
     m.world_size = world;
@@ -151,8 +144,19 @@ std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::Fl
   // Files on a thread (HDF5 is used by no other thread during training); finish() is collective
   // and runs on this thread once every rank's files are written (poll()).
   written_.store(false);
+  {
+    const char* hold = std::getenv("GPT2_CKPT_HOLD");  // read per save, so a test can set it
+    std::lock_guard<std::mutex> lock(hold_mutex_);
+    hold_ = hold != nullptr ? std::strtoll(hold, nullptr, 10) : 0;
+    polls_ = 0;
+    released_ = hold_ <= 0;
+  }
   thread_ = std::thread([this] {
     try {
+      {
+        std::unique_lock<std::mutex> lock(hold_mutex_);
+        hold_cv_.wait(lock, [this] { return released_ || polls_ >= hold_; });
+      }
       write_files(*pending_);
     } catch (const std::exception& e) {
       error_ = e.what();
@@ -185,26 +189,24 @@ void CheckpointWriter::write_files(Snapshot& snap) {
   fault_point(rank, 3, step);
   snap.shard_record = record_of(shard_path);
   fault_point(rank, 4, step);
-  if (rank == 0) {
-    const std::string model_path = files::join(snap.tmp, "model.h5");
-    std::vector<std::string> names;
-    std::vector<std::vector<int64_t>> shapes;
-    for (const auto& [name, p] : snap.params) {
-      names.push_back(name);
-      shapes.push_back(p.sizes().vec());
-    }
-    write_model_file(model_path, {snap.model_config, step, kCheckpointModelSource}, names, shapes,
-                     [&](size_t i, float* out) {
-                       const torch::Tensor p = snap.params[i].second.contiguous();
-                       std::copy_n(p.data_ptr<float>(), p.numel(), out);
-                     });
-    snap.model_record = record_of(model_path);
-  }
   fault_point(rank, 5, step);
+}
+
+void CheckpointWriter::release_hold() {
+  {
+    std::lock_guard<std::mutex> lock(hold_mutex_);
+    released_ = true;
+  }
+  hold_cv_.notify_all();
 }
 
 std::string CheckpointWriter::poll() {
   if (!pending_) return "";
+  {
+    std::lock_guard<std::mutex> lock(hold_mutex_);
+    ++polls_;
+  }
+  hold_cv_.notify_all();
   int done = written_.load() ? 1 : 0;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &done, 1, MPI_INT, MPI_MIN, env_.comm()));
   return done ? finish() : "";
@@ -212,11 +214,13 @@ std::string CheckpointWriter::poll() {
 
 std::string CheckpointWriter::wait() {
   if (!pending_) return "";
+  release_hold();
   if (thread_.joinable()) thread_.join();
   return finish();
 }
 
 std::string CheckpointWriter::finish() {
+  release_hold();
   if (thread_.joinable()) thread_.join();
   std::unique_ptr<Snapshot> snap = std::move(pending_);
   if (!error_.empty()) {
@@ -235,7 +239,6 @@ std::string CheckpointWriter::finish() {
   if (rank == 0) {
     CheckpointManifest& m = snap->manifest;
     for (int r = 0; r < world; ++r) m.shards.push_back({shard_file_name(r), r, ranges[2 * r], ranges[2 * r + 1]});
-    m.files.push_back({"model.h5", snap->model_record.bytes, crc32c_hex(snap->model_record.crc)});
     for (int r = 0; r < world; ++r) m.files.push_back({shard_file_name(r), records[r].bytes, crc32c_hex(records[r].crc)});
     fault_point(rank, 6, step);
     files::write_file_durably(files::join(snap->tmp, "manifest.json"), json::dump(m.to_json()) + "\n");

@@ -1,15 +1,20 @@
 #pragma once
 // Saving sharded checkpoints (layout in docs/DESIGN.md "Checkpoint layout as built").
 // CheckpointWriter::save() is collective: every rank writes its optimizer shard into
-// `step_NNNNNNN.tmp/`, rank 0 writes the model (a model file, model_file.h) and, once every file
-// is on disk with its size and CRC-32C, the manifest; then the directory is renamed and `latest`
-// replaced, each durably (files.h Note [Durable write]), so a crash at any point leaves `latest`
-// on the last complete checkpoint. Test hook: GPT2_CKPT_FAULT=RANK:POINT[:STEP] kills that rank
-// with SIGKILL at save point POINT (1..10, marked in checkpoint_writer.cpp) of every save, or only
-// of the save of STEP (tests/python/test_checkpoint_faults.py).
+// `step_NNNNNNN.tmp/` (the fp32 masters of its range are the model: there is no model file), and
+// once every shard is on disk with its size and CRC-32C rank 0 writes the manifest; then the
+// directory is renamed and `latest` replaced, each durably (files.h Note [Durable write]), so a
+// crash at any point leaves `latest` on the last complete checkpoint. Test hooks:
+// GPT2_CKPT_FAULT=RANK:POINT[:STEP] kills that rank with SIGKILL at save point POINT (1..10, marked
+// in checkpoint_writer.cpp) of every save, or only of the save of STEP
+// (tests/python/test_checkpoint_faults.py); GPT2_CKPT_HOLD=N holds an async save's writing thread
+// until N more poll()s (steps) have run on this rank, or until wait(), so a test can change the
+// state under a save deterministically (tests/parallel/test_checkpoint.cpp).
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -64,6 +69,8 @@ class CheckpointWriter {
   struct Snapshot;
   void write_files(Snapshot& snap);
   std::string finish();
+  void release_hold();
+
 
   const CheckpointSettings settings_;
   const parallel::RankEnv& env_;
@@ -71,6 +78,11 @@ class CheckpointWriter {
   std::thread thread_;
   std::atomic<bool> written_{false};
   std::string error_;  // from the writing thread, rethrown by finish()
+  // Test hook GPT2_CKPT_HOLD: the writing thread waits until polls_ >= hold_ or released_.
+  std::mutex hold_mutex_;
+  std::condition_variable hold_cv_;
+  int64_t hold_ = 0, polls_ = 0;
+  bool released_ = true;
 };
 
 }  // namespace gpt2

@@ -1,7 +1,8 @@
 #pragma once
 // The model file (.h5): a trained GPT-2's weights outside a training run, read by gpt2-generate,
 // train.init_from and export-hf (model_weights.h). One writer and one reader for every producer:
-// `gpt2-ckpt consolidate`, `gpt2-ckpt import-hf`, and the model.h5 inside every checkpoint.
+// `gpt2-ckpt consolidate` and `gpt2-ckpt import-hf` (checkpoints hold no model file: their model
+// is the shards' fp32 masters; older ones carry a model.h5 that gpt2-ckpt verify still checks).
 // Layout: root attributes format = "gpt2-model" (string), format_version, step, source (string:
 // where the weights came from) and the model sizes n_layer, n_head, n_embd, vocab_size,
 // block_size (int64); one fp32 dataset per parameter, named as GPT2::named_parameters() (HF names),
@@ -26,13 +27,12 @@ inline constexpr int64_t kModelFileVersion = 1;
 struct ModelFileInfo {
   GPT2Config config;
   int64_t step = 0;     // training steps behind the weights
-  std::string source;   // a checkpoint directory, an HF directory, "gpt2-train"
+  std::string source;   // a checkpoint directory, an HF directory ("gpt2-train" in older checkpoints)
 };
 
 // Creates `path` (truncating it) and writes a model file: `fill(i, out)` puts parameter i's fp32
-// values into `out` (numel(shapes[i]) floats). No temporary file and no sync: a caller writing a
-// file on its own wraps this in files::write_durably; a checkpoint writes it inside its .tmp
-// directory. UserError naming `path` when it cannot be created or written.
+// values into `out` (numel(shapes[i]) floats). No temporary file and no sync: the caller wraps
+// this in files::write_durably. UserError naming `path` when it cannot be created or written.
 void write_model_file(const std::string& path, const ModelFileInfo& info, const std::vector<std::string>& names,
                       const std::vector<std::vector<int64_t>>& shapes, const std::function<void(size_t, float*)>& fill);
 

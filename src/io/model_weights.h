@@ -4,8 +4,7 @@
 //   - a checkpoint: a step_NNNNNNN directory or a checkpoint root (its newest complete step);
 //     the model config comes from the manifest, the parameters from the fp32 masters of the
 //     optimizer shards (any world size), after every file's size and CRC-32C are verified;
-//   - a model file (.h5, model_file.h: what `gpt2-ckpt consolidate` and `import-hf` write, and
-//     the model.h5 inside a checkpoint);
+//   - a model file (.h5, model_file.h: what `gpt2-ckpt consolidate` and `import-hf` write);
 //   - a Hugging Face directory: config.json + model.safetensors (hf_import.h).
 // Every problem is a gpt2::UserError naming the path (and the tensor or key).
 #include <cstdint>

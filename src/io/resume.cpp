@@ -10,7 +10,9 @@
 #endif
 
 #include <algorithm>
+#include <map>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "optim/loss_scaler.h"
@@ -45,6 +47,53 @@ torch::Tensor as_tensor(const std::vector<uint8_t>& bytes) {
   return t;
 }
 
+// The model's flat layout against the checkpoint's, parameter by parameter: the first parameter
+// whose name, shape or flat offset differs is named (the total alone misses a model of the same
+// size laid out otherwise, whose values would load into the wrong tensors). A manifest without a
+// parameter list can only be checked by its total.
+void check_layout(const CheckpointManifest& m, GPT2& model, const parallel::FlatLayout& layout) {
+  const std::string mf = files::join(m.dir, "manifest.json");
+  if (!m.params.empty()) {
+    std::map<std::string, const CheckpointManifest::Param*> by_name;
+    std::map<int64_t, const CheckpointManifest::Param*> by_offset;
+    for (const auto& p : m.params) {
+      by_name.emplace(p.name, &p);
+      by_offset.emplace(p.offset, &p);
+    }
+    const auto named = model->named_parameters();
+    std::set<std::string> in_model;
+    for (size_t i = 0; i < named.size(); ++i) {
+      const std::string& name = named[i].key();
+      const int64_t offset = layout.offset[i];
+      in_model.insert(name);
+      const auto it = by_name.find(name);
+      if (it == by_name.end()) {
+        const auto there = by_offset.find(offset);
+        throw UserError(mf + ": parameter " + name + " of the model is not in the checkpoint" +
+                        (there == by_offset.end() ? std::string()
+                                                  : " (the checkpoint has " + there->second->name +
+                                                        " at its flat offset " + std::to_string(offset) + ")"));
+      }
+      const auto& saved = *it->second;
+      if (saved.shape != named[i].value().sizes().vec()) {
+        throw UserError(mf + ": parameter " + name + " has shape " + c10::str(c10::IntArrayRef(saved.shape)) +
+                        " in the checkpoint, the model has " + c10::str(named[i].value().sizes()));
+      }
+      if (saved.offset != offset) {
+        throw UserError(mf + ": parameter " + name + " is at flat offset " + std::to_string(saved.offset) +
+                        " in the checkpoint, the model has it at " + std::to_string(offset));
+      }
+    }
+    for (const auto& p : m.params) {
+      if (!in_model.count(p.name)) throw UserError(mf + ": parameter " + p.name + " of the checkpoint is not in the model");
+    }
+  }
+  if (m.flat_total != layout.total) {
+    throw UserError(m.dir + ": holds " + std::to_string(m.flat_total) + " parameters, the model has " +
+                    std::to_string(layout.total));
+  }
+}
+
 }  // namespace
 
 void read_flat_range(const CheckpointManifest& m, const char* dataset, int64_t begin, int64_t end, float* out) {
@@ -69,25 +118,23 @@ void read_flat_range(const CheckpointManifest& m, const char* dataset, int64_t b
   }
 }
 
-int64_t resume_checkpoint(const std::string& checkpoint_dir, const GPT2Config& model, int64_t zero_stage,
+int64_t resume_checkpoint(const std::string& checkpoint_dir, GPT2& model, int64_t zero_stage,
                           const parallel::RankEnv& env, const parallel::FlatLayout& layout,
                           optim::ShardedAdamW& optimizer, optim::LossScaler& scaler) {
   const int rank = env.rank(), world = env.world_size();
   const CheckpointManifest m = CheckpointManifest::read(checkpoint_dir);
-  // The model must be the one that was saved.
+  // The model must be the one that was saved: its config keys, then its layout.
+  const GPT2Config& config = model->config();
   for (const auto& model_key : kGPT2ConfigKeys) {
     const std::string key = std::string("model.") + model_key.name;
     const std::string saved = m.config_value(key);
-    const std::string now = std::to_string(model.*model_key.field);
+    const std::string now = std::to_string(config.*model_key.field);
     if (!saved.empty() && saved != now) {
       throw UserError("config: " + key + " = " + now + ": the checkpoint " + checkpoint_dir +
                       " was trained with " + saved + "; resume with the same model, or checkpoint.resume = none");
     }
   }
-  if (m.flat_total != layout.total) {
-    throw UserError(checkpoint_dir + ": holds " + std::to_string(m.flat_total) + " parameters, the model has " +
-                    std::to_string(layout.total));
-  }
+  check_layout(m, model, layout);
   // Verify every file: the ranks share the files, then all learn every problem, so each rank
   // reports the same error and none loads anything.
   std::vector<size_t> mine;

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "src/io/manifest.h"
-#include "src/model/model_config.h"
+#include "src/model/gpt2_model.h"
 
 namespace gpt2 {
 namespace parallel {
@@ -28,9 +28,10 @@ void read_flat_range(const CheckpointManifest& m, const char* dataset, int64_t b
 // optimizer shards, the parameters of every rank and the loss scaler; returns its step (the next
 // step to run). Verifies every file first (the ranks share the work, and all of them report the
 // same named error): throws gpt2::UserError on every rank, naming the file and what is wrong, when
-// any file is missing, truncated or has another checksum, or when `model` (the config's model.*
-// keys) is not the one saved. `zero_stage` is this run's, for the log.
-int64_t resume_checkpoint(const std::string& checkpoint_dir, const GPT2Config& model, int64_t zero_stage,
+// any file is missing, truncated or has another checksum, or when `model` is not the one saved:
+// its config's model.* keys, then each parameter's name, shape and flat offset in `layout` (the
+// first that differs is named). `zero_stage` is this run's, for the log.
+int64_t resume_checkpoint(const std::string& checkpoint_dir, GPT2& model, int64_t zero_stage,
                           const parallel::RankEnv& env,
                           const parallel::FlatLayout& layout, optim::ShardedAdamW& optimizer,
                           optim::LossScaler& scaler);

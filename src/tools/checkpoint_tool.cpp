@@ -29,6 +29,8 @@ using h5::open_h5;
 using h5::read_int_attr;
 
 const char* const kShardDatasets[] = {"master", "exp_avg", "exp_avg_sq"};
+// The full fp32 model that checkpoints written before the manifest + shards layout carry.
+constexpr char kLegacyModelFile[] = "model.h5";
 
 constexpr char kUsage[] =
     "usage: gpt2-ckpt inspect PATH [--json]\n"
@@ -43,7 +45,8 @@ constexpr char kUsage[] =
     "  inspect      step, world size, ZeRO stage, dtype, parameter count, files (size, CRC-32C),\n"
     "               shards and their flat ranges, loss scale, model config; --json: the manifest\n"
     "  verify       every file's size and CRC-32C, the shards' HDF5 contents against the manifest,\n"
-    "               their coverage of the flat parameter space, model.h5's parameters and shapes\n"
+    "               their coverage of the flat parameter space (and the model.h5 that checkpoints\n"
+    "               of older versions carry: its parameters and shapes)\n"
     "  consolidate  verifies, then writes FILE (via FILE.tmp): one fp32 dataset per parameter\n"
     "               (Hugging Face names, manifest shapes) from the shards' fp32 masters: a model\n"
     "               file that gpt2-generate and train.init_from read\n"
@@ -193,7 +196,6 @@ void check_manifest(const CheckpointManifest& m, const std::set<std::string>& li
     out->push_back(mf + ": flat_padded " + str(m.flat_padded) + " is less than flat_total " + str(m.flat_total));
   }
   if (m.world_size < 1) out->push_back(mf + ": world_size " + str(m.world_size) + " is not positive");
-  if (!listed.count("model.h5")) out->push_back(mf + ": model.h5 is not in its files list");
   for (const auto& key : kGPT2ConfigKeys) {
     const std::string k = std::string("model.") + key.name;
     const std::string v = m.config_value(k);
@@ -409,7 +411,11 @@ std::vector<std::string> verify_checkpoint(const CheckpointManifest& m) {
   for (const auto& s : m.shards) {
     contents(s.file, [&](const std::string& path) { check_shard_contents(path, s, &problems); });
   }
-  contents("model.h5", [&](const std::string& path) { check_model_contents(path, m, &problems); });
+  // Checkpoints of older versions also carry the model as a model file; when one is listed it is
+  // checked like the shards (nothing reads it: weights come from the masters).
+  if (listed.count(kLegacyModelFile)) {
+    contents(kLegacyModelFile, [&](const std::string& path) { check_model_contents(path, m, &problems); });
+  }
   return problems;
 }
 

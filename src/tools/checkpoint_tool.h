@@ -47,8 +47,9 @@ std::string inspect_json(const CheckpointManifest& m);
 // Checks: each file's size and CRC-32C; the manifest's own consistency (params inside
 // [0, flat_total) without overlaps, model.* keys, shard files listed); the shards cover
 // [0, flat_padded) without gaps or overlaps; each shard's
-// HDF5 datasets master/exp_avg/exp_avg_sq (1-D fp32 of end - begin) and attributes begin/end; and
-// that model.h5 holds every parameter with the manifest's shape.
+// HDF5 datasets master/exp_avg/exp_avg_sq (1-D fp32 of end - begin) and attributes begin/end; and,
+// for checkpoints of older versions that list a model.h5, that it holds every parameter with the
+// manifest's shape.
 std::vector<std::string> verify_checkpoint(const CheckpointManifest& m);
 
 // Writes `out` durably (via out.tmp): a model file (src/io/model_file.h) with one fp32 dataset per

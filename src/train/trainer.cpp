@@ -272,7 +272,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   // ---- resume (all ranks): optimizer shards, parameters, loss scale; the data order needs only
   // the step (Note [Batch layout]).
   const int64_t start_step = resume_from.empty() ? 0
-      : resume_checkpoint(resume_from, cfg.model, cfg.parallel.zero_stage, env, layout, optimizer, scaler);
+      : resume_checkpoint(resume_from, model, cfg.parallel.zero_stage, env, layout, optimizer, scaler);
   if (start_step >= tc.max_steps && tc.max_steps > 0) {
     log::info("the checkpoint is at step ", start_step, " >= train.max_steps ", tc.max_steps, ": nothing to do");
   }

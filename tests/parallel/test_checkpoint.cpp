@@ -1,14 +1,20 @@
 // Checkpoints under mpiexec (CPU ranks, fp32): a run resumed from step 10 continues exactly as the
 // run that saved it (bitwise, for ZeRO 0/1/2 and offload); a 2-rank checkpoint resumes on 3 ranks
 // and on 1 (losses and parameters within 1e-5 of the straight run); a damaged file is refused on
-// every rank with an error that names it; the checkpoint's model.h5 loads as a model file.
+// every rank with an error that names it; a checkpoint is the manifest and the shards, and loads
+// as the trained model; an async save writes the state of its step; resume names the parameter
+// whose name, shape or offset differs from the model's.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <string>
 
 #include "src/base/files.h"
+#include "src/base/json.h"
 #include "src/io/checkpoint.h"
 #include "src/io/model_weights.h"
 #include "src/train/trainer.h"
@@ -63,6 +69,65 @@ TEST(Checkpoint, ResumeIsBitwiseForEveryZeroStageAndOffload) {
   }
 }
 
+// Every tensor a checkpoint holds, against another checkpoint of the same step: the optimizer
+// state over the whole flat space (masters, moments), the loss scaler, the model loaded from it,
+// and every model file it carries (model.h5 of the writers that wrote one), bit for bit.
+void expect_same_checkpoint_state(const std::string& got_dir, const std::string& want_dir) {
+  const CheckpointManifest got = CheckpointManifest::read(got_dir), want = CheckpointManifest::read(want_dir);
+  ASSERT_EQ(got.flat_total, want.flat_total);
+  for (const char* dataset : {"master", "exp_avg", "exp_avg_sq"}) {
+    auto a = torch::empty({got.flat_total}, torch::kFloat), b = torch::empty({want.flat_total}, torch::kFloat);
+    read_flat_range(got, dataset, 0, got.flat_total, a.data_ptr<float>());
+    read_flat_range(want, dataset, 0, want.flat_total, b.data_ptr<float>());
+    EXPECT_TRUE(torch::equal(a, b)) << dataset << ": max |diff| " << (a - b).abs().max().item<float>();
+  }
+  EXPECT_EQ(got.loss_scale, want.loss_scale);
+  EXPECT_EQ(got.growth_tracker, want.growth_tracker);
+  GPT2 got_model = load_model(got_dir), want_model = load_model(want_dir);
+  expect_params_bitwise_equal(got_model, want_model);
+  for (const auto& f : want.files) {
+    if (f.name.rfind("optim_r", 0) == 0) continue;
+    SCOPED_TRACE(f.name);
+    GPT2 a = load_model(files::join(got_dir, f.name)), b = load_model(files::join(want_dir, f.name));
+    expect_params_bitwise_equal(a, b);
+  }
+}
+
+// An async save writes the state of its step, not whatever training has made of it by the time
+// the files are written. GPT2_CKPT_HOLD=2 (checkpoint_writer.h) holds the writing thread of the
+// save of step 3 until two more steps have changed every parameter and the optimizer state; that
+// checkpoint must still equal, tensor for tensor, a synchronous save of step 3 by the same run
+// (training is deterministic on CPU ranks).
+TEST(Checkpoint, AsyncSaveWritesTheStateOfItsStep) {
+  SharedTokenFile data;
+  const parallel::RankEnv world(MPI_COMM_WORLD);
+  quiet_logs(world);
+  const struct {
+    int64_t zero;
+    const char* offload;
+  } modes[] = {{0, "none"}, {1, "none"}, {2, "none"}, {1, "optimizer"}};
+  for (const auto& mode : modes) {
+    SCOPED_TRACE("ZeRO " + std::to_string(mode.zero) + ", offload " + mode.offload);
+    SharedDir dir;
+    auto cfg = tiny_config(data.path(), 2 * 2 * 16 * world_size(), 0.01);
+    cfg.train.max_steps = 6;
+    cfg.parallel.zero_stage = mode.zero;
+    cfg.parallel.offload = mode.offload;
+    cfg.parallel.offload_threads = 2;
+    cfg.checkpoint.every = 3;
+    cfg.checkpoint.dir = dir.file("sync");
+    train(cfg, world);
+    cfg.checkpoint.dir = dir.file("async");
+    cfg.checkpoint.async = true;
+    ::setenv("GPT2_CKPT_HOLD", "2", 1);
+    const TrainResult async = train(cfg, world);
+    ::unsetenv("GPT2_CKPT_HOLD");
+    ASSERT_EQ(async.last_checkpoint, dir.file("async/step_0000006"));
+    if (world_rank() == 0) expect_same_checkpoint_state(dir.file("async/step_0000003"), dir.file("sync/step_0000003"));
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
 // Saved by 2 ranks (ZeRO 1), resumed by 3 ranks (ZeRO 2) and by 1 rank (ZeRO 0). The global batch
 // (6 sequences) divides over 1, 2 and 3 ranks, and the data order depends only on the step.
 TEST(Checkpoint, ResumesOnThreeRanksAndOnOne) {
@@ -112,9 +177,10 @@ TEST(Checkpoint, ResumesOnThreeRanksAndOnOne) {
   if (two != MPI_COMM_NULL) MPI_Comm_free(&two);
 }
 
-// The model.h5 inside a checkpoint is a model file (src/io/model_file.h): load_model() reads its
-// sizes and step and gives the trained parameters bit for bit (fp32 CPU run).
-TEST(Checkpoint, ItsModelFileLoadsAsTheTrainedModel) {
+// A checkpoint is the manifest and the optimizer shards: no model file (rank 0 used to write a full
+// fp32 model.h5 into every checkpoint, which nothing read). load_model() assembles the trained
+// parameters from the shards' masters, bit for bit (fp32 CPU run).
+TEST(Checkpoint, IsTheManifestAndTheShardsAndLoadsAsTheTrainedModel) {
   SharedTokenFile data;
   SharedDir dir;
   const parallel::RankEnv world(MPI_COMM_WORLD);
@@ -125,9 +191,18 @@ TEST(Checkpoint, ItsModelFileLoadsAsTheTrainedModel) {
   cfg.checkpoint.every = 3;
   TrainResult trained = train(cfg, world);
   if (world_rank() == 0) {
-    const std::string path = dir.file("ckpt/step_0000003/model.h5");
+    const std::string path = dir.file("ckpt/step_0000003");
+    std::vector<std::string> shards, listed;
+    for (int r = 0; r < world_size(); ++r) shards.push_back(shard_file_name(r));
+    auto entries = files::list_directory(path), want = shards;
+    want.push_back("manifest.json");
+    std::sort(entries.begin(), entries.end());
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(entries, want);
+    for (const auto& f : CheckpointManifest::read(path).files) listed.push_back(f.name);
+    EXPECT_EQ(listed, shards);
     const WeightsSource source = find_weights(path);
-    EXPECT_EQ(source.kind, WeightsSource::Kind::model_file);
+    EXPECT_EQ(source.kind, WeightsSource::Kind::checkpoint);
     EXPECT_EQ(source.step, 3);
     EXPECT_EQ(source.config.n_layer, cfg.model.n_layer);
     EXPECT_EQ(source.config.vocab_size, cfg.model.vocab_size);
@@ -135,6 +210,90 @@ TEST(Checkpoint, ItsModelFileLoadsAsTheTrainedModel) {
     expect_params_bitwise_equal(loaded, trained.model);
   }
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Resume checks the model's flat layout against the manifest parameter by parameter (name, shape,
+// offset) and names the first one that differs, also when the total count matches, which is all
+// the old check compared. The saved manifest is edited: what a model whose code changed between
+// the save and the resume (same config keys, another layout) would meet.
+TEST(Checkpoint, ResumeRefusesAnotherLayoutNamingTheParameter) {
+  SharedTokenFile data;
+  SharedDir dir;
+  const parallel::RankEnv world(MPI_COMM_WORLD);
+  quiet_logs(world);
+  auto cfg = tiny_config(data.path(), 2 * 16 * world_size(), 0.01);
+  cfg.train.max_steps = 2;
+  cfg.checkpoint.dir = dir.file("ckpt");
+  cfg.checkpoint.every = 2;
+  train(cfg, world);
+  const std::string saved = dir.file("ckpt/step_0000002"), mf = files::join(saved, "manifest.json");
+  const std::string pristine = files::read_file(mf);
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto with_manifest = [&](const std::function<void(json::Value&)>& edit) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) {
+      json::Value m = json::parse(pristine, mf);
+      edit(m);
+      test::write_file(mf, json::dump(m));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  };
+  auto param = [](json::Value& m, const std::string& name) -> json::Value& {
+    for (auto& p : m["params"])
+      if (p["name"] == name) return p;
+    throw std::runtime_error("no parameter " + name + " in the manifest");
+  };
+  auto resume = [&](Config c) {
+    c.train.max_steps = 4;
+    c.checkpoint.every = 0;
+    c.checkpoint.resume = saved;
+    return train(c, world);
+  };
+  auto resume_error = [&](const Config& c) { return test::user_error([&] { resume(c); }); };
+
+  // Another model of the same parameter count: 1 layer and block_size 32 + 12 C + 13 instead of
+  // 2 layers and 32 (the wpe rows make up for the block). The manifest's model.* keys are taken
+  // out, so only the layout can tell the two apart.
+  auto other = cfg;
+  other.model.n_layer = 1;
+  other.model.block_size = 32 + 12 * 32 + 13;
+  other.validate();
+  ASSERT_EQ(GPT2(other.model)->num_parameters(true), GPT2(cfg.model)->num_parameters(true));
+  with_manifest([](json::Value& m) {
+    for (const char* key : {"n_layer", "n_head", "n_embd", "vocab_size", "block_size"}) m["config"].erase(std::string("model.") + key);
+  });
+  EXPECT_HAS(resume_error(other), mf + ": parameter transformer.wpe.weight has shape [32, 32] in the checkpoint, the model has [429, 32]");
+
+  // The same model, one weight's shape transposed (same numel).
+  with_manifest([&](json::Value& m) { param(m, "transformer.h.0.attn.c_attn.weight")["shape"] = {32, 96}; });
+  EXPECT_HAS(resume_error(cfg), mf + ": parameter transformer.h.0.attn.c_attn.weight has shape [32, 96] in the checkpoint, the model has [96, 32]");
+
+  // A renamed parameter.
+  with_manifest([&](json::Value& m) { param(m, "transformer.h.1.ln_2.bias")["name"] = "transformer.h.1.ln_2.b"; });
+  std::string err = resume_error(cfg);
+  EXPECT_HAS(err, mf + ": parameter transformer.h.1.ln_2.bias of the model is not in the checkpoint");
+  EXPECT_HAS(err, "transformer.h.1.ln_2.b at its flat offset");
+
+  // Two parameters of one size at each other's place in the flat space.
+  int64_t weight_at = -1, bias_at = -1;
+  with_manifest([&](json::Value& m) {
+    auto& w = param(m, "transformer.h.0.ln_1.weight");
+    auto& b = param(m, "transformer.h.0.ln_1.bias");
+    weight_at = w["offset"].get<int64_t>();
+    bias_at = b["offset"].get<int64_t>();
+    std::swap(w["offset"], b["offset"]);
+  });
+  if (world_rank() == 0) {  // rank 0 read the offsets; the message is the same on every rank
+    EXPECT_HAS(resume_error(cfg), mf + ": parameter transformer.h.0.ln_1.weight is at flat offset " +
+                                      std::to_string(bias_at) + " in the checkpoint, the model has it at " +
+                                      std::to_string(weight_at));
+  } else {
+    EXPECT_HAS(resume_error(cfg), "parameter transformer.h.0.ln_1.weight is at flat offset");
+  }
+
+  // The manifest as saved: it resumes.
+  with_manifest([](json::Value&) {});
+  EXPECT_EQ(resume(cfg).start_step, 2);
 }
 
 TEST(Checkpoint, DamagedFilesAreRefusedOnEveryRankByName) {
@@ -149,8 +308,8 @@ TEST(Checkpoint, DamagedFilesAreRefusedOnEveryRankByName) {
   train(cfg, world);
   const std::string ckpt = dir.file("ckpt/step_0000004");
   const std::string shard = files::join(ckpt, "optim_r00001.h5");
-  const std::string pristine = files::read_file(world_size() > 1 ? shard : files::join(ckpt, "model.h5"));
-  const std::string victim = world_size() > 1 ? shard : files::join(ckpt, "model.h5");
+  const std::string pristine = files::read_file(shard);
+  const std::string victim = shard;
   MPI_Barrier(MPI_COMM_WORLD);  // every rank has read the pristine bytes before rank 0 damages them
   auto resume_error = [&] {
     auto c = cfg;

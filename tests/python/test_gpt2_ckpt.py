@@ -1,10 +1,13 @@
 """gpt2-ckpt on a real checkpoint: 2 CPU ranks (mpiexec) train a tiny model 5 steps with ZeRO-1 and
-save; then, without MPI, inspect names the step and world size, verify passes, and consolidate's
-weights equal model.h5 (fp32 run: bit for bit) and an independent numpy reassembly of the shards'
-fp32 masters; file sizes and CRC-32Cs are checked against a pure-Python CRC-32C. model.h5 is a model
-file (export-hf reads it like the checkpoint), and a second identical run writes the same model.h5. Damage (a flipped
-byte, a truncation, a missing manifest, HDF5 contents that disagree with the manifest) must give
-exit 1 (2 when it is no checkpoint) naming the file, and consolidate must write nothing.
+save; the checkpoint is the manifest and the optimizer shards, no model file. Then, without MPI,
+inspect names the step and world size, verify passes, and consolidate's weights equal an
+independent numpy reassembly of the shards' fp32 masters; file sizes and CRC-32Cs are checked
+against a pure-Python CRC-32C. gpt2-generate, gpt2-eval and export-hf give the same result from the
+checkpoint as from its consolidated model file, and a second identical run writes the same shard
+tensors. An old-style checkpoint (one that lists a model.h5, as writers before this one did) still
+verifies, loads, and has its model.h5 checked. Damage (a flipped byte, a truncation, a missing
+manifest, HDF5 contents that disagree with the manifest) must give exit 1 (2 when it is no
+checkpoint) naming the file, and consolidate must write nothing.
 Run by CTest (env GPT2_BIN_DIR, GPT2_SOURCE_DIR)."""
 import json, os, shutil, subprocess, tempfile
 import h5py, numpy as np
@@ -14,6 +17,8 @@ SRC = os.environ.get("GPT2_SOURCE_DIR", ".")
 BIN_DIR = os.environ.get("GPT2_BIN_DIR", "build/bin")
 TRAIN = os.path.join(BIN_DIR, "gpt2-train")
 CKPT = os.path.join(BIN_DIR, "gpt2-ckpt")
+GENERATE = os.path.join(BIN_DIR, "gpt2-generate")
+EVAL = os.path.join(BIN_DIR, "gpt2-eval")
 
 # CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), independent of src/base/crc32c.cpp.
 _T = []
@@ -29,9 +34,12 @@ def crc32c(data):
         crc = _T[(crc ^ b) & 0xFF] ^ (crc >> 8)
     return crc ^ 0xFFFFFFFF
 
-def ckpt(args, timeout=120):
-    p = subprocess.run([CKPT] + args, capture_output=True, text=True, errors="replace", timeout=timeout, cwd=SRC)
+def tool(exe, args, timeout=120):
+    p = subprocess.run([exe] + args, capture_output=True, text=True, errors="replace", timeout=timeout, cwd=SRC)
     return p.returncode, p.stdout + p.stderr
+
+def ckpt(args, timeout=120):
+    return tool(CKPT, args, timeout)
 
 def reseal(d, name):
     """After editing `name` in checkpoint d, record its new size and CRC-32C in the manifest."""
@@ -41,6 +49,15 @@ def reseal(d, name):
     for f in m["files"]:
         if f["name"] == name:
             f["bytes"], f["crc32c"] = len(data), f"{crc32c(data):08x}"
+    json.dump(m, open(mf, "w"))
+
+def list_file(d, name):
+    """Lists `name` (a file in checkpoint d) first among the manifest's files, with its size and CRC-32C."""
+    mf = os.path.join(d, "manifest.json")
+    m = json.load(open(mf))
+    data = open(os.path.join(d, name), "rb").read()
+    m["files"] = [{"name": name, "bytes": len(data), "crc32c": f"{crc32c(data):08x}"}] + \
+        [f for f in m["files"] if f["name"] != name]
     json.dump(m, open(mf, "w"))
 
 def expect_damage(d, needles, what):
@@ -71,6 +88,12 @@ with tempfile.TemporaryDirectory() as tmp:
     m = json.load(open(os.path.join(d, "manifest.json")))
     params = m["params"]
 
+    # A checkpoint is the manifest and the shards: no model file (nothing read it).
+    shard_files = [s["file"] for s in m["shards"]]
+    check(sorted(os.listdir(d)) == sorted(["manifest.json"] + shard_files),
+          f"the checkpoint directory holds manifest.json and the shards only: {sorted(os.listdir(d))}")
+    check([f["name"] for f in m["files"]] == shard_files, f"the manifest lists the shards only: {m['files']}")
+
     # The manifest's sizes and checksums, recomputed independently.
     for f in m["files"]:
         data = open(os.path.join(d, f["name"]), "rb").read()
@@ -98,7 +121,7 @@ with tempfile.TemporaryDirectory() as tmp:
     total = sum(f["bytes"] for f in m["files"])
     check(rc == 0 and f"OK {d}: {len(m['files'])} files, {total} bytes" in out, f"verify: {out.strip()} (rc={rc})")
 
-    # ---- consolidate, against model.h5 and a numpy reassembly of the shards' masters
+    # ---- consolidate, against a numpy reassembly of the shards' masters
     cons = os.path.join(tmp, "full.h5")
     rc, out = ckpt(["consolidate", root, "--out", cons])
     check(rc == 0 and os.path.isfile(cons) and not os.path.exists(cons + ".tmp"), f"consolidate writes {cons} (rc={rc})")
@@ -110,12 +133,10 @@ with tempfile.TemporaryDirectory() as tmp:
             flat[s["begin"]:s["end"]] = f["master"][...]
     check(not np.isnan(flat[:m["flat_total"]]).any(), "the shards cover the flat space")
     if os.path.isfile(cons):
-        with h5py.File(cons, "r") as c, h5py.File(os.path.join(d, "model.h5"), "r") as mh:
+        with h5py.File(cons, "r") as c:
             check(sorted(c.keys()) == sorted(p["name"] for p in params), f"{len(params)} datasets, one per parameter")
             shapes = all(c[p["name"]].shape == tuple(p["shape"]) and c[p["name"]].dtype == np.float32 for p in params)
             check(shapes, "every dataset is fp32 with the manifest's shape")
-            same_model = all(np.array_equal(c[p["name"]][...], mh[p["name"]][...]) for p in params)
-            check(same_model, "equal to model.h5 exactly (fp32 run)")
             same_flat = all(np.array_equal(c[p["name"]][...],
                                            flat[p["offset"]:p["offset"] + p["numel"]].reshape(p["shape"])) for p in params)
             check(same_flat, "equal to the numpy reassembly of the shards' masters exactly")
@@ -126,37 +147,76 @@ with tempfile.TemporaryDirectory() as tmp:
                   and int(a.get("vocab_size", -1)) == 256 and int(a.get("block_size", -1)) == 32,
                   f"root attributes format, step and model config: {dict(a)}")
 
-    # ---- the checkpoint's model.h5 is a model file: the same root attributes as consolidate's
-    # (but source), and gpt2-ckpt reads it as one (export-hf of model.h5 = export-hf of the checkpoint)
-    with h5py.File(os.path.join(d, "model.h5"), "r") as mh, h5py.File(cons, "r") as c:
-        ma, ca = dict(mh.attrs), dict(c.attrs)
-    keys = ["format", "format_version", "step", "n_layer", "n_head", "n_embd", "vocab_size", "block_size"]
-    check(all(k in ma and ma[k] == ca[k] for k in keys) and "source" in ma,
-          f"model.h5 carries the model-file attributes of the consolidated file: {ma}")
+    # ---- what reads weights reads the checkpoint as it reads its consolidated model file
     hf_ckpt, hf_model = os.path.join(tmp, "hf_ckpt"), os.path.join(tmp, "hf_model")
     rc1, out1 = ckpt(["export-hf", d, "--out", hf_ckpt])
-    rc2, out2 = ckpt(["export-hf", os.path.join(d, "model.h5"), "--out", hf_model])
-    same = rc1 == 0 and rc2 == 0 and "model file" in out2 and all(
+    rc2, out2 = ckpt(["export-hf", cons, "--out", hf_model])
+    same = rc1 == 0 and rc2 == 0 and "checkpoint" in out1 and "model file" in out2 and all(
         open(os.path.join(hf_ckpt, n), "rb").read() == open(os.path.join(hf_model, n), "rb").read()
         for n in ("model.safetensors", "config.json"))
-    check(same, f"export-hf of model.h5 (a model file) equals export-hf of the checkpoint byte for byte (rc={rc1}, {rc2})")
+    check(same, f"export-hf of the checkpoint equals export-hf of its consolidated file byte for byte (rc={rc1}, {rc2})")
     if not same: print(out1 + out2)
+    gen = ["--ids", "--prompt", "7 14 21", "--temperature", "0", "--max_new_tokens", "12", "--ignore_eot",
+           "--device", "cpu"]
+    (rc1, out1), (rc2, out2) = tool(GENERATE, [root] + gen), tool(GENERATE, [cons] + gen)
+    ids = out1.splitlines()[0] if rc1 == 0 and out1 else ""
+    check(rc1 == 0 and rc2 == 0 and len(ids.split()) == 15 and ids == out2.splitlines()[0],
+          f"gpt2-generate greedy from the checkpoint and from its model file: {ids} (rc={rc1}, {rc2})")
+    ev = ["--data", train, "--seq_len", "16", "--windows", "8", "--device", "cpu"]
+    (rc1, out1), (rc2, out2) = tool(EVAL, [d] + ev), tool(EVAL, [cons] + ev)
+    loss = [l.rsplit(" | ", 1)[0] for l in (out1 + out2).splitlines() if l.startswith("loss ")]  # less the source
+    check(rc1 == 0 and rc2 == 0 and len(loss) == 2 and loss[0] == loss[1],
+          f"gpt2-eval of the checkpoint and of its model file print the same loss: {loss} (rc={rc1}, {rc2})")
 
-    # ---- determinism: the same run again writes the same model.h5, byte for byte (untimed HDF5
-    # datasets, no path inside). The shards hold the CPU generator's state, which differs by run.
+    # ---- determinism: the same run again writes the same shard tensors (the shards also hold the
+    # CPU generator's state, which differs by run)
     root2 = os.path.join(tmp, "ckpt2")
     p = subprocess.run(mpi + [TRAIN] + [a for a in args if not a.startswith("--checkpoint.dir=")] +
                        [f"--checkpoint.dir={root2}"], capture_output=True, text=True, errors="replace", timeout=300, cwd=SRC)
-    m2 = json.load(open(os.path.join(root2, "step_0000005", "manifest.json"))) if p.returncode == 0 else {"files": []}
-    check([f for f in m2["files"] if f["name"] == "model.h5"] == [f for f in m["files"] if f["name"] == "model.h5"],
-          f"a second identical run writes the same model.h5 (size and crc32c; rc={p.returncode})")
+    d2 = os.path.join(root2, "step_0000005")
+    same = p.returncode == 0
+    for s in m["shards"] if same else []:
+        with h5py.File(os.path.join(d, s["file"]), "r") as a, h5py.File(os.path.join(d2, s["file"]), "r") as b:
+            same = same and all(np.array_equal(a[k][...], b[k][...]) for k in ("master", "exp_avg", "exp_avg_sq"))
+    check(same, f"a second identical run writes the same masters and moments (rc={p.returncode})")
 
-    # ---- damage
+    # ---- an old-style checkpoint: writers before this one added model.h5 (a model file) and listed
+    # it; it still verifies and loads, and its model.h5 is still checked against the manifest.
     def copy(name):
         out = os.path.join(tmp, name)
         shutil.copytree(d, out)
         return out
 
+    def old_style(name):
+        out = copy(name)
+        shutil.copyfile(cons, os.path.join(out, "model.h5"))
+        list_file(out, "model.h5")
+        return out
+
+    old = old_style("old")
+    rc, out = ckpt(["verify", old])
+    check(rc == 0 and f"OK {old}: {len(shard_files) + 1} files" in out, f"an old-style checkpoint verifies: {out.strip()} (rc={rc})")
+    rc, out = tool(GENERATE, [old] + gen)
+    check(rc == 0 and out.splitlines()[0] == ids, f"gpt2-generate reads an old-style checkpoint (rc={rc})")
+
+    truncated = old_style("truncated")
+    path = os.path.join(truncated, "model.h5")
+    size = os.path.getsize(path)
+    os.truncate(path, size // 2)
+    expect_damage(truncated, ["model.h5", f"{size // 2} bytes", str(size)], "a truncated model.h5 of an old-style checkpoint")
+
+    model_gone = old_style("model_gone")
+    victim = params[len(params) // 2]["name"]
+    with h5py.File(os.path.join(model_gone, "model.h5"), "r+") as f:
+        del f[victim]
+        data = f["transformer.wpe.weight"][...]
+        del f["transformer.wpe.weight"]
+        f.create_dataset("transformer.wpe.weight", data=data.reshape(-1))
+    reseal(model_gone, "model.h5")
+    expect_damage(model_gone, [f"model.h5: no dataset '{victim}'", "model.h5: 'transformer.wpe.weight' has shape"],
+                  "an old-style model.h5 missing a parameter and one with a wrong shape")
+
+    # ---- damage
     flipped = copy("flipped")
     path = os.path.join(flipped, "optim_r00001.h5")
     data = bytearray(open(path, "rb").read())
@@ -168,11 +228,11 @@ with tempfile.TemporaryDirectory() as tmp:
     check(rc == 1 and "optim_r00001.h5" in out and not os.path.exists(bad_out) and not os.path.exists(bad_out + ".tmp"),
           f"consolidate of a damaged checkpoint exits 1 and writes nothing (rc={rc})")
 
-    truncated = copy("truncated")
-    path = os.path.join(truncated, "model.h5")
+    truncated = copy("truncated_shard")
+    path = os.path.join(truncated, "optim_r00000.h5")
     size = os.path.getsize(path)
     os.truncate(path, size // 2)
-    expect_damage(truncated, ["model.h5", f"{size // 2} bytes", str(size)], "a truncated model.h5")
+    expect_damage(truncated, ["optim_r00000.h5", f"{size // 2} bytes", str(size)], "a truncated shard")
 
     no_manifest = copy("no_manifest")
     os.remove(os.path.join(no_manifest, "manifest.json"))
@@ -190,17 +250,6 @@ with tempfile.TemporaryDirectory() as tmp:
     reseal(shard0, "optim_r00000.h5")
     expect_damage(shard0, ["optim_r00000.h5: attribute end", "optim_r00000.h5: no dataset /exp_avg_sq"],
                   "a shard's attributes and datasets")
-
-    model_gone = copy("model_gone")
-    victim = params[len(params) // 2]["name"]
-    with h5py.File(os.path.join(model_gone, "model.h5"), "r+") as f:
-        del f[victim]
-        data = f["transformer.wpe.weight"][...]
-        del f["transformer.wpe.weight"]
-        f.create_dataset("transformer.wpe.weight", data=data.reshape(-1))
-    reseal(model_gone, "model.h5")
-    expect_damage(model_gone, [f"model.h5: no dataset '{victim}'", "model.h5: 'transformer.wpe.weight' has shape"],
-                  "model.h5 missing a parameter and one with a wrong shape")
 
     gap = copy("gap")
     mg = json.load(open(os.path.join(gap, "manifest.json")))
