@@ -4,6 +4,9 @@
 // the group must issue the same collectives in the same order (Note [Collective order]). Two
 // backends: MPI for CPU tensors (non-blocking MPI collectives, wait() blocks the host) and NCCL for
 // CUDA tensors (its own stream; wait() makes the caller's current stream wait, the host does not).
+// Both end a collective that has not finished `timeout_seconds` after this rank issued it (a peer
+// died or hangs): it is counted from the enqueue on each rank, so ranks must not drift apart by
+// that much before a collective (the trainer meets on the host after rank-0-only work).
 #include <mpi.h>
 #include <torch/types.h>
 
@@ -43,8 +46,9 @@ class Communicator {
 };
 
 // MPI backend over `comm` (not owned; must outlive the communicator). CPU tensors of fp32, fp64,
-// int32, int64 and uint8.
-std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
+// int32, int64 and uint8. A collective not finished `timeout_seconds` after it was issued makes
+// wait() throw gpt2::Error naming it and parallel.timeout_s (the caller ends the job).
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, double timeout_seconds);
 
 // NCCL backend for CUDA tensors on `device`, bootstrapped over `comm` (rank 0's unique id by
 // MPI_Bcast). Collectives time out after `timeout_seconds`: the communicator is then aborted and
