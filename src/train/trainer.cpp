@@ -307,7 +307,10 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
     }
 
     // ---- sample (rank 0 only; no collectives) -------------------------------------------------
-    if (tokenizer && tc.sample_every > 0 && step > 0 && step % tc.sample_every == 0) log_sample(model, *tokenizer, tc, step);
+    if (tokenizer && tc.sample_every > 0 && step > 0 && step % tc.sample_every == 0) {
+      fault.before_sample(step);
+      log_sample(model, *tokenizer, tc, step);
+    }
     progress.exclude_since(paused);
 
     // ---- micro-steps: forward + backward (all ranks) -------------------------------------------

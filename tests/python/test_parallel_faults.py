@@ -56,6 +56,19 @@ with tempfile.TemporaryDirectory() as d:
           "the collective timeout says why")
     if failures: print(out[-3000:])
 
+    # Rank-0-only work that outlasts parallel.timeout_s is no dead peer: rank 0's sample at step 5
+    # takes 4 s longer (GPT2_FAULT_AT=0:5:stall) while the timeout is 2 s; the healthy job must finish.
+    gpt2_train = os.path.join(d, "gpt2.h5")  # samples start from <|endoftext|>: the GPT-2 vocabulary
+    write_tokens(gpt2_train, np.arange(50000) * 7 % 251, vocab=50257, eot=50256)
+    rc, out, dt = run_faulty("0:5:stall", [f"--data.train={gpt2_train}", "--model.vocab_size=50257",
+                                           f"--data.tokenizer_dir={os.path.join(SRC, 'data/tokenizer/gpt2')}",
+                                           "--train.sample_every=5", "--train.sample_tokens=4",
+                                           "--train.max_steps=8", "--parallel.timeout_s=2"])
+    check(rc == 0 and "sample at step 5" in out and "step 7/8" in out,
+          f"rank 0 busy 4 s alone with parallel.timeout_s = 2: the job still completes (rc={rc})")
+    check("did not finish within" not in out, "no collective timed out")
+    if rc != 0: print(out[-3000:])
+
     p = subprocess.run([os.path.join(SRC, "launch/train.sh"), "-np", "2"] + args, capture_output=True, text=True,
                        errors="replace", timeout=300, cwd=SRC)
     out = p.stdout + p.stderr
