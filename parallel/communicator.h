@@ -52,7 +52,8 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, double timeou
 
 // NCCL backend for CUDA tensors on `device`, bootstrapped over `comm` (rank 0's unique id by
 // MPI_Bcast). Collectives time out after `timeout_seconds`: the communicator is then aborted and
-// the error surfaces in wait() and in the log, so a dead peer never hangs the job.
+// the error surfaces in wait() and in the log, so a dead peer never hangs the job. The set-up
+// (ncclCommInitRankConfig) has the same bound: past it, gpt2::Error naming parallel.timeout_s.
 // Throws gpt2::Error when this build has no NCCL.
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, int device, double timeout_seconds);
 
