@@ -25,6 +25,7 @@
 #include "src/base/cuda_check.h"
 #include "src/base/mpi_check.h"
 #include "src/base/log.h"
+#include "src/base/threads.h"
 
 namespace gpt2::parallel {
 
@@ -94,7 +95,7 @@ class NcclCommunicator : public Communicator {
       throw Error("NCCL communicator set-up (ncclCommInitRankConfig) " + problem);
     }
     log::info("NCCL ", nccl_version_string(), ": communicator of ", world_size_, " ranks on cuda:", device);
-    watchdog_ = std::thread([this] { watch(); });
+    watchdog_ = start_helper_thread([this] { watch(); });
   }
 
   ~NcclCommunicator() override {

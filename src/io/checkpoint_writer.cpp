@@ -22,6 +22,7 @@
 #include "src/base/errors.h"
 #include "src/base/files.h"
 #include "src/base/mpi_check.h"
+#include "src/base/threads.h"
 #include "src/io/h5_io.h"
 #include "src/io/manifest.h"
 #include "src/io/model_file.h"
@@ -151,7 +152,7 @@ std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::Fl
   // Files on a thread (HDF5 is used by no other thread during training); finish() is collective
   // and runs on this thread once every rank's files are written (poll()).
   written_.store(false);
-  thread_ = std::thread([this] {
+  thread_ = start_helper_thread([this] {
     try {
       write_files(*pending_);
     } catch (const std::exception& e) {
