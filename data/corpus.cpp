@@ -13,6 +13,7 @@
 #include "src/base/errors.h"
 #include "src/base/files.h"
 #include "src/base/log.h"
+#include "src/base/threads.h"
 
 namespace gpt2::data {
 namespace {
@@ -273,7 +274,7 @@ std::vector<std::vector<int32_t>> tokenize_documents(const Gpt2Tokenizer& tokeni
     }
   };
   std::vector<std::thread> pool;
-  for (size_t t = 1; t < num_threads; ++t) pool.emplace_back(worker);
+  for (size_t t = 1; t < num_threads; ++t) pool.push_back(start_helper_thread(worker));
   worker();
   for (auto& th : pool) th.join();
   if (error) std::rethrow_exception(error);

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "src/base/errors.h"
+#include "src/base/threads.h"
 
 namespace gpt2::data {
 
@@ -12,7 +13,7 @@ Prefetcher::Prefetcher(int64_t rows, int64_t cols, int depth, bool pinned, Fill 
   for (auto& e : ring_) {
     e.buffer = at::empty({rows, cols}, at::TensorOptions().dtype(at::kLong).pinned_memory(pinned));
   }
-  thread_ = std::thread([this] { run(); });
+  thread_ = start_helper_thread([this] { run(); });
 }
 
 Prefetcher::~Prefetcher() {

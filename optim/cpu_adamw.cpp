@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "src/base/threads.h"
+
 // The kernels are plain loops that GCC vectorises; each is compiled three times (AVX-512, AVX2+FMA,
 // baseline x86-64) through target attributes and picked once at run time with
 // __builtin_cpu_supports. (target_clones is not used: its "avx2" clone has no FMA, so the fused
@@ -94,7 +96,7 @@ HostThreadPool::HostThreadPool(int num_threads) : impl_(std::make_unique<Impl>()
   try {
     for (int i = 0; i + 1 < num_threads; ++i) {
       Impl* impl = impl_.get();
-      impl_->workers.emplace_back([impl, i] { impl->worker_loop(i); });
+      impl_->workers.push_back(start_helper_thread([impl, i] { impl->worker_loop(i); }));
     }
   } catch (...) {
     impl_->stop_and_join();  // the threads already started

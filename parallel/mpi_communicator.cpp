@@ -1,13 +1,20 @@
 // MPI backend of Communicator (CPU tensors). Non-blocking collectives, so a reduction issued from a
 // backward hook proceeds while later buckets are still being computed (Open MPI progresses them
-// inside later MPI calls and in wait()).
+// inside later MPI calls and in wait()). wait() polls with MPI_Test rather than blocking in
+// MPI_Wait, so a collective a peer never joins ends in an error after parallel.timeout_s, as with
+// NCCL, instead of holding the job.
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <limits>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "parallel/communicator.h"
-#include "src/base/mpi_check.h"
 #include "src/base/errors.h"
+#include "src/base/log.h"
+#include "src/base/mpi_check.h"
 
 namespace gpt2::parallel {
 namespace {
@@ -46,16 +53,46 @@ void check_cpu_contiguous(const torch::Tensor& t, const char* what) {
   }
 }
 
+using Clock = std::chrono::steady_clock;
+
+// A collective's request and the buffer MPI writes, with its deadline: enqueue time plus the
+// timeout, counted from the enqueue as NCCL's watchdog does.
 class MpiWork : public Work {
  public:
-  MpiWork(MPI_Request request, torch::Tensor result, double divide_by)
-      : request_(request), result_(std::move(result)), divide_by_(divide_by) {}
+  MpiWork(MPI_Request request, torch::Tensor result, double divide_by, const char* what, double timeout_seconds)
+      : request_(request),
+        result_(std::move(result)),
+        divide_by_(divide_by),
+        what_(what),
+        timeout_(timeout_seconds),
+        deadline_(Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_seconds))) {}
   ~MpiWork() override {
-    // A request must complete before its buffers go away; normally wait() already did this.
-    if (request_ != MPI_REQUEST_NULL) MPI_Wait(&request_, MPI_STATUS_IGNORE);
+    // A request must complete before its buffers go away; normally wait() already did this. On an
+    // error path (an exception unwinding, a peer gone) waiting could last forever: give up at the
+    // deadline, or at once while an exception unwinds, and keep the buffer (the job is ending).
+    if (request_ == MPI_REQUEST_NULL) return;
+    int done = 0;
+    while (std::uncaught_exceptions() == 0 && Clock::now() < deadline_) {
+      if (MPI_Test(&request_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) return;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    abandon();
   }
   void wait() override {
-    if (request_ != MPI_REQUEST_NULL) MPI_CHECK(MPI_Wait(&request_, MPI_STATUS_IGNORE));
+    // Spin on MPI_Test first (a reduction on the critical path is usually done within
+    // microseconds of its last peer arriving), then poll more gently.
+    for (int polls = 0; request_ != MPI_REQUEST_NULL; ++polls) {
+      int done = 0;
+      MPI_CHECK(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));  // sets request_ to MPI_REQUEST_NULL when done
+      if (done) break;
+      if (Clock::now() >= deadline_) {
+        abandon();
+        throw Error(log::format("MPI %s did not finish within %g s of being issued (parallel.timeout_s): a peer "
+                                "rank died or hangs",
+                                what_, timeout_));
+      }
+      if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
     if (divide_by_ != 1.0) {
       result_.div_(divide_by_);
       divide_by_ = 1.0;
@@ -63,14 +100,26 @@ class MpiWork : public Work {
   }
 
  private:
+  // A started non-blocking collective can be neither cancelled nor freed (MPI 3.1, 5.12), and MPI
+  // may still write its buffer: both are kept for the rest of the process (never destroyed, so
+  // nothing waits for them at exit). Only the thread that calls MPI gets here (MPI_THREAD_FUNNELED).
+  void abandon() {
+    static auto* abandoned = new std::vector<std::pair<MPI_Request, torch::Tensor>>();
+    abandoned->emplace_back(request_, result_);
+    request_ = MPI_REQUEST_NULL;
+  }
+
   MPI_Request request_;
   torch::Tensor result_;  // keeps the buffer alive while MPI writes it
   double divide_by_;
+  const char* what_;  // the collective, for the timeout message
+  double timeout_;
+  Clock::time_point deadline_;
 };
 
 class MpiCommunicator : public Communicator {
  public:
-  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+  MpiCommunicator(MPI_Comm comm, double timeout_seconds) : comm_(comm), timeout_(timeout_seconds) {
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     MPI_CHECK(MPI_Comm_size(comm_, &world_size_));
   }
@@ -83,7 +132,7 @@ class MpiCommunicator : public Communicator {
     MPI_Request req;
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), count(t), mpi_type(t), mpi_op(op),
                              comm_, &req));
-    return std::make_unique<MpiWork>(req, t, op == ReduceOp::kAvg ? world_size_ : 1.0);
+    return work(req, t, op == ReduceOp::kAvg ? world_size_ : 1.0, "all_reduce");
   }
 
   std::unique_ptr<Work> reduce(torch::Tensor t, int root, ReduceOp op) override {
@@ -92,7 +141,7 @@ class MpiCommunicator : public Communicator {
     // The root reduces in place; the others only send (their buffer is not written).
     const void* send = rank_ == root ? MPI_IN_PLACE : t.data_ptr();
     MPI_CHECK(MPI_Ireduce(send, t.data_ptr(), count(t), mpi_type(t), mpi_op(op), root, comm_, &req));
-    return std::make_unique<MpiWork>(req, t, op == ReduceOp::kAvg && rank_ == root ? world_size_ : 1.0);
+    return work(req, t, op == ReduceOp::kAvg && rank_ == root ? world_size_ : 1.0, "reduce");
   }
 
   std::unique_ptr<Work> reduce_scatter(torch::Tensor out, torch::Tensor in, ReduceOp op) override {
@@ -102,7 +151,7 @@ class MpiCommunicator : public Communicator {
     MPI_Request req;
     MPI_CHECK(MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), count(out), mpi_type(in),
                                         mpi_op(op), comm_, &req));
-    return std::make_unique<MpiWork>(req, out, op == ReduceOp::kAvg ? world_size_ : 1.0);
+    return work(req, out, op == ReduceOp::kAvg ? world_size_ : 1.0, "reduce_scatter");
   }
 
   std::unique_ptr<Work> all_gather(torch::Tensor out, torch::Tensor in) override {
@@ -115,28 +164,37 @@ class MpiCommunicator : public Communicator {
     const bool in_place = in.data_ptr() == static_cast<char*>(out.data_ptr()) + rank_ * in.nbytes();
     MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data_ptr(), n, mpi_type(in), out.data_ptr(), n,
                              mpi_type(out), comm_, &req));
-    return std::make_unique<MpiWork>(req, out, 1.0);
+    return work(req, out, 1.0, "all_gather");
   }
 
   std::unique_ptr<Work> broadcast(torch::Tensor t, int root) override {
     check_cpu_contiguous(t, "broadcast tensor");
     MPI_Request req;
     MPI_CHECK(MPI_Ibcast(t.data_ptr(), count(t), mpi_type(t), root, comm_, &req));
-    return std::make_unique<MpiWork>(req, t, 1.0);
+    return work(req, t, 1.0, "broadcast");
   }
 
-  void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
+  void barrier() override {  // non-blocking too, so it times out like the others
+    MPI_Request req;
+    MPI_CHECK(MPI_Ibarrier(comm_, &req));
+    work(req, torch::Tensor(), 1.0, "barrier")->wait();
+  }
 
  private:
+  std::unique_ptr<Work> work(MPI_Request req, torch::Tensor result, double divide_by, const char* what) const {
+    return std::make_unique<MpiWork>(req, std::move(result), divide_by, what, timeout_);
+  }
+
   MPI_Comm comm_;
+  double timeout_;
   int rank_ = 0;
   int world_size_ = 1;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
-  return stage_through_host(std::make_unique<MpiCommunicator>(comm));
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, double timeout_seconds) {
+  return stage_through_host(std::make_unique<MpiCommunicator>(comm, timeout_seconds));
 }
 
 #ifndef GPT2_WITH_NCCL
@@ -163,7 +221,7 @@ std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, const torch::Devi
   if (backend == "auto" && device.is_cuda() && size > 1) {
     return make_nccl_communicator(comm, device.index(), timeout_seconds);
   }
-  return make_mpi_communicator(comm);
+  return make_mpi_communicator(comm, timeout_seconds);
 }
 
 }  // namespace gpt2::parallel

@@ -2,6 +2,10 @@
 // ordered after the caller's current stream by an event; a watchdog thread polls for NCCL's
 // asynchronous errors and for collectives that outlive the timeout, and then aborts the
 // communicator and ends the process, so mpirun takes the whole job down instead of hanging.
+// The communicator is non-blocking (ncclConfig_t::blocking = 0) so that its set-up, which waits for
+// every peer, can be given up after the timeout too. Then any NCCL call on it may return
+// ncclInProgress before its work is enqueued: each one is followed by wait_until_ready(), which
+// polls ncclCommGetAsyncError until the call has finished, before anything depends on it.
 #ifdef GPT2_WITH_NCCL
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -21,6 +25,7 @@
 #include "src/base/cuda_check.h"
 #include "src/base/mpi_check.h"
 #include "src/base/log.h"
+#include "src/base/threads.h"
 
 namespace gpt2::parallel {
 
@@ -79,9 +84,18 @@ class NcclCommunicator : public Communicator {
     if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm));
     c10::cuda::CUDAGuard guard(device_);
-    NCCL_CHECK(ncclCommInitRank(&comm_, world_size_, id, rank_));
+    // A peer that never joins (it died, or is stuck before this point) would hold a blocking
+    // ncclCommInitRank forever: bounded by the timeout like the collectives.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const auto deadline = Clock::now() + seconds(timeout_);
+    NCCL_CHECK(ncclCommInitRankConfig(&comm_, world_size_, id, rank_, &config));
+    if (const std::string problem = wait_until_ready(deadline); !problem.empty()) {
+      ncclCommAbort(comm_);
+      throw Error("NCCL communicator set-up (ncclCommInitRankConfig) " + problem);
+    }
     log::info("NCCL ", nccl_version_string(), ": communicator of ", world_size_, " ranks on cuda:", device);
-    watchdog_ = std::thread([this] { watch(); });
+    watchdog_ = start_helper_thread([this] { watch(); });
   }
 
   ~NcclCommunicator() override {
@@ -91,12 +105,17 @@ class NcclCommunicator : public Communicator {
     }
     wake_.notify_all();
     watchdog_.join();
-    // On an error path a peer may never reach its matching collective: destroy would wait for
-    // it, abort does not.
-    if (failed_.load() || std::uncaught_exceptions() > 0) {
-      ncclCommAbort(comm_);
-    } else {
+    // On an error path a peer may never reach its matching collective: finalize would wait for
+    // it, abort does not. Finalize is non-blocking here: bounded by the timeout as well.
+    bool finalized = false;
+    if (!failed_.load() && std::uncaught_exceptions() == 0) {
+      const ncclResult_t rc = ncclCommFinalize(comm_);
+      finalized = (rc == ncclSuccess || rc == ncclInProgress) && wait_until_ready(Clock::now() + seconds(timeout_)).empty();
+    }
+    if (finalized) {
       ncclCommDestroy(comm_);
+    } else {
+      ncclCommAbort(comm_);
     }
   }
 
@@ -144,6 +163,36 @@ class NcclCommunicator : public Communicator {
     const char* what;
   };
 
+  static Clock::duration seconds(double s) {
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+  }
+
+  // Polls until the communicator's last call has finished (Note at the top): "" when it succeeded,
+  // else what went wrong ("failed: ..." or "did not finish within ...") to complete a message.
+  std::string wait_until_ready(Clock::time_point deadline) {
+    for (;;) {
+      ncclResult_t state = ncclInProgress;
+      const ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
+      if (rc != ncclSuccess) state = rc;
+      if (state == ncclSuccess) return "";
+      if (state != ncclInProgress) return std::string("failed: ") + ncclGetErrorString(state) + ": " + ncclGetLastError(comm_);
+      if (Clock::now() >= deadline) {
+        return log::format("did not finish within %g s (parallel.timeout_s): a peer rank died or hangs", timeout_);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+  // Ends the process as the watchdog does (see watch()); `mutex_` keeps the watchdog off comm_.
+  [[noreturn]] void abort_and_exit(const std::string& problem) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failed_.store(true);
+    log::error(problem, "; aborting the communicator and this rank");
+    ncclCommAbort(comm_);
+    log::flush();
+    std::_Exit(1);
+  }
+
   template <typename Launch>
   std::unique_ptr<Work> enqueue(const char* what, std::initializer_list<torch::Tensor> tensors, Launch launch) {
     if (failed_.load()) throw Error(std::string("NCCL ") + what + ": communicator was aborted");
@@ -158,6 +207,10 @@ class NcclCommunicator : public Communicator {
     // The allocator must not hand these blocks out again until the comm stream is done with them.
     for (const auto& t : tensors) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
     launch(stream_.stream());
+    // Enqueued on stream_ only once the call is no longer in progress (Note at the top).
+    if (const std::string problem = wait_until_ready(Clock::now() + seconds(timeout_)); !problem.empty()) {
+      abort_and_exit(std::string("NCCL ") + what + " " + problem);
+    }
     auto done = std::make_shared<at::cuda::CUDAEvent>();
     done->record(stream_);
     {

@@ -64,7 +64,10 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
 }
 
 uint32_t crc32c_file(const std::string& path, uint64_t* bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = -1;
+  do {  // files.cpp Note [EINTR]
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
   if (fd < 0) throw UserError(path + ": cannot read: " + std::strerror(errno));
   std::vector<unsigned char> buf(size_t{4} << 20);
   uint32_t crc = 0;

@@ -23,6 +23,30 @@ namespace {
   throw UserError(path + ": " + what + ": " + std::strerror(err));
 }
 
+// Note [EINTR]: on NFS, Lustre or FUSE file systems (where checkpoints often live) a signal whose
+// handler was installed without SA_RESTART, by this program or a library in it, cuts open, write,
+// fsync, rename, mkdir and remove short with EINTR; each is retried, and a write that moved fewer
+// bytes goes on from there. close is not retried: Linux releases the descriptor even when close
+// reports EINTR, and a retry could close one that another thread has just opened. An interrupted
+// close counts as closed; what a durable write needs on disk is fsynced through a new descriptor
+// after it (sync_path), and that reports any error the close would have.
+
+// Calls `call` again while it fails with EINTR; its last result (errno set when it is -1).
+template <typename Call>
+auto retry_interrupted(Call call) {
+  for (;;) {
+    const auto rc = call();
+    if (rc != -1 || errno != EINTR) return rc;
+  }
+}
+
+int open_file(const std::string& path, int flags, mode_t mode = 0) {
+  return retry_interrupted([&] { return ::open(path.c_str(), flags, mode); });
+}
+
+// close(2) that counts EINTR as closed (Note [EINTR]): 0, or the error of any other failure.
+int close_file(int fd) { return ::close(fd) == 0 || errno == EINTR ? 0 : errno; }
+
 bool is_missing(int err) { return err == ENOENT || err == ENOTDIR; }
 
 // stat (or lstat) that returns false for a missing path and throws on any other failure.
@@ -43,7 +67,7 @@ std::string strip_trailing_slashes(const std::string& path) {
 thread_local std::string* g_remove_failed_path = nullptr;
 
 int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
-  if (::remove(path) == 0 || errno == ENOENT) return 0;
+  if (retry_interrupted([&] { return ::remove(path); }) == 0 || errno == ENOENT) return 0;
   const int err = errno;
   if (g_remove_failed_path != nullptr) *g_remove_failed_path = path;
   errno = err;
@@ -152,7 +176,7 @@ void create_directories(const std::string& dir) {
       if (!S_ISDIR(st.st_mode)) throw UserError(prefix + ": cannot create directory: exists and is not a directory");
       continue;
     }
-    if (::mkdir(prefix.c_str(), 0777) != 0) {
+    if (retry_interrupted([&] { return ::mkdir(prefix.c_str(), 0777); }) != 0) {
       const int err = errno;
       if (err == EEXIST && ::stat(prefix.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) continue;
       fail(prefix, "cannot create directory", err);
@@ -181,21 +205,29 @@ void remove_tree(const std::string& path) {
 }
 
 bool remove_file(const std::string& path) {
-  if (::remove(path.c_str()) == 0) return true;
+  if (retry_interrupted([&] { return ::remove(path.c_str()); }) == 0) return true;
   const int err = errno;
   if (is_missing(err)) return false;
   fail(path, "cannot remove", err);
 }
 
 void rename_file(const std::string& from, const std::string& to) {
-  if (::rename(from.c_str(), to.c_str()) != 0) {
+  for (bool interrupted = false;;) {
+    if (::rename(from.c_str(), to.c_str()) == 0) return;
     const int err = errno;
+    if (err == EINTR) {
+      interrupted = true;
+      continue;
+    }
+    // Over NFS an interrupted attempt may have renamed already: `from` gone and `to` there is done.
+    struct stat st {};
+    if (interrupted && err == ENOENT && !stat_path(from, &st, false) && stat_path(to, &st, false)) return;
     throw UserError("cannot rename " + from + " to " + to + ": " + std::strerror(err));
   }
 }
 
 std::string read_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = open_file(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(path, "cannot open", errno);
   std::string out;
   struct stat st {};
@@ -218,11 +250,11 @@ std::string read_file(const std::string& path) {
 
 void sync_path(const std::string& path) {
   // O_RDONLY opens a directory too; fsync of that descriptor makes its entries durable.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = open_file(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(path, "cannot open to sync", errno);
-  const int rc = ::fsync(fd);
+  const int rc = retry_interrupted([&] { return ::fsync(fd); });
   const int err = errno;
-  ::close(fd);
+  close_file(fd);
   if (rc != 0) fail(path, "fsync failed", err);
 }
 
@@ -246,19 +278,18 @@ void write_durably(const std::string& path, const std::function<void(const std::
 
 void write_file_durably(const std::string& path, const std::string& bytes) {
   write_durably(path, [&](const std::string& tmp) {
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    const int fd = open_file(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     if (fd < 0) fail(tmp, "cannot write", errno);
-    for (size_t done = 0; done < bytes.size();) {
-      const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-      if (n < 0 && errno == EINTR) continue;
+    for (size_t done = 0; done < bytes.size();) {  // a short write goes on where it stopped
+      const ssize_t n = retry_interrupted([&] { return ::write(fd, bytes.data() + done, bytes.size() - done); });
       if (n <= 0) {
         const int err = n < 0 ? errno : EIO;
-        ::close(fd);
+        close_file(fd);
         fail(tmp, "write failed", err);
       }
       done += static_cast<size_t>(n);
     }
-    if (::close(fd) != 0) fail(tmp, "write failed", errno);
+    if (const int err = close_file(fd); err != 0) fail(tmp, "write failed", err);
   });
 }
 

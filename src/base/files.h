@@ -57,7 +57,9 @@ std::string read_file(const std::string& path);
 // ---- durable writes. Note [Durable write]: a file that matters (checkpoint parts, model files,
 // token files, exports) is written to PATH.tmp, flushed to the disk (fsync), renamed over PATH,
 // and then PATH's directory is fsynced so that the rename itself survives a power loss. A crash
-// at any point leaves the old PATH or the new one, never a part of either.
+// at any point leaves the old PATH or the new one, never a part of either. A signal that interrupts
+// one of these calls (EINTR, e.g. on NFS or FUSE) or a short write does not fail it: the call is
+// retried or goes on (files.cpp Note [EINTR]).
 // fsync(2) of a file or a directory (what a rename into it or a new entry needs to be durable).
 void sync_path(const std::string& path);
 // Syncs `from` (a file or a directory), renames it to `to` and syncs `to`'s directory.

@@ -21,6 +21,7 @@
 #include "src/base/errors.h"
 #include "src/base/files.h"
 #include "src/base/mpi_check.h"
+#include "src/base/threads.h"
 #include "src/io/h5_io.h"
 #include "src/io/manifest.h"
 #include "src/io/retention.h"
@@ -151,7 +152,7 @@ std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::Fl
     polls_ = 0;
     released_ = hold_ <= 0;
   }
-  thread_ = std::thread([this] {
+  thread_ = start_helper_thread([this] {
     try {
       {
         std::unique_lock<std::mutex> lock(hold_mutex_);

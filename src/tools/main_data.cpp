@@ -28,6 +28,7 @@
 #include "src/base/errors.h"
 #include "src/base/files.h"
 #include "src/base/log.h"
+#include "src/base/threads.h"
 #include "src/tools/command_line.h"
 
 namespace po = boost::program_options;
@@ -136,7 +137,7 @@ class Progress {
  public:
   explicit Progress(int64_t total_bytes)
       : total_bytes_(total_bytes), tty_(::isatty(STDERR_FILENO) == 1), start_(Clock::now()) {
-    thread_ = std::thread([this] { loop(); });
+    thread_ = gpt2::start_helper_thread([this] { loop(); });
   }
   ~Progress() { stop(); }
 
@@ -287,8 +288,10 @@ int run(const Options& opt) {
   while (have) {
     data::Corpus next_batch;
     // The reader is only ever used by one thread at a time: this one, or the read-ahead.
-    std::future<bool> ahead =
-        std::async(std::launch::async, [&reader, &next_batch] { return reader.next(&next_batch, kBatchBytes); });
+    std::future<bool> ahead = [&] {
+      const gpt2::StopSignalsBlocked blocked;  // a helper thread, as start_helper_thread makes
+      return std::async(std::launch::async, [&reader, &next_batch] { return reader.next(&next_batch, kBatchBytes); });
+    }();
     warn_skipped(batch.skipped());
     progress.begin_batch(batch.input_bytes(), batch.document_bytes() + 2 * batch.shard_tokens());
     const auto doc_tokens = data::tokenize_documents(tokenizer, batch, opt.threads, progress.counters());

@@ -52,7 +52,7 @@ struct ParallelConfig {
   int64_t zero_stage = 0;         // 0 | 1 | 2
   std::string offload = "none";   // none | optimizer (AdamW state in host memory, updated by the CPU)
   int64_t offload_threads = 0;    // CPU AdamW threads per rank; 0 = hardware threads / ranks on the node
-  double timeout_s = 30;          // a collective older than this ends the job (dead or hung peer)
+  double timeout_s = 600;         // a collective older than this ends the job (dead or hung peer); PyTorch NCCL's default
   double step_timeout_s = 900;    // no step finished for this long on a rank (CPU or GPU, any phase): end the job
 };
 

@@ -25,14 +25,19 @@ StepFault StepFault::from_environment(int rank) {
   if (n == 3 && std::string(mode) == "kill") fault.mode_ = Mode::kKill;
   if (n == 3 && std::string(mode) == "hang") fault.mode_ = Mode::kHang;
   if (n == 3 && std::string(mode) == "inf") fault.mode_ = Mode::kInf;
+  if (n == 3 && std::string(mode) == "stall") fault.mode_ = Mode::kStall;
   return fault;
 }
 
 void StepFault::at_step_start(int64_t step) const {
-  if (step != step_ || mode_ == Mode::kInf) return;
+  if (step != step_ || mode_ == Mode::kInf || mode_ == Mode::kStall) return;
   if (mode_ == Mode::kKill) std::raise(SIGKILL);
   while (mode_ == Mode::kHang) std::this_thread::sleep_for(std::chrono::seconds(1));
   throw Error("injected fault (GPT2_FAULT_AT) at step " + std::to_string(step));
+}
+
+void StepFault::before_sample(int64_t step) const {
+  if (step == step_ && mode_ == Mode::kStall) std::this_thread::sleep_for(std::chrono::seconds(kStallSeconds));
 }
 
 }  // namespace gpt2

@@ -5,6 +5,7 @@
 
 #include "src/base/errors.h"
 #include "src/base/log.h"
+#include "src/base/threads.h"
 
 namespace gpt2 {
 namespace {
@@ -20,6 +21,9 @@ StopSignals::StopSignals() {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
+  // The run goes on after the signal: a read, write or wait it lands in must go on too, not fail
+  // with EINTR. (Helper threads block these signals, src/base/threads.h: the main thread gets them.)
+  sa.sa_flags = SA_RESTART;
   sigaction(SIGUSR1, &sa, &old_usr1_);
   sigaction(SIGTERM, &sa, &old_term_);
 }
@@ -38,7 +42,7 @@ int StopSignals::received() const { return g_stop_signal.load(); }
 
 StepWatchdog::StepWatchdog(double timeout_s) : timeout_(timeout_s) {
   beat();
-  thread_ = std::thread([this] {
+  thread_ = start_helper_thread([this] {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stop_) {
       cv_.wait_for(lock, std::chrono::milliseconds(500));

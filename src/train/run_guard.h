@@ -3,7 +3,9 @@
 // - StopSignals: SIGUSR1 (Slurm's warning before the time limit, forwarded by mpirun and srun) and
 //   SIGTERM (preemption) only record the signal; the trainer reads it at the next step boundary,
 //   saves a checkpoint and stops. The previous handlers come back when the guard goes, unless the
-//   run stopped for a preemption (then both signals are ignored from there on).
+//   run stopped for a preemption (then both signals are ignored from there on). The handlers
+//   restart the calls they interrupt (SA_RESTART), and only the main thread takes them: helper
+//   threads block them (src/base/threads.h).
 // - StepWatchdog: a rank that hangs (stopped, deadlocked, or waiting on a peer that hangs) never
 //   finishes its step. The watchdog ends this process when no beat() came for `timeout_s`; the
 //   launcher (mpirun, srun --kill-on-bad-exit) then ends the others, so a hang anywhere, on CPU

@@ -6,6 +6,14 @@
 // order, so no rank can wait on a peer that took another branch. Branches that only rank 0 takes
 // (logging, samples, metrics file) contain no collectives.
 //
+// Note [Rank-0 work]: a collective's timeout (parallel.timeout_s) counts from its enqueue on each
+// rank, so a rank that reaches a device collective while rank 0 alone samples, writes metrics or
+// a checkpoint's extra files would take rank 0 for dead once that work outlasts the timeout. After
+// each such section the ranks meet on the host (env.barrier(): MPI, no timeout; the step watchdog,
+// parallel.step_timeout_s, still ends a real hang) before the next device collective, and only
+// where that work happened. The step line and metrics that progress.step_done() writes are
+// followed by the stop-flag reduction of every step, which is such a meeting already.
+//
 // Note [Batch layout]: optimizer step s reads global samples [s·G, (s+1)·G), G = global batch in
 // sequences, numbered micro-step-major, then rank, then row (data/batch_sampler.h). N ranks with
 // A micro-steps therefore see exactly what one rank with N·A micro-steps sees.
@@ -291,6 +299,8 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
   torch::Tensor grad_norm;
   Clock::time_point save_taken;  // of the save in flight
+  // Rank 0 alone loaded the tokenizer and opened the metrics files (Note [Rank-0 work]).
+  env.barrier();
 
   for (int64_t step = start_step; step < tc.max_steps; ++step) {
     watchdog.beat();
@@ -299,15 +309,25 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
 
     // ---- eval (all ranks: one reduction) ------------------------------------------------------
     const auto paused = Clock::now();  // eval and sample time stays out of the step timing
-    if (data.val && ((tc.eval_every > 0 && step % tc.eval_every == 0) || last_step)) {
+    const bool eval_due = data.val && ((tc.eval_every > 0 && step % tc.eval_every == 0) || last_step);
+    if (eval_due) {
       const double val_loss = evaluate(model, *data.val, tc.eval_steps, env, device);
       watchdog.beat();
       result.val_losses.emplace_back(step, val_loss);
-      progress.val_loss(step, val_loss);
+      progress.val_loss(step, val_loss);  // rank 0 prints and writes the metric
     }
 
     // ---- sample (rank 0 only; no collectives) -------------------------------------------------
-    if (tokenizer && tc.sample_every > 0 && step > 0 && step % tc.sample_every == 0) log_sample(model, *tokenizer, tc, step);
+    // Due by the config, so every rank knows when rank 0 is busy with one.
+    const bool sample_due = tc.sample_tokens > 0 && tc.sample_every > 0 && step > 0 && step % tc.sample_every == 0;
+    if (tokenizer && sample_due) {
+      fault.before_sample(step);
+      log_sample(model, *tokenizer, tc, step);
+    }
+    if (eval_due || sample_due) {  // Note [Rank-0 work]
+      env.barrier();
+      watchdog.beat();
+    }
     progress.exclude_since(paused);
 
     // ---- micro-steps: forward + backward (all ranks) -------------------------------------------
@@ -367,11 +387,14 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
     loss_sum.zero_();
 
     // ---- checkpoint (all ranks) -------------------------------------------------------------
-    // A stop signal on any rank stops every rank after this step (one small reduction a step).
+    // A stop signal on any rank stops every rank after this step (one small reduction a step; it
+    // is also the meeting after the step line and metrics rank 0 just wrote, Note [Rank-0 work]).
     const int stop = env.all_reduce_max(stop_signals.received());
     if (checkpoints.pending()) {  // a background save finishes once every rank wrote its files
       const std::string done = checkpoints.poll();
-      if (!done.empty()) {
+      if (!done.empty()) {  // rank 0 wrote the manifest, renamed and pruned (Note [Rank-0 work])
+        env.barrier();
+        watchdog.beat();
         result.last_checkpoint = done;
         log::info(log::format("checkpoint %s complete, %.1f s after it was taken", done.c_str(),
                               std::chrono::duration<double>(Clock::now() - save_taken).count()));
@@ -384,6 +407,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
       const bool async = cfg.checkpoint.async && stop == 0 && !last_step;
       watchdog.beat();
       const std::string done = checkpoints.save(step + 1, model, layout, optimizer, scaler, async);
+      env.barrier();  // rank 0 copied and wrote the model and the manifest alone (Note [Rank-0 work])
       watchdog.beat();
       if (!done.empty()) result.last_checkpoint = done;
       log::info(log::format("checkpoint of step %lld: training paused %.2f s%s", (long long)(step + 1),
@@ -408,6 +432,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   result.optimizer_host_bytes = optimizer.host_state_bytes();
   result.loss_scale = scaler.enabled() ? scaler.scale() : 1.0;
   if (tokenizer && !result.preempted) log_sample(model, *tokenizer, tc, tc.max_steps);
+  if (tc.sample_tokens > 0 && !result.preempted) env.barrier();  // before a caller's next collective (Note [Rank-0 work])
   log_summary(result, tc.max_steps, progress.seconds());
   result.model = model;
   return result;

@@ -2,14 +2,21 @@
 // gpt2::UserError naming the path. (The same helpers under a loaded libtorch: tests/model.)
 #include "src/base/files.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "src/base/errors.h"
@@ -235,6 +242,84 @@ TEST(Files, ReadFile) {
   EXPECT_EQ(user_error([&] { read_file(dir.file("nope")); }),
             dir.file("nope") + ": cannot open: No such file or directory");
   EXPECT_EQ(user_error([&] { read_file(dir.path()); }), dir.path() + ": cannot read: Is a directory");
+}
+
+// SIGALRM every `interval_us` microseconds while in scope, to a handler installed without
+// SA_RESTART (as a library or a profiler may install one): a blocking call it interrupts fails with
+// EINTR instead of going on.
+class InterruptingTimer {
+ public:
+  explicit InterruptingTimer(long interval_us) {
+    fired_ = 0;
+    struct sigaction sa {};
+    sa.sa_handler = [](int) { fired_.fetch_add(1); };
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;
+    ::sigaction(SIGALRM, &sa, &previous_);
+    const itimerval every{{0, interval_us}, {0, interval_us}};
+    ::setitimer(ITIMER_REAL, &every, nullptr);
+  }
+  ~InterruptingTimer() {
+    const itimerval off{};
+    ::setitimer(ITIMER_REAL, &off, nullptr);
+    ::sigaction(SIGALRM, &previous_, nullptr);
+  }
+  int fired() const { return fired_.load(); }
+
+ private:
+  static inline std::atomic<int> fired_{0};
+  struct sigaction previous_ {};
+};
+
+// A FIFO whose writer comes late and writes slowly: read_file blocks in open() and then in read(),
+// and SIGALRM keeps interrupting both. It must still return every byte.
+TEST(Files, ReadFileGoesOnThroughSignalsWithoutRestart) {
+  TempDir dir;
+  const std::string fifo = dir.file("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string expected(1u << 20, '\0');
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] = static_cast<char>(i * 7 + i / 1000);
+  std::atomic<bool> written{false};
+  std::thread writer([&] {
+    sigset_t alrm;  // the timer's signals go to the reader (the main thread)
+    sigemptyset(&alrm);
+    sigaddset(&alrm, SIGALRM);
+    pthread_sigmask(SIG_BLOCK, &alrm, nullptr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const int fd = ::open(fifo.c_str(), O_WRONLY);
+    for (size_t done = 0; fd >= 0 && done < expected.size();) {
+      const ssize_t n = ::write(fd, expected.data() + done, std::min<size_t>(expected.size() - done, 32u << 10));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (fd >= 0) ::close(fd);
+    written = true;
+  });
+  std::string got;
+  bool threw = false;
+  {
+    InterruptingTimer timer(/*interval_us=*/500);
+    try {
+      got = read_file(fifo);
+    } catch (const UserError& e) {
+      threw = true;
+      ADD_FAILURE() << e.what();
+    }
+    EXPECT_GT(timer.fired(), 100);
+  }
+  if (threw) {  // release the writer: read what it writes until it is done
+    const int fd = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+    char buf[1 << 16];
+    while (fd >= 0 && !written) {
+      if (::read(fd, buf, sizeof buf) <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (fd >= 0) ::close(fd);
+  }
+  writer.join();
+  EXPECT_EQ(got.size(), expected.size());
+  EXPECT_TRUE(got == expected) << "read_file returned other bytes";
 }
 
 TEST(Files, MakeTempDirIsFreshEachTime) {

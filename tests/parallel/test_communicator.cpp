@@ -3,15 +3,23 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
+#include <string>
+#include <thread>
+
 #include "parallel/communicator.h"
 #include "src/base/errors.h"
 #include "tests/parallel/collective_checks.h"
+#include "tests/test_util.h"
 
 namespace gpt2::parallel {
 namespace {
 
+// Long enough never to trip on a healthy run of these tests.
+constexpr double kTimeoutSeconds = 120;
+
 struct Group {
-  std::unique_ptr<Communicator> comm = make_mpi_communicator(MPI_COMM_WORLD);
+  std::unique_ptr<Communicator> comm = make_mpi_communicator(MPI_COMM_WORLD, kTimeoutSeconds);
   int rank = comm->rank();
   int n = comm->world_size();
 };
@@ -26,6 +34,52 @@ TEST(MpiCommunicator, EveryCollectiveOnEveryDtype) {
   auto strided = torch::ones({4, 4}).t();
   EXPECT_THROW(g.comm->all_reduce(strided, ReduceOp::kSum), Error);
   EXPECT_THROW(g.comm->all_reduce(strided.to(torch::kBFloat16), ReduceOp::kSum), Error);
+}
+
+// The time `fn` takes, in seconds, and the message of the gpt2::Error it throws ("" if none).
+template <typename Fn>
+std::pair<double, std::string> timed_error(Fn&& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string message;
+  try {
+    fn();
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  return {std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), message};
+}
+
+// A peer that does not join a collective within the timeout (it died, hangs, or is busy elsewhere)
+// ends the wait with an error naming the collective and parallel.timeout_s, counted from when this
+// rank issued it, as the NCCL watchdog does. Rank 0 is on time; the others join 3 s late, and their
+// collective then completes against rank 0's, which stays in flight.
+TEST(MpiCommunicator, CollectiveTimesOutWhenAPeerIsLate) {
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD, /*timeout_seconds=*/1.0);
+  const int rank = comm->rank(), n = comm->world_size();
+  auto t = torch::ones({4}, torch::kFloat32);
+  if (rank == 0) {
+    auto work = comm->all_reduce(t, ReduceOp::kSum);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // counted from the issue, not from wait()
+    const auto [seconds, message] = timed_error([&] { work->wait(); });
+    EXPECT_HAS(message, "MPI all_reduce did not finish within 1 s of being issued (parallel.timeout_s)");
+    EXPECT_GE(seconds, 0.4);
+    EXPECT_LT(seconds, 1.5);
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    comm->all_reduce(t, ReduceOp::kSum)->wait();
+    EXPECT_FLOAT_EQ(t[3].item<float>(), float(n));
+  }
+  // The same for the barrier.
+  if (rank == 0) {
+    const auto [seconds, message] = timed_error([&] { comm->barrier(); });
+    EXPECT_HAS(message, "MPI barrier did not finish within 1 s of being issued (parallel.timeout_s)");
+    EXPECT_GE(seconds, 0.9);
+    EXPECT_LT(seconds, 2.0);
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    comm->barrier();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 }  // namespace

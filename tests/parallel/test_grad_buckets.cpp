@@ -14,6 +14,9 @@
 namespace gpt2::parallel {
 namespace {
 
+// Long enough never to trip on a healthy run of these tests.
+constexpr double kTimeoutSeconds = 120;
+
 // A stack of linear layers whose input depends on the rank, so every rank's gradient differs.
 struct Stack {
   std::vector<torch::Tensor> weights;
@@ -48,7 +51,7 @@ std::vector<torch::Tensor> expected_sum(int layers, int width, int world, int sk
 }
 
 TEST(GradBuckets, ReducedGradientIsTheSumOverRanksWithManyBuckets) {
-  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD, kTimeoutSeconds);
   Stack s(6, 16);
   // 16x16 doubles = 2 KiB per weight; a 3 KiB cap makes two weights per bucket -> 3 buckets.
   const FlatLayout layout(s.weights, comm->world_size());
@@ -65,7 +68,7 @@ TEST(GradBuckets, ReducedGradientIsTheSumOverRanksWithManyBuckets) {
 }
 
 TEST(GradBuckets, AccumulatesWithoutReducingUntilTheLastMicroStep) {
-  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD, kTimeoutSeconds);
   Stack s(3, 8);
   const FlatLayout layout(s.weights, comm->world_size());
   GradBuckets buckets(s.weights, layout, 1, *comm);  // one parameter per bucket
@@ -87,7 +90,7 @@ TEST(GradBuckets, AccumulatesWithoutReducingUntilTheLastMicroStep) {
 // into the buffer, so accumulation and the reduction happen in the buffer's dtype, and .grad is
 // left empty. Expected: twice the per-rank sum, from fp32 gradients computed independently.
 TEST(GradBuckets, BufferOfAnotherDtypeAccumulatesConvertedGradients) {
-  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD, kTimeoutSeconds);
   Stack s(3, 8);
   for (auto& w : s.weights) w = w.detach().to(torch::kFloat).set_requires_grad(true);
   const FlatLayout layout(s.weights, comm->world_size());
@@ -124,7 +127,7 @@ TEST(GradBuckets, BufferOfAnotherDtypeAccumulatesConvertedGradients) {
 }
 
 TEST(GradBuckets, FirstBucketIsReducedBeforeBackwardFinishes) {
-  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD, kTimeoutSeconds);
   Stack s(8, 32);
   const FlatLayout layout(s.weights, comm->world_size());
   GradBuckets buckets(s.weights, layout, 1, *comm);  // one parameter per bucket: 8 buckets
@@ -149,7 +152,7 @@ TEST(GradBuckets, FirstBucketIsReducedBeforeBackwardFinishes) {
 }
 
 TEST(GradBuckets, ParameterWithoutGradientOnOneRankDoesNotHang) {
-  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD, kTimeoutSeconds);
   Stack s(4, 8);
   const FlatLayout layout(s.weights, comm->world_size());
   GradBuckets buckets(s.weights, layout, 1, *comm);
@@ -172,7 +175,7 @@ TEST(GradBuckets, ParameterWithoutGradientOnOneRankDoesNotHang) {
 }
 
 TEST(GradBuckets, Zero2SumsEachShardOntoItsOwnerOnly) {
-  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD, kTimeoutSeconds);
   Stack s(5, 8);  // 5 x 64 = 320 elements: shards of 320 / n (padded), split inside parameters
   const FlatLayout layout(s.weights, comm->world_size());
   GradBuckets buckets(s.weights, layout, 3 * 64 * 8, *comm, /*reduce_to_owners=*/true);

@@ -68,7 +68,9 @@ TEST(Config, HelpListsKeysWithDefaults) {
   EXPECT_NE(r.help_text.find("524288"), std::string::npos);
   // Defaults as written in the code, not their binary expansions (0.00059999999999999995).
   for (const char* shown : {"--train.lr arg (=0.0006)", "--train.min_lr arg (=6e-05)", "--train.beta2 arg (=0.95)",
-                            "--train.eps arg (=1e-08)", "--parallel.bucket_mb arg (=25)"}) {
+                            "--train.eps arg (=1e-08)", "--parallel.bucket_mb arg (=25)",
+                            // PyTorch's NCCL default: a rank may be busy alone for minutes (saves, samples).
+                            "--parallel.timeout_s arg (=600)"}) {
     EXPECT_NE(r.help_text.find(shown), std::string::npos) << shown << " in\n" << r.help_text;
   }
   EXPECT_EQ(r.help_text.find("0000000"), std::string::npos) << r.help_text;
