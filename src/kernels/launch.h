@@ -29,8 +29,9 @@ struct LayerNormArgs {
   int64_t rows, cols;
 };
 // Whether the kernels take rows of `cols` elements (they keep a row in registers: up to 2048
-// bf16/fp16 or 1024 fp32 columns in 16-byte packs, up to 256 otherwise; buffers 16-byte aligned
-// for the packed path).
+// bf16/fp16 or 1024 fp32 columns in 16-byte packs, up to 256 otherwise). The packed path needs
+// every buffer 16-byte aligned: for rows over 256 columns the launchers return
+// cudaErrorInvalidValue on an unaligned one, so callers pass aligned copies (layer_norm.cpp).
 bool layer_norm_supported(Dtype dtype, int64_t cols);
 // Forward: with y, s_out = x + y (rounded to dtype) is normalised, else x; out = (s - mean) * rstd
 // * gamma + beta; mean and rstd (fp32, per row) are what backward takes.
