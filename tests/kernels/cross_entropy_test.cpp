@@ -2,7 +2,8 @@
 // same logits (upcast to fp32, as the model's plain path does), both against a float64 reference,
 // under Note [Kernel accuracy rule] (compare.h): loss, gradient, padding columns, ignored rows,
 // unaligned rows, in fp32, bf16 and fp16; the head + loss node against the GEMM and LibTorch's
-// loss; and the model's loss and gradients with every fused kernel against the model without them.
+// loss; the head + loss node refusing a second backward by name; and the model's loss and
+// gradients with every fused kernel against the model without them.
 // Needs a GPU: every case but the argument checks skips cleanly without one (CI).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -13,9 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "src/base/errors.h"
 #include "src/model/gpt2_model.h"
 #include "src/kernels/cross_entropy.h"
 #include "tests/kernels/compare.h"
+#include "tests/test_util.h"
 
 namespace gpt2 {
 namespace {
@@ -118,6 +121,40 @@ TEST(FusedCrossEntropy, HeadAsAccurateAsLibTorch) {
   compare_head(torch::kFloat, 37, 64, 50304, 50257, 0.25);  // GPT-2's padded head, scaled upstream
   compare_head(torch::kBFloat16, 256, 128, 50304, 50257, 1.0);
   compare_head(torch::kHalf, 100, 64, 1024, 1001, 4.0);
+}
+
+// The head + loss node writes the logits' gradient over the logits it saved, so a second backward
+// through the same graph (retain_graph) would read the gradient as logits: it is refused by a named
+// gpt2::Error that says what to turn off, and the gradients keep what the first backward gave. The
+// loss alone (cross_entropy) keeps its logits, so there a second backward adds the same gradient.
+TEST(FusedCrossEntropy, HeadSecondBackwardIsANamedError) {
+  REQUIRE_CUDA();
+  torch::manual_seed(5);
+  const auto opts = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
+  auto h = torch::randn({64, 32}, opts).requires_grad_(true);
+  auto w = (torch::randn({1024, 32}, opts) * 0.2).requires_grad_(true);
+  auto targets = torch::randint(0, 1000, {64}, torch::dtype(torch::kLong).device(torch::kCUDA));
+  auto loss = kernels::head_cross_entropy(h, w, targets, 1000, kIgnore);
+  loss.backward({}, /*retain_graph=*/true);
+  const auto dh = h.grad().clone(), dw = w.grad().clone();
+  try {
+    loss.backward();
+    ADD_FAILURE() << "a second backward ran; dh moved by up to "
+                  << (h.grad().to(torch::kFloat) - 2 * dh.to(torch::kFloat)).abs().max().item<double>()
+                  << " from twice the first";
+  } catch (const Error& e) {
+    EXPECT_HAS(e.what(), "backward");
+    EXPECT_HAS(e.what(), "train.fused_kernels = false");
+  }
+  EXPECT_TRUE(torch::equal(h.grad(), dh));
+  EXPECT_TRUE(torch::equal(w.grad(), dw));
+
+  auto logits = (torch::randn({64, 1024}, opts) * 3).requires_grad_(true);
+  auto plain = kernels::cross_entropy(logits, targets, 1000, kIgnore);
+  plain.backward({}, /*retain_graph=*/true);
+  const auto first = logits.grad().clone();
+  plain.backward();
+  EXPECT_TRUE(torch::equal(logits.grad(), first * 2)) << "cross_entropy's second backward";
 }
 
 TEST(FusedCrossEntropy, AllRowsIgnoredGivesZero) {

@@ -76,6 +76,20 @@ TEST(ChunkedCrossEntropy, Bf16WithinBf16PrecisionOfFp32) {
   EXPECT_LE(rel(W.grad(), want[2]), 1e-2);
 }
 
+// A second backward through the same graph (retain_graph) adds the same gradients again: the
+// chunked loss keeps h and W and recomputes its logits, so unlike the fused CUDA head + loss node
+// (which overwrites its logits) it has no reason to refuse one.
+TEST(ChunkedCrossEntropy, SecondBackwardAddsTheSameGradients) {
+  const auto c = make_case(torch::kFloat64);
+  auto h = c.h.detach().clone().requires_grad_(true), W = c.W.detach().clone().requires_grad_(true);
+  auto loss = chunked_cross_entropy(h, W, c.targets, 29, -1, 8);
+  loss.backward({}, /*retain_graph=*/true);
+  const auto dh = h.grad().clone(), dW = W.grad().clone();
+  loss.backward();
+  EXPECT_LE(rel(h.grad(), 2 * dh), 1e-14);
+  EXPECT_LE(rel(W.grad(), 2 * dW), 1e-14);
+}
+
 // The model's switch (memory.chunked_loss): the same loss and parameter gradients as the default
 // path (logits, then cross_entropy), in float64, with a padded vocabulary and an ignored target.
 TEST(ChunkedCrossEntropy, ModelLossIsTheSameWithAndWithoutChunks) {
