@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "src/base/errors.h"
+
 #ifdef GPT2_WITH_CUDA
 #include "src/base/cuda_check.h"
 #include "src/kernels/dtype.h"
@@ -84,7 +86,9 @@ class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
 // The head and the loss (head_cross_entropy): the logits exist only inside this node, so backward
 // writes their gradient over them and runs the head's two GEMMs on it. (A single kernel that also
 // writes the gradient during forward, re-reading each row from shared memory, measured slower on
-// an H200 than these two: 3.4 against 2.5 ms per gpt2-124m step; it is compute-bound.)
+// an H200 than these two: 3.4 against 2.5 ms per gpt2-124m step; it is compute-bound.) Having
+// overwritten them, backward drops the logits and refuses a second run through the same graph
+// (retain_graph), which would otherwise read the gradient as logits and add a wrong gradient.
 class HeadCrossEntropy : public torch::autograd::Function<HeadCrossEntropy> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w,
@@ -102,6 +106,13 @@ class HeadCrossEntropy : public torch::autograd::Function<HeadCrossEntropy> {
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
+    if (ctx->saved_data.count("backward_done") != 0) {
+      throw Error(
+          "kernels::head_cross_entropy: a second backward through the same graph: the fused head + loss "
+          "(train.fused_kernels) writes the logits' gradient over its logits, so its backward can run once per "
+          "forward; for a double backward (retain_graph) set train.fused_kernels = false (or memory.chunked_loss = "
+          "true)");
+    }
     if (ctx->saved_data.count("logits") == 0) {
       throw std::logic_error("kernels::head_cross_entropy: backward of a loss computed without gradients");
     }
@@ -113,6 +124,8 @@ class HeadCrossEntropy : public torch::autograd::Function<HeadCrossEntropy> {
     torch::Tensor dh, dw;
     if (ctx->needs_input_grad(0)) dh = at::mm(g, w);
     if (ctx->needs_input_grad(1)) dw = at::mm(g.t(), h);
+    ctx->saved_data.erase("logits");  // they hold the gradient now; their memory goes back with g
+    ctx->saved_data["backward_done"] = true;
     return {dh, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };

@@ -12,7 +12,8 @@
 // head_cross_entropy(h, W, ...) is the language-model head and this loss in one autograd node:
 // logits = h W^T exist only inside it, backward overwrites them with their gradient and runs the
 // two GEMMs on that, so no other logits-sized buffer exists. h (N, C) and W (Vp, C) CUDA of one
-// dtype; targets as above.
+// dtype; targets as above. Its backward runs once per forward: a second one through the same graph
+// (retain_graph) throws gpt2::Error (the model's LibTorch and chunked losses allow it).
 #include <torch/types.h>
 
 #include <cstdint>
