@@ -10,16 +10,31 @@ namespace gpt2::kernels {
 
 enum class Dtype { kF32, kF16, kBF16 };
 
-// loss[r] = lse[r] - logits[r, targets[r]] (0 when ignored), lse[r] = log sum_j<vocab exp(logits[r, j]).
+// Where a kernel notes a target outside [0, vocab) that is not ignore_index (Note [Target check] in
+// target_check.h): record = {row, position, id, vocab} of target index i = row * positions +
+// position, set by the first bad id to arrive while record[0] is -1. record nullptr: nothing noted.
+struct BadTargetNote {
+  int64_t* record;
+  int64_t positions;  // targets per row of the caller's targets (>= 1), for the message
+};
+
+// loss[r] = lse[r] - logits[r, targets[r]] (0 when ignored, NaN and noted for an id outside
+// [0, vocab)), lse[r] = log sum_j<vocab exp(logits[r, j]).
 cudaError_t launch_cross_entropy_forward(Dtype dtype, const void* logits, const int64_t* targets, int64_t rows,
                                          int64_t row_stride, int64_t vocab, int64_t ignore_index, float* loss,
-                                         float* lse, cudaStream_t stream);
-// grad[r, j] = (exp(logits[r, j] - lse[r]) - [j == targets[r]]) * scale[0] for j < vocab and counted
-// rows, 0 otherwise; grad has the logits' dtype and shape (rows, row_stride) and may be the logits
-// buffer itself (each element is read before it is written, by the same thread).
+                                         float* lse, BadTargetNote note, cudaStream_t stream);
+// grad[r, j] = (exp(logits[r, j] - lse[r]) - [j == targets[r]]) * scale[0] for j < vocab and rows
+// whose target is in [0, vocab), 0 otherwise; grad has the logits' dtype and shape (rows,
+// row_stride) and may be the logits buffer itself (each element is read before it is written, by
+// the same thread).
 cudaError_t launch_cross_entropy_backward(Dtype dtype, const void* logits, const int64_t* targets, const float* lse,
                                           const float* scale, int64_t rows, int64_t row_stride, int64_t vocab,
                                           int64_t ignore_index, void* grad, cudaStream_t stream);
+// The targets check of the losses without the kernels above: safe[i] = targets[i], or ignore_index
+// (noted in `note`) for an id outside [0, vocab) that is not ignore_index; *poison = NaN when there
+// was one, else 0. One block: n is a micro-batch's positions.
+cudaError_t launch_check_targets(const int64_t* targets, int64_t n, int64_t vocab, int64_t ignore_index,
+                                 BadTargetNote note, int64_t* safe, float* poison, cudaStream_t stream);
 
 // LayerNorm over rows x cols. `s` is the normalised input: x in forward, the saved s in backward.
 struct LayerNormArgs {

@@ -2,7 +2,8 @@
 // same logits (upcast to fp32, as the model's plain path does), both against a float64 reference,
 // under Note [Kernel accuracy rule] (compare.h): loss, gradient, padding columns, ignored rows,
 // unaligned rows, in fp32, bf16 and fp16; the head + loss node against the GEMM and LibTorch's
-// loss; the head + loss node refusing a second backward by name; and the model's loss and
+// loss; the head + loss node refusing a second backward by name; target ids outside the vocabulary
+// noted without a host sync and raised by name (Note [Target check]); and the model's loss and
 // gradients with every fused kernel against the model without them.
 // Needs a GPU: every case but the argument checks skips cleanly without one (CI).
 #include <gtest/gtest.h>
@@ -11,12 +12,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#ifdef GPT2_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 #include "src/base/errors.h"
-#include "src/model/gpt2_model.h"
 #include "src/kernels/cross_entropy.h"
+#include "src/kernels/target_check.h"
+#include "src/model/chunked_loss.h"
+#include "src/model/gpt2_model.h"
 #include "tests/kernels/compare.h"
 #include "tests/test_util.h"
 
@@ -155,6 +164,97 @@ TEST(FusedCrossEntropy, HeadSecondBackwardIsANamedError) {
   const auto first = logits.grad().clone();
   plain.backward();
   EXPECT_TRUE(torch::equal(logits.grad(), first * 2)) << "cross_entropy's second backward";
+}
+
+#ifdef GPT2_WITH_CUDA
+// Makes every synchronising CUDA call LibTorch makes throw while it lives (what
+// torch.cuda.set_sync_debug_mode("error") does in Python).
+class NoHostSync {
+ public:
+  NoHostSync() : was_(c10::cuda::warning_state().get_sync_debug_mode()) {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  }
+  ~NoHostSync() { c10::cuda::warning_state().set_sync_debug_mode(was_); }
+  NoHostSync(const NoHostSync&) = delete;
+  NoHostSync& operator=(const NoHostSync&) = delete;
+
+ private:
+  c10::cuda::SyncDebugMode was_;
+};
+#endif
+
+// Note [Target check] on CUDA, for each loss as the model's paths call it: a target id outside the
+// vocabulary gives a NaN loss and finite gradients, with no exception and no host synchronisation
+// in forward and backward (LibTorch's sync debug mode would throw on one), and
+// raise_noted_bad_target() then throws the UserError naming the first bad id noted, once.
+TEST(FusedCrossEntropy, BadTargetIsNotedWithoutSyncAndRaisedByName) {
+  REQUIRE_CUDA();
+#ifdef GPT2_WITH_CUDA
+  torch::manual_seed(9);
+  const auto dev = torch::Device(torch::kCUDA);
+  const auto opts = torch::dtype(torch::kBFloat16).device(dev);
+  const int64_t vocab = 1000, padded = 1024, B = 2, T = 16, C = 32;
+  const auto h = torch::randn({B * T, C}, opts), w = torch::randn({padded, C}, opts) * 0.2;
+  auto targets = torch::randint(0, vocab, {B, T}, torch::dtype(torch::kLong).device(dev));
+  targets[0][3] = kIgnore;
+  auto bad = targets.clone(), later = targets.clone();
+  bad[1][7] = 50300;
+  later[0][0] = -3;  // noted after `bad`: the first note stands until it is raised
+
+  using Loss = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>;
+  const std::vector<std::pair<std::string, Loss>> losses = {
+      {"head_cross_entropy (the model's fused path)",
+       [&](const auto& hh, const auto& ww, const auto& t) { return kernels::head_cross_entropy(hh, ww, t, vocab, kIgnore); }},
+      {"cross_entropy",
+       [&](const auto& hh, const auto& ww, const auto& t) {
+         return kernels::cross_entropy(at::mm(hh, ww.t()), t, vocab, kIgnore);
+       }},
+      {"chunked_cross_entropy (memory.chunked_loss)",
+       [&](const auto& hh, const auto& ww, const auto& t) { return chunked_cross_entropy(hh, ww, t, vocab, kIgnore, 8); }},
+      {"check_targets + LibTorch (train.fused_kernels = false)",
+       [&](const auto& hh, const auto& ww, const auto& t) {
+         const auto checked = kernels::check_targets(t, vocab, kIgnore);
+         auto logits = at::mm(hh, ww.t()).narrow(1, 0, vocab).to(torch::kFloat);
+         return mean_cross_entropy(logits, checked.targets.reshape({-1})) + checked.poison;
+       }},
+  };
+  try {
+    kernels::raise_noted_bad_target();  // a clean record to start from, whatever ran before
+  } catch (const UserError&) {
+  }
+  for (const auto& [name, loss_of] : losses) {
+    {  // clean targets: a finite loss, nothing to raise (and every first-use allocation done)
+      auto hi = h.clone().requires_grad_(true), wi = w.clone().requires_grad_(true);
+      auto loss = loss_of(hi, wi, targets);
+      loss.backward();
+      EXPECT_TRUE(std::isfinite(loss.item<double>())) << name;
+      EXPECT_NO_THROW(kernels::raise_noted_bad_target()) << name;
+    }
+    auto hi = h.clone().requires_grad_(true), wi = w.clone().requires_grad_(true);
+    torch::Tensor first, second;
+    try {
+      NoHostSync no_sync;
+      first = loss_of(hi, wi, bad);
+      first.backward();
+      second = loss_of(h, w, later);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << name << ": " << e.what();
+      continue;
+    }
+    EXPECT_TRUE(std::isnan(first.item<double>())) << name << ": loss " << first.item<double>();
+    EXPECT_TRUE(std::isnan(second.item<double>())) << name << ": loss " << second.item<double>();
+    EXPECT_TRUE(torch::isfinite(hi.grad()).all().item<bool>()) << name << ": dh";
+    EXPECT_TRUE(torch::isfinite(wi.grad()).all().item<bool>()) << name << ": dW";
+    try {
+      kernels::raise_noted_bad_target();
+      ADD_FAILURE() << name << ": nothing raised";
+    } catch (const UserError& e) {
+      EXPECT_EQ(std::string(e.what()), "target id 50300 at (row 1, position 7) is outside the vocabulary [0, 1000)")
+          << name;
+    }
+    EXPECT_NO_THROW(kernels::raise_noted_bad_target()) << name << ": raised twice";
+  }
+#endif
 }
 
 TEST(FusedCrossEntropy, AllRowsIgnoredGivesZero) {
