@@ -4,6 +4,9 @@
 # decoding walks the cycle instead of repeating one id), then greedy decoding of 4 ragged prompts x
 # 64 tokens with the cache and with --no_kv_cache. fp32: the new ids must be equal (exit 1
 # otherwise); bf16: how many agree is printed (rounding differs between the two paths' shapes).
+# This is the end-to-end check (a trained checkpoint, the gpt2-generate CLI); the library-level one,
+# every step's logits on a random model in fp32 and bf16, is ModelGpuDecode in tests/model/gpu_test.cpp
+# (ctest -L gpu).
 #   source .device-deps/gpu-env.sh && bash bench/gpu_decode_check.sh
 set -uo pipefail
 source bench/common.sh

@@ -25,19 +25,26 @@ function(gpt2_executable name)
   target_link_libraries(${name} PRIVATE ${ARG_LIBS})
 endfunction()
 
-# Serial GoogleTest binary; each TEST becomes a CTest case labelled `unit` (or LABEL, e.g. gpu).
-# gpt2_add_test(NAME SOURCES ... LIBS ... [LABEL label])
+# Serial GoogleTest binary; each TEST becomes a CTest case labelled `unit` and the LABELS given
+# (e.g. `gpu`: checks that skip without a GPU and run on the GPU machine, `ctest -L gpu`).
+# gpt2_add_test(NAME SOURCES ... LIBS ... [LABELS ...])
 function(gpt2_add_test name)
-  cmake_parse_arguments(ARG "" "LABEL" "SOURCES;LIBS" ${ARGN})
-  if(NOT ARG_LABEL)
-    set(ARG_LABEL unit)
-  endif()
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS;LABELS" ${ARGN})
   gpt2_executable(${name} SOURCES ${ARG_SOURCES} LIBS ${ARG_LIBS} GTest::gtest_main)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
-  # One label: gtest_discover_tests cannot pass a list-valued property through.
+  # One label here: gtest_discover_tests cannot pass a list-valued property through.
   gtest_discover_tests(${name} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-                       PROPERTIES LABELS ${ARG_LABEL} ENVIRONMENT "GPT2_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
+                       PROPERTIES LABELS unit ENVIRONMENT "GPT2_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
                        DISCOVERY_TIMEOUT 60)
+  if(ARG_LABELS)
+    # The full list is set by a CTest include file that runs after the discovered tests' file
+    # (include files run in the order added), over the names discovery listed in ${name}_TESTS.
+    set(labels unit ${ARG_LABELS})
+    set(script "${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake")
+    file(WRITE "${script}"
+         "if(${name}_TESTS)\n  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS \"${labels}\")\nendif()\n")
+    set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${script}")
+  endif()
 endfunction()
 
 # MPI test: one binary run as NP ranks through mpiexec (HDF5's testpar pattern). The binary links

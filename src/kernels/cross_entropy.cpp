@@ -5,10 +5,14 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
+
+#include "src/base/errors.h"
 
 #ifdef GPT2_WITH_CUDA
 #include "src/base/cuda_check.h"
 #include "src/kernels/dtype.h"
+#include "src/kernels/target_check.h"
 #endif
 
 namespace gpt2::kernels {
@@ -25,19 +29,21 @@ bool have_cuda_kernels() {
 namespace {
 
 // The forward kernel over (N, Vp) logits: the mean loss over counted rows, each row's log-sum-exp,
-// and the count (on the device: no host synchronisation inside a step).
+// and the count (on the device: no host synchronisation inside a step). A bad target id is noted
+// for raise_noted_bad_target() by its place in targets of `positions` per row (Note [Target check]).
 struct LossForward {
   torch::Tensor mean, lse, count;
 };
 
 LossForward loss_forward(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab, int64_t ignore_index,
-                         const char* who) {
+                         int64_t positions, const char* who) {
   const int64_t rows = logits.size(0);
   const auto f32 = logits.options().dtype(torch::kFloat);
   auto loss = torch::empty({rows}, f32), lse = torch::empty({rows}, f32);
+  const BadTargetNote note{bad_target_record(logits.device()), positions};
   CUDA_CHECK(launch_cross_entropy_forward(dtype_of(logits, who), logits.data_ptr(), targets.data_ptr<int64_t>(), rows,
                                           logits.size(1), vocab, ignore_index, loss.data_ptr<float>(),
-                                          lse.data_ptr<float>(), stream_of(logits)));
+                                          lse.data_ptr<float>(), note, stream_of(logits)));
   auto count = (targets != ignore_index).sum().to(torch::kFloat).clamp_min(1.0);
   return {loss.sum() / count, lse, count};
 }
@@ -53,18 +59,23 @@ void loss_backward(const torch::Tensor& logits, const torch::Tensor& targets, co
                                            logits.size(1), vocab, ignore_index, grad.data_ptr(), stream_of(logits)));
 }
 
-void check_targets(const torch::Tensor& targets, const torch::Tensor& rows_of, const char* message) {
-  if (targets.scalar_type() != torch::kLong || targets.dim() != 1 || targets.size(0) != rows_of.size(0) ||
+// Targets of any shape with one id per row of rows_of, on its device: int64 (N) for the kernels,
+// and the positions per row the error messages count in (the last dimension).
+std::pair<torch::Tensor, int64_t> flat_targets(const torch::Tensor& targets, const torch::Tensor& rows_of,
+                                               const char* message) {
+  if (targets.scalar_type() != torch::kLong || targets.numel() != rows_of.size(0) ||
       targets.device() != rows_of.device()) {
     throw std::invalid_argument(message);
   }
+  const int64_t positions = targets.dim() > 0 && targets.size(-1) > 0 ? targets.size(-1) : 1;
+  return {targets.reshape({-1}).contiguous(), positions};
 }
 
 class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
-                               const torch::Tensor& targets, int64_t vocab, int64_t ignore_index) {
-    auto f = loss_forward(logits, targets, vocab, ignore_index, "kernels::cross_entropy");
+                               const torch::Tensor& targets, int64_t vocab, int64_t ignore_index, int64_t positions) {
+    auto f = loss_forward(logits, targets, vocab, ignore_index, positions, "kernels::cross_entropy");
     ctx->save_for_backward({logits, targets, f.lse, f.count});
     ctx->saved_data["vocab"] = vocab;
     ctx->saved_data["ignore_index"] = ignore_index;
@@ -77,20 +88,23 @@ class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
     auto grad = torch::empty_like(saved[0]);
     loss_backward(saved[0], saved[1], saved[2], saved[3], grads[0], ctx->saved_data["vocab"].toInt(),
                   ctx->saved_data["ignore_index"].toInt(), grad, "kernels::cross_entropy");
-    return {grad, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {grad, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 // The head and the loss (head_cross_entropy): the logits exist only inside this node, so backward
 // writes their gradient over them and runs the head's two GEMMs on it. (A single kernel that also
 // writes the gradient during forward, re-reading each row from shared memory, measured slower on
-// an H200 than these two: 3.4 against 2.5 ms per gpt2-124m step; it is compute-bound.)
+// an H200 than these two: 3.4 against 2.5 ms per gpt2-124m step; it is compute-bound.) Having
+// overwritten them, backward drops the logits and refuses a second run through the same graph
+// (retain_graph), which would otherwise read the gradient as logits and add a wrong gradient.
 class HeadCrossEntropy : public torch::autograd::Function<HeadCrossEntropy> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w,
-                               const torch::Tensor& targets, int64_t vocab, int64_t ignore_index, bool want_grad) {
+                               const torch::Tensor& targets, int64_t vocab, int64_t ignore_index, int64_t positions,
+                               bool want_grad) {
     auto logits = at::mm(h, w.t());  // (N, Vp) in the compute dtype
-    auto f = loss_forward(logits, targets, vocab, ignore_index, "kernels::head_cross_entropy");
+    auto f = loss_forward(logits, targets, vocab, ignore_index, positions, "kernels::head_cross_entropy");
     if (want_grad) {
       ctx->save_for_backward({h, w, targets, f.lse, f.count});
       ctx->saved_data["logits"] = logits;
@@ -102,6 +116,13 @@ class HeadCrossEntropy : public torch::autograd::Function<HeadCrossEntropy> {
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
+    if (ctx->saved_data.count("backward_done") != 0) {
+      throw Error(
+          "kernels::head_cross_entropy: a second backward through the same graph: the fused head + loss "
+          "(train.fused_kernels) writes the logits' gradient over its logits, so its backward can run once per "
+          "forward; for a double backward (retain_graph) set train.fused_kernels = false (or memory.chunked_loss = "
+          "true)");
+    }
     if (ctx->saved_data.count("logits") == 0) {
       throw std::logic_error("kernels::head_cross_entropy: backward of a loss computed without gradients");
     }
@@ -113,7 +134,9 @@ class HeadCrossEntropy : public torch::autograd::Function<HeadCrossEntropy> {
     torch::Tensor dh, dw;
     if (ctx->needs_input_grad(0)) dh = at::mm(g, w);
     if (ctx->needs_input_grad(1)) dw = at::mm(g.t(), h);
-    return {dh, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    ctx->saved_data.erase("logits");  // they hold the gradient now; their memory goes back with g
+    ctx->saved_data["backward_done"] = true;
+    return {dh, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -126,8 +149,9 @@ torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& ta
   if (!logits.is_cuda() || logits.dim() != 2 || !logits.is_contiguous() || vocab < 1 || vocab > logits.size(1)) {
     throw std::invalid_argument("kernels::cross_entropy: logits must be contiguous (N, Vp) CUDA with 1 <= vocab <= Vp");
   }
-  check_targets(targets, logits, "kernels::cross_entropy: targets must be (N) int64 on the logits' device");
-  return FusedCrossEntropy::apply(logits, targets.contiguous(), vocab, ignore_index);
+  const auto [flat, positions] =
+      flat_targets(targets, logits, "kernels::cross_entropy: targets must be N int64 ids on the logits' device");
+  return FusedCrossEntropy::apply(logits, flat, vocab, ignore_index, positions);
 #else
   (void)logits, (void)targets, (void)vocab, (void)ignore_index;
   throw std::logic_error("kernels::cross_entropy: this build has no CUDA");
@@ -144,9 +168,10 @@ torch::Tensor head_cross_entropy(const torch::Tensor& h, const torch::Tensor& we
     throw std::invalid_argument("kernels::head_cross_entropy: h (N, C) and weight (Vp, C) CUDA of one dtype "
                                 "(fp32/bf16/fp16) with 1 <= vocab <= Vp");
   }
-  check_targets(targets, h, "kernels::head_cross_entropy: targets must be (N) int64 on h's device");
+  const auto [flat, positions] =
+      flat_targets(targets, h, "kernels::head_cross_entropy: targets must be N int64 ids on h's device");
   const bool want_grad = at::GradMode::is_enabled() && (h.requires_grad() || weight.requires_grad());
-  return HeadCrossEntropy::apply(h, weight, targets.contiguous(), vocab, ignore_index, want_grad);
+  return HeadCrossEntropy::apply(h, weight, flat, vocab, ignore_index, positions, want_grad);
 #else
   (void)h, (void)weight, (void)targets, (void)vocab, (void)ignore_index;
   throw std::logic_error("kernels::head_cross_entropy: this build has no CUDA");

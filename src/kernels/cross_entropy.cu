@@ -57,11 +57,25 @@ __device__ __forceinline__ Pack<T, VEC> grad_pack(const Pack<T, VEC>& pk, int64_
   return out;
 }
 
+// Note [Target check]: the first bad id to arrive claims the record; the rest leave it.
+__device__ __forceinline__ void note_bad_target(const BadTargetNote& note, int64_t index, int64_t id, int64_t vocab) {
+  if (note.record == nullptr) return;
+  constexpr auto kFree = static_cast<unsigned long long>(-1LL);
+  const int64_t row = index / note.positions;
+  if (atomicCAS(reinterpret_cast<unsigned long long*>(note.record), kFree, static_cast<unsigned long long>(row)) ==
+      kFree) {
+    note.record[1] = index % note.positions;
+    note.record[2] = id;
+    note.record[3] = vocab;
+  }
+}
+
 // Loss and log-sum-exp of a row (rows are whole packs: VEC divides row_stride).
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads)
     cross_entropy_forward(const T* __restrict__ logits, const int64_t* __restrict__ targets, int64_t row_stride,
-                          int64_t vocab, int64_t ignore_index, float* __restrict__ loss, float* __restrict__ lse) {
+                          int64_t vocab, int64_t ignore_index, float* __restrict__ loss, float* __restrict__ lse,
+                          BadTargetNote note) {
   using P = Pack<T, VEC>;
   const int64_t row = blockIdx.x;
   const T* x = logits + row * row_stride;
@@ -91,7 +105,8 @@ __global__ void __launch_bounds__(kThreads)
       if (t == ignore_index) {
         loss[row] = 0.0f;
       } else if (t < 0 || t >= vocab) {
-        loss[row] = NAN;  // an id outside the vocabulary: make the run stop on a non-finite loss
+        loss[row] = NAN;  // an id outside the vocabulary: noted, and the loss says so too
+        note_bad_target(note, row, t, vocab);
       } else {
         loss[row] = l - to_float(x[t]);
       }
@@ -109,23 +124,45 @@ __global__ void __launch_bounds__(kThreads)
   using P = Pack<T, VEC>;
   const int64_t row = blockIdx.x;
   const int64_t t = targets[row];
-  const float l = lse[row], k = t == ignore_index ? 0.0f : scale[0];
+  // Rows of ignored and of bad ids (NaN loss, noted in forward) give no gradient, as in the other losses.
+  const float l = lse[row], k = t == ignore_index || t < 0 || t >= vocab ? 0.0f : scale[0];
   const P* x = reinterpret_cast<const P*>(logits + row * row_stride);
   P* g = reinterpret_cast<P*>(grad + row * row_stride);
   for (int64_t p = threadIdx.x; p < row_stride / VEC; p += kThreads) g[p] = grad_pack<T, VEC>(x[p], p, vocab, t, l, k);
 }
 
+// Note [Target check] for the losses without the kernels here: one block over the n targets.
+__global__ void __launch_bounds__(1024)
+    check_targets_kernel(const int64_t* __restrict__ targets, int64_t n, int64_t vocab, int64_t ignore_index,
+                         BadTargetNote note, int64_t* __restrict__ safe, float* __restrict__ poison) {
+  __shared__ int any_bad;
+  if (threadIdx.x == 0) any_bad = 0;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const int64_t t = targets[i];
+    const bool bad = t != ignore_index && (t < 0 || t >= vocab);
+    safe[i] = bad ? ignore_index : t;
+    if (bad) {
+      any_bad = 1;
+      note_bad_target(note, i, t, vocab);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *poison = any_bad ? NAN : 0.0f;
+}
+
 template <typename T>
 cudaError_t forward(const void* logits, const int64_t* targets, int64_t rows, int64_t row_stride, int64_t vocab,
-                    int64_t ignore_index, float* loss, float* lse, cudaStream_t stream) {
+                    int64_t ignore_index, float* loss, float* lse, BadTargetNote note, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   const T* x = static_cast<const T*>(logits);
   const auto grid = static_cast<unsigned>(rows);
   if (can_pack<T>(logits, row_stride)) {
     cross_entropy_forward<T, 16 / sizeof(T)><<<grid, kThreads, 0, stream>>>(x, targets, row_stride, vocab, ignore_index,
-                                                                            loss, lse);
+                                                                            loss, lse, note);
   } else {
-    cross_entropy_forward<T, 1><<<grid, kThreads, 0, stream>>>(x, targets, row_stride, vocab, ignore_index, loss, lse);
+    cross_entropy_forward<T, 1><<<grid, kThreads, 0, stream>>>(x, targets, row_stride, vocab, ignore_index, loss, lse,
+                                                               note);
   }
   return cudaGetLastError();
 }
@@ -149,14 +186,22 @@ cudaError_t backward(const void* logits, const int64_t* targets, const float* ls
 
 cudaError_t launch_cross_entropy_forward(Dtype dtype, const void* logits, const int64_t* targets, int64_t rows,
                                          int64_t row_stride, int64_t vocab, int64_t ignore_index, float* loss,
-                                         float* lse, cudaStream_t stream) {
+                                         float* lse, BadTargetNote note, cudaStream_t stream) {
   switch (dtype) {
-    case Dtype::kF32: return forward<float>(logits, targets, rows, row_stride, vocab, ignore_index, loss, lse, stream);
-    case Dtype::kF16: return forward<__half>(logits, targets, rows, row_stride, vocab, ignore_index, loss, lse, stream);
+    case Dtype::kF32:
+      return forward<float>(logits, targets, rows, row_stride, vocab, ignore_index, loss, lse, note, stream);
+    case Dtype::kF16:
+      return forward<__half>(logits, targets, rows, row_stride, vocab, ignore_index, loss, lse, note, stream);
     case Dtype::kBF16:
-      return forward<__nv_bfloat16>(logits, targets, rows, row_stride, vocab, ignore_index, loss, lse, stream);
+      return forward<__nv_bfloat16>(logits, targets, rows, row_stride, vocab, ignore_index, loss, lse, note, stream);
   }
   return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_check_targets(const int64_t* targets, int64_t n, int64_t vocab, int64_t ignore_index,
+                                 BadTargetNote note, int64_t* safe, float* poison, cudaStream_t stream) {
+  check_targets_kernel<<<1, 1024, 0, stream>>>(targets, n, vocab, ignore_index, note, safe, poison);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_cross_entropy_backward(Dtype dtype, const void* logits, const int64_t* targets, const float* lse,

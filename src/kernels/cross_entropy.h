@@ -5,14 +5,17 @@
 // softmax that keeps only each row's log-sum-exp) and once backward, writing the gradient
 // (softmax - one_hot) * dloss / count straight in the logits' dtype.
 // Contract: logits (N, Vp) contiguous CUDA fp32/bf16/fp16; only the first `vocab` columns are
-// classes (padding columns get zero gradient); targets (N) int64 in [0, vocab) or ignore_index
-// (ignored rows count for nothing; any other id makes the loss NaN). Returns the mean over counted
-// rows as an fp32 scalar, differentiable with respect to the logits.
+// classes (padding columns get zero gradient); targets int64, N of them in any shape (e.g. (B, T)),
+// in [0, vocab) or ignore_index (ignored rows count for nothing). Any other id makes the loss NaN
+// and is noted for raise_noted_bad_target() by its (row, position) in targets (Note [Target check],
+// target_check.h); its row gets no gradient. Returns the mean over counted rows as an fp32 scalar,
+// differentiable with respect to the logits.
 //
 // head_cross_entropy(h, W, ...) is the language-model head and this loss in one autograd node:
 // logits = h W^T exist only inside it, backward overwrites them with their gradient and runs the
 // two GEMMs on that, so no other logits-sized buffer exists. h (N, C) and W (Vp, C) CUDA of one
-// dtype; targets as above.
+// dtype; targets as above. Its backward runs once per forward: a second one through the same graph
+// (retain_graph) throws gpt2::Error (the model's LibTorch and chunked losses allow it).
 #include <torch/types.h>
 
 #include <cstdint>

@@ -10,16 +10,31 @@ namespace gpt2::kernels {
 
 enum class Dtype { kF32, kF16, kBF16 };
 
-// loss[r] = lse[r] - logits[r, targets[r]] (0 when ignored), lse[r] = log sum_j<vocab exp(logits[r, j]).
+// Where a kernel notes a target outside [0, vocab) that is not ignore_index (Note [Target check] in
+// target_check.h): record = {row, position, id, vocab} of target index i = row * positions +
+// position, set by the first bad id to arrive while record[0] is -1. record nullptr: nothing noted.
+struct BadTargetNote {
+  int64_t* record;
+  int64_t positions;  // targets per row of the caller's targets (>= 1), for the message
+};
+
+// loss[r] = lse[r] - logits[r, targets[r]] (0 when ignored, NaN and noted for an id outside
+// [0, vocab)), lse[r] = log sum_j<vocab exp(logits[r, j]).
 cudaError_t launch_cross_entropy_forward(Dtype dtype, const void* logits, const int64_t* targets, int64_t rows,
                                          int64_t row_stride, int64_t vocab, int64_t ignore_index, float* loss,
-                                         float* lse, cudaStream_t stream);
-// grad[r, j] = (exp(logits[r, j] - lse[r]) - [j == targets[r]]) * scale[0] for j < vocab and counted
-// rows, 0 otherwise; grad has the logits' dtype and shape (rows, row_stride) and may be the logits
-// buffer itself (each element is read before it is written, by the same thread).
+                                         float* lse, BadTargetNote note, cudaStream_t stream);
+// grad[r, j] = (exp(logits[r, j] - lse[r]) - [j == targets[r]]) * scale[0] for j < vocab and rows
+// whose target is in [0, vocab), 0 otherwise; grad has the logits' dtype and shape (rows,
+// row_stride) and may be the logits buffer itself (each element is read before it is written, by
+// the same thread).
 cudaError_t launch_cross_entropy_backward(Dtype dtype, const void* logits, const int64_t* targets, const float* lse,
                                           const float* scale, int64_t rows, int64_t row_stride, int64_t vocab,
                                           int64_t ignore_index, void* grad, cudaStream_t stream);
+// The targets check of the losses without the kernels above: safe[i] = targets[i], or ignore_index
+// (noted in `note`) for an id outside [0, vocab) that is not ignore_index; *poison = NaN when there
+// was one, else 0. One block: n is a micro-batch's positions.
+cudaError_t launch_check_targets(const int64_t* targets, int64_t n, int64_t vocab, int64_t ignore_index,
+                                 BadTargetNote note, int64_t* safe, float* poison, cudaStream_t stream);
 
 // LayerNorm over rows x cols. `s` is the normalised input: x in forward, the saved s in backward.
 struct LayerNormArgs {
@@ -29,8 +44,9 @@ struct LayerNormArgs {
   int64_t rows, cols;
 };
 // Whether the kernels take rows of `cols` elements (they keep a row in registers: up to 2048
-// bf16/fp16 or 1024 fp32 columns in 16-byte packs, up to 256 otherwise; buffers 16-byte aligned
-// for the packed path).
+// bf16/fp16 or 1024 fp32 columns in 16-byte packs, up to 256 otherwise). The packed path needs
+// every buffer 16-byte aligned: for rows over 256 columns the launchers return
+// cudaErrorInvalidValue on an unaligned one, so callers pass aligned copies (layer_norm.cpp).
 bool layer_norm_supported(Dtype dtype, int64_t cols);
 // Forward: with y, s_out = x + y (rounded to dtype) is normalised, else x; out = (s - mean) * rstd
 // * gamma + beta; mean and rstd (fp32, per row) are what backward takes.

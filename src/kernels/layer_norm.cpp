@@ -19,7 +19,9 @@ namespace {
 bool aligned16(const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 // t as contiguous rows starting 16-byte aligned, as the packed path needs (a copy only for views
-// that are not).
+// that are not). Every buffer the launchers get goes through it: rows over 256 columns have only
+// the packed path. Gradients too: autograd hands backward a view (a slice at an odd offset, say)
+// as it is.
 torch::Tensor aligned_contiguous(const torch::Tensor& t) {
   auto c = t.contiguous();
   return aligned16(c) ? c : c.clone();
@@ -53,9 +55,9 @@ class ResidualLayerNorm : public torch::autograd::Function<ResidualLayerNorm> {
     const auto saved = ctx->get_saved_variables();
     const auto &s = saved[0], &weight = saved[1], &mean = saved[2], &rstd = saved[3];
     const bool residual = ctx->saved_data["residual"].toBool();
-    const auto ds = residual && grads[0].defined() ? grads[0].contiguous() : torch::Tensor();
+    const auto ds = residual && grads[0].defined() ? aligned_contiguous(grads[0]) : torch::Tensor();
     auto dout = grads[residual ? 1 : 0];
-    dout = dout.defined() ? dout.contiguous() : torch::zeros_like(s);
+    dout = dout.defined() ? aligned_contiguous(dout) : torch::zeros_like(s);
     const int64_t cols = s.size(-1), rows = s.numel() / cols;
     auto dx = torch::empty_like(s);
     auto dweight = torch::empty_like(weight), dbias = torch::empty_like(weight);

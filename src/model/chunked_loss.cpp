@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "src/kernels/target_check.h"
+
 namespace gpt2 {
 namespace {
 
@@ -77,11 +79,14 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
 
 torch::Tensor chunked_cross_entropy(const torch::Tensor& h, const torch::Tensor& W, const torch::Tensor& targets,
                                     int64_t vocab, int64_t ignore_index, int64_t chunk_rows) {
-  TORCH_CHECK(h.dim() == 2 && W.dim() == 2 && h.size(1) == W.size(1) && targets.dim() == 1 &&
-                  targets.size(0) == h.size(0) && vocab <= W.size(0),
+  TORCH_CHECK(h.dim() == 2 && W.dim() == 2 && h.size(1) == W.size(1) && targets.numel() == h.size(0) &&
+                  vocab <= W.size(0),
               "chunked_cross_entropy: h ", h.sizes(), ", W ", W.sizes(), ", targets ", targets.sizes());
-  return ChunkedCrossEntropy::apply(h.contiguous(), W, targets.contiguous(), vocab, ignore_index,
-                                       std::max<int64_t>(chunk_rows, 1));
+  // Note [Target check]: CPU throws here; CUDA notes a bad id, ignores its row and makes the loss NaN.
+  const auto checked = kernels::check_targets(targets, vocab, ignore_index);
+  auto loss = ChunkedCrossEntropy::apply(h.contiguous(), W, checked.targets.reshape({-1}).contiguous(), vocab,
+                                         ignore_index, std::max<int64_t>(chunk_rows, 1));
+  return checked.poison.defined() ? loss + checked.poison : loss;
 }
 
 }  // namespace gpt2

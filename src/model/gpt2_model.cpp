@@ -14,6 +14,7 @@
 #include "src/kernels/cross_entropy.h"
 #include "src/kernels/layer_norm.h"
 #include "src/kernels/linear.h"
+#include "src/kernels/target_check.h"
 #include "src/model/chunked_loss.h"
 #include "src/model/recompute.h"
 
@@ -288,25 +289,28 @@ torch::Tensor GPT2Impl::head(const torch::Tensor& h) {
 }
 
 torch::Tensor GPT2Impl::head_loss(const torch::Tensor& h, const torch::Tensor& targets) {
+  // Every path takes the targets (B, T) as they are, so a bad id is named by its (row, position)
+  // (Note [Target check] in src/kernels/target_check.h).
   const auto& W = transformer_->wte->weight;  // (Vp, C), the tied head
   if (chunked_loss_) {
     // memory.chunked_loss: the head and the loss together, chunk by chunk (chunked_loss.h); the
     // logits of the whole batch never exist, in any precision.
-    return chunked_cross_entropy(h.reshape({-1, h.size(-1)}), W, targets.reshape({-1}), cfg_.vocab_size,
-                                 kIgnoreIndex);
+    return chunked_cross_entropy(h.reshape({-1, h.size(-1)}), W, targets, cfg_.vocab_size, kIgnoreIndex);
   }
   if (fused_kernels_ && kernels::have_cuda_kernels() && h.is_cuda() && W.scalar_type() != torch::kDouble) {
     // The head and the loss as one node: the padded (B*T, Vp) logits are the only logits-sized
     // buffer, and the loss kernel turns them into their gradient (src/kernels/cross_entropy.h).
-    return kernels::head_cross_entropy(h.reshape({-1, h.size(-1)}), W, targets.reshape({-1}), cfg_.vocab_size,
-                                       kIgnoreIndex);
+    return kernels::head_cross_entropy(h.reshape({-1, h.size(-1)}), W, targets, cfg_.vocab_size, kIgnoreIndex);
   }
   // Logits, then cross_entropy. (B*T, V): still a view (row stride Vp). Low precision is upcast;
   // the cast also compacts rows.
+  const auto checked = kernels::check_targets(targets, cfg_.vocab_size, kIgnoreIndex);
   auto flat = head(h).reshape({-1, cfg_.vocab_size});
   if (flat.scalar_type() == torch::kBFloat16 || flat.scalar_type() == torch::kHalf) flat = flat.to(torch::kFloat);
-  return torch::nn::functional::cross_entropy(
-      flat, targets.reshape({-1}), torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));
+  auto loss = torch::nn::functional::cross_entropy(
+      flat, checked.targets.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));
+  return checked.poison.defined() ? loss + checked.poison : loss;
 }
 
 void GPT2Impl::init_weights(uint64_t seed) {

@@ -137,7 +137,10 @@ class GPT2Impl : public torch::nn::Module {
   // so it is not contiguous; call .contiguous() if needed.
   torch::Tensor forward(const torch::Tensor& idx);
   // Mean cross-entropy over the real vocab; targets (B, T) int64, -1 = ignored position. The
-  // softmax is fp32 for bf16/fp16/fp32 models and fp64 for fp64 ones.
+  // softmax is fp32 for bf16/fp16/fp32 models and fp64 for fp64 ones. Any other id outside
+  // [0, vocab_size) is a gpt2::UserError naming it and its (row, position): thrown here on CPU;
+  // on CUDA the loss is NaN and kernels::raise_noted_bad_target() throws it, without a host sync
+  // in the step (Note [Target check] in src/kernels/target_check.h).
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
   // Inference step with a cache: idx (B, t) are the next t positions of every row; appends their
   // keys/values at cache.length, advances it, and returns the logits of the last position,

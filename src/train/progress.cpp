@@ -8,6 +8,7 @@
 
 #include "src/base/errors.h"
 #include "src/base/log.h"
+#include "src/kernels/target_check.h"
 
 namespace gpt2 {
 
@@ -37,6 +38,10 @@ double ProgressLog::step_done(int64_t step, const torch::Tensor& loss_sum, int64
   const int world = env_.world_size();
   const double local_loss = loss_sum.item<double>() / static_cast<double>(accum);
   const double step_loss = env_.all_reduce_sum(local_loss) / world;
+  // The loss has just been read, so this waits for nothing more: a target id outside the vocabulary
+  // that a CUDA loss noted stops this rank here by name; the others stop on the NaN loss below
+  // (Note [Target check] in src/kernels/target_check.h).
+  kernels::raise_noted_bad_target();
   const double norm = grad_norm.item<double>();
   if (cuda_) torch::cuda::synchronize(cuda_index_);
   const double elapsed = std::chrono::duration<double>(Clock::now() - window_start_).count();

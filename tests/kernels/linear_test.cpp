@@ -1,11 +1,13 @@
-// src/kernels/linear.h against at::linear and at::linear(gelu(at::linear, "tanh")) on the same
-// inputs: output and every gradient, in fp32 (relative error <= 1e-5) and bf16/fp16 (<= 1e-2), for
-// gpt2-124m's shapes (c_fc's GELU in a cuBLASLt epilogue), a frozen weight (only the bias gradient),
-// hidden widths off multiples of 8 (ATen's GELU instead of the epilogue), odd widths and row
-// counts that do not fill the kernels' chunks. Needs a GPU: skips cleanly without one (CI).
+// src/kernels/linear.h and at::linear / at::linear(gelu(at::linear, "tanh")) on the same inputs,
+// both against float64 under Note [Kernel accuracy rule] (compare.h): output and every gradient,
+// in fp32, bf16 and fp16, for gpt2-124m's shapes (c_fc's GELU in a cuBLASLt epilogue), a frozen
+// weight (only the bias gradient), hidden widths off multiples of 8 (ATen's GELU instead of the
+// epilogue), odd widths and row counts that do not fill the kernels' chunks. Needs a GPU: skips
+// cleanly without one (CI).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -15,9 +17,16 @@
 namespace gpt2 {
 namespace {
 
-// kernels::linear against at::linear: output and the gradients of x, weight and bias (with the
-// weight frozen, only the bias gradient: the column-sum kernel instead of the GEMM epilogue).
-void compare_linear(torch::ScalarType dtype, std::vector<int64_t> x_shape, int64_t out, double tol, bool freeze_weight) {
+enum Path { kUnfused, kFused, kReference };
+
+// A fresh leaf holding v's values in the path's dtype (float64 for the reference).
+torch::Tensor leaf(const torch::Tensor& v, Path path, bool requires_grad = true) {
+  return v.to(path == kReference ? torch::kDouble : v.scalar_type()).clone().requires_grad_(requires_grad);
+}
+
+// kernels::linear and at::linear: output and the gradients of x, weight and bias (with the weight
+// frozen, only the bias gradient: the column-sum kernel instead of the GEMM epilogue).
+void compare_linear(torch::ScalarType dtype, std::vector<int64_t> x_shape, int64_t out, bool freeze_weight) {
   torch::manual_seed(static_cast<uint64_t>(x_shape.back() * 13 + out));
   const auto opts = torch::dtype(torch::kFloat).device(torch::kCUDA);
   const int64_t in = x_shape.back();
@@ -27,26 +36,25 @@ void compare_linear(torch::ScalarType dtype, std::vector<int64_t> x_shape, int64
   std::vector<int64_t> y_shape = x_shape;
   y_shape.back() = out;
   auto dy = torch::randn(y_shape, opts).to(dtype);
-  std::vector<torch::Tensor> outs[2];
-  for (int fused = 0; fused < 2; ++fused) {
-    auto xi = x.clone().requires_grad_(true), wi = w.clone().requires_grad_(!freeze_weight);
-    auto bi = b.clone().requires_grad_(true);
-    auto y = fused ? kernels::linear(xi, wi, bi) : at::linear(xi, wi, bi);
-    y.backward(dy);
-    outs[fused] = {y.detach(), xi.grad(), bi.grad()};
-    if (!freeze_weight) outs[fused].push_back(wi.grad());
+  std::vector<torch::Tensor> outs[3];
+  for (Path path : {kUnfused, kFused, kReference}) {
+    auto xi = leaf(x, path), wi = leaf(w, path, !freeze_weight), bi = leaf(b, path);
+    auto y = path == kFused ? kernels::linear(xi, wi, bi) : at::linear(xi, wi, bi);
+    y.backward(dy.to(y.scalar_type()));
+    outs[path] = {y.detach(), xi.grad(), bi.grad()};
+    if (!freeze_weight) outs[path].push_back(wi.grad());
   }
   const char* names[] = {"output", "dx", "dbias", "dweight"};
-  const std::string what = std::string(c10::toString(dtype)) + " " + c10::str(torch::IntArrayRef(x_shape)) + " -> " +
-                           std::to_string(out) + (freeze_weight ? " (weight frozen)" : "");
-  for (size_t i = 0; i < outs[0].size(); ++i) {
-    EXPECT_EQ(outs[1][i].scalar_type(), dtype) << what << " " << names[i];
-    EXPECT_LE(rel_error(outs[1][i], outs[0][i]), tol) << what << " " << names[i];
+  const std::string what = std::string("linear ") + c10::toString(dtype) + " " + c10::str(torch::IntArrayRef(x_shape)) +
+                           " -> " + std::to_string(out) + (freeze_weight ? " (weight frozen)" : "");
+  for (size_t i = 0; i < outs[kUnfused].size(); ++i) {
+    EXPECT_EQ(outs[kFused][i].scalar_type(), dtype) << what << " " << names[i];
+    expect_as_accurate(what + " " + names[i], outs[kFused][i], outs[kUnfused][i], outs[kReference][i]);
   }
 }
 
-// kernels::mlp against at::linear(gelu(at::linear(x), "tanh")): output and all five gradients.
-void compare_mlp(torch::ScalarType dtype, std::vector<int64_t> x_shape, int64_t hidden, double tol) {
+// kernels::mlp and at::linear(gelu(at::linear(x), "tanh")): output and all five gradients.
+void compare_mlp(torch::ScalarType dtype, std::vector<int64_t> x_shape, int64_t hidden) {
   torch::manual_seed(static_cast<uint64_t>(x_shape.back() * 17 + hidden));
   const auto opts = torch::dtype(torch::kFloat).device(torch::kCUDA);
   const int64_t C = x_shape.back();
@@ -56,44 +64,42 @@ void compare_mlp(torch::ScalarType dtype, std::vector<int64_t> x_shape, int64_t 
   auto pw = (torch::randn({C, hidden}, opts) / std::sqrt(static_cast<double>(hidden))).to(dtype);
   auto pb = (torch::randn({C}, opts) * 0.5).to(dtype);
   auto dy = torch::randn(x_shape, opts).to(dtype);
-  std::vector<torch::Tensor> outs[2];
-  for (int fused = 0; fused < 2; ++fused) {
+  std::vector<torch::Tensor> outs[3];
+  for (Path path : {kUnfused, kFused, kReference}) {
     std::vector<torch::Tensor> p;
-    for (const auto& t : {x, fw, fb, pw, pb}) p.push_back(t.clone().requires_grad_(true));
-    auto y = fused ? kernels::mlp(p[0], p[1], p[2], p[3], p[4])
-                   : at::linear(at::gelu(at::linear(p[0], p[1], p[2]), "tanh"), p[3], p[4]);
-    y.backward(dy);
-    outs[fused] = {y.detach()};
-    for (const auto& t : p) outs[fused].push_back(t.grad());
+    for (const auto& t : {x, fw, fb, pw, pb}) p.push_back(leaf(t, path));
+    auto y = path == kFused ? kernels::mlp(p[0], p[1], p[2], p[3], p[4])
+                            : at::linear(at::gelu(at::linear(p[0], p[1], p[2]), "tanh"), p[3], p[4]);
+    y.backward(dy.to(y.scalar_type()));
+    outs[path] = {y.detach()};
+    for (const auto& t : p) outs[path].push_back(t.grad());
   }
   const char* names[] = {"output", "dx", "dfc_weight", "dfc_bias", "dproj_weight", "dproj_bias"};
   const std::string what = std::string("mlp ") + c10::toString(dtype) + " " + c10::str(torch::IntArrayRef(x_shape)) +
                            " hidden " + std::to_string(hidden);
-  for (size_t i = 0; i < outs[0].size(); ++i) {
-    EXPECT_EQ(outs[1][i].scalar_type(), dtype) << what << " " << names[i];
-    EXPECT_LE(rel_error(outs[1][i], outs[0][i]), tol) << what << " " << names[i];
+  for (size_t i = 0; i < outs[kUnfused].size(); ++i) {
+    EXPECT_EQ(outs[kFused][i].scalar_type(), dtype) << what << " " << names[i];
+    expect_as_accurate(what + " " + names[i], outs[kFused][i], outs[kUnfused][i], outs[kReference][i]);
   }
 }
 
-TEST(FusedLinear, MatchesLibTorch) {
+TEST(FusedLinear, AsAccurateAsLibTorch) {
   REQUIRE_CUDA();
   for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
-    const double tol = dtype == torch::kFloat ? 1e-5 : 1e-2;
     for (bool frozen : {false, true}) {
-      compare_linear(dtype, {4, 256, 768}, 2304, tol, frozen);  // gpt2-124m's c_attn
-      compare_linear(dtype, {2, 300, 64}, 37, tol, frozen);     // 600 rows (a partial chunk), an odd width
-      compare_linear(dtype, {5, 24}, 24, tol, frozen);
+      compare_linear(dtype, {4, 256, 768}, 2304, frozen);  // gpt2-124m's c_attn
+      compare_linear(dtype, {2, 300, 64}, 37, frozen);     // 600 rows (a partial chunk), an odd width
+      compare_linear(dtype, {5, 24}, 24, frozen);
     }
   }
 }
 
-TEST(FusedMlp, MatchesLibTorch) {
+TEST(FusedMlp, AsAccurateAsLibTorch) {
   REQUIRE_CUDA();
   for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
-    const double tol = dtype == torch::kFloat ? 1e-5 : 1e-2;
-    compare_mlp(dtype, {4, 256, 768}, 3072, tol);  // gpt2-124m's MLP (the cuBLASLt epilogues)
-    compare_mlp(dtype, {2, 300, 64}, 100, tol);    // a hidden width off multiples of 8: the kernels instead
-    compare_mlp(dtype, {7, 32}, 128, tol);
+    compare_mlp(dtype, {4, 256, 768}, 3072);  // gpt2-124m's MLP (the cuBLASLt epilogues)
+    compare_mlp(dtype, {2, 300, 64}, 100);    // a hidden width off multiples of 8: the kernels instead
+    compare_mlp(dtype, {7, 32}, 128);
   }
 }
 

@@ -1,12 +1,13 @@
 // The chunked head + cross-entropy (src/model/chunked_loss.h) against the plain composition
 // F.cross_entropy(h · W[:V]ᵀ) in float64: loss and both gradients, for chunk sizes that do and do
-// not divide the rows, with ignored rows and padded vocabulary rows; and in bf16 against the fp32
-// reference within bf16's precision.
+// not divide the rows, with ignored rows and padded vocabulary rows; in bf16 against the fp32
+// reference within bf16's precision; a second backward; ids outside the vocabulary.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "src/model/chunked_loss.h"
 #include "src/model/gpt2_model.h"
+#include "tests/test_util.h"
 
 namespace gpt2 {
 namespace {
@@ -74,6 +75,35 @@ TEST(ChunkedCrossEntropy, Bf16WithinBf16PrecisionOfFp32) {
   EXPECT_EQ(h.grad().scalar_type(), torch::kBFloat16);
   EXPECT_LE(rel(h.grad(), want[1]), 1e-2);
   EXPECT_LE(rel(W.grad(), want[2]), 1e-2);
+}
+
+// An id outside the vocabulary is a UserError naming it and its place, before anything runs:
+// targets (N) are one row; targets (B, T) with B * T = N name (row, position).
+TEST(ChunkedCrossEntropy, TargetOutsideTheVocabularyIsANamedUserError) {
+  const auto c = make_case(torch::kFloat64);  // V = 29 of Vp = 32, 37 rows
+  auto targets = c.targets.clone();
+  targets[30] = 29;  // a padding column
+  EXPECT_EQ(test::user_error([&] { chunked_cross_entropy(c.h, c.W, targets, 29, -1, 8); }),
+            "target id 29 at (row 0, position 30) is outside the vocabulary [0, 29)");
+  const auto h = c.h.detach().narrow(0, 0, 36);
+  auto grid = c.targets.narrow(0, 0, 36).clone().view({4, 9});
+  grid[2][4] = -7;
+  EXPECT_EQ(test::user_error([&] { chunked_cross_entropy(h, c.W, grid, 29, -1, 8); }),
+            "target id -7 at (row 2, position 4) is outside the vocabulary [0, 29)");
+}
+
+// A second backward through the same graph (retain_graph) adds the same gradients again: the
+// chunked loss keeps h and W and recomputes its logits, so unlike the fused CUDA head + loss node
+// (which overwrites its logits) it has no reason to refuse one.
+TEST(ChunkedCrossEntropy, SecondBackwardAddsTheSameGradients) {
+  const auto c = make_case(torch::kFloat64);
+  auto h = c.h.detach().clone().requires_grad_(true), W = c.W.detach().clone().requires_grad_(true);
+  auto loss = chunked_cross_entropy(h, W, c.targets, 29, -1, 8);
+  loss.backward({}, /*retain_graph=*/true);
+  const auto dh = h.grad().clone(), dW = W.grad().clone();
+  loss.backward();
+  EXPECT_LE(rel(h.grad(), 2 * dh), 1e-14);
+  EXPECT_LE(rel(W.grad(), 2 * dW), 1e-14);
 }
 
 // The model's switch (memory.chunked_loss): the same loss and parameter gradients as the default

@@ -266,6 +266,27 @@ TEST(ModelMath, RejectsTooLongSequence) {
   EXPECT_HAS(user_error([&] { model->forward(idx); }), "model.block_size");
 }
 
+// A target id outside the vocabulary is one named UserError on both CPU loss paths (LibTorch's
+// and the chunked one): past the padded rows, inside them (ids vocab..Vp-1 have wte rows but are
+// not classes) or negative other than -1 (ignored, and fine).
+TEST(ModelLoss, TargetOutsideTheVocabularyIsANamedUserError) {
+  GPT2 model(tiny_config(100));  // wte padded to 128 rows
+  randomise(model, 6);
+  torch::manual_seed(3);
+  const auto idx = torch::randint(100, {2, 8}, torch::kLong);
+  for (bool chunked : {false, true}) {
+    model->set_chunked_loss(chunked);
+    for (int64_t bad : {143, 110, -5}) {
+      auto targets = torch::randint(100, {2, 8}, torch::kLong);
+      targets[0][2] = -1;
+      targets[1][7] = bad;
+      EXPECT_EQ(user_error([&] { model->loss(idx, targets); }),
+                "target id " + std::to_string(bad) + " at (row 1, position 7) is outside the vocabulary [0, 100)")
+          << (chunked ? "chunked loss" : "LibTorch's loss");
+    }
+  }
+}
+
 TEST(ModelTrain, OverfitsOneBatchWithAdamW) {
   torch::set_num_threads(1);
   GPT2Config cfg = tiny_config(64);
