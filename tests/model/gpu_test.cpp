@@ -241,6 +241,18 @@ std::pair<double, double> logit_differences(const std::vector<torch::Tensor>& de
   return {worst, sum / static_cast<double>(n)};
 }
 
+// Greedy decoding of `prompts` (kNewTokens each) with the KV cache, and recomputing the whole
+// sequence at every step.
+std::pair<std::vector<std::vector<int64_t>>, std::vector<std::vector<int64_t>>> greedy_with_and_without_cache(
+    GPT2& model, const std::vector<std::vector<int64_t>>& prompts) {
+  SamplingOptions o;
+  o.max_new_tokens = kNewTokens;
+  o.temperature = 0.0;
+  auto cached = generate(model, prompts, o);
+  o.kv_cache = false;
+  return {std::move(cached), generate(model, prompts, o)};
+}
+
 // fp32: greedy decoding with the cache (generate()) gives the same ids as generate() recomputing
 // the context every step, and as the training path's argmax over the same contexts; the logits of
 // the two ways agree to fp32 rounding. fp32 keeps 24 bits (6e-8 relative) and the two ways differ
@@ -254,12 +266,7 @@ TEST(ModelGpuDecode, Fp32KvCacheGreedyEqualsFullRecomputation) {
   GPT2 model = lively_model(7);
   model->to(torch::kCUDA);
   const auto prompts = decode_prompts();
-  SamplingOptions o;
-  o.max_new_tokens = kNewTokens;
-  o.temperature = 0.0;
-  const auto cached = generate(model, prompts, o);
-  o.kv_cache = false;
-  const auto recomputed = generate(model, prompts, o);
+  const auto [cached, recomputed] = greedy_with_and_without_cache(model, prompts);
   const auto full = recomputed_logits(model, prompts, cached);
   const auto decoded = decoded_logits(model, prompts, cached);
 
@@ -318,12 +325,7 @@ TEST(ModelGpuDecode, Bf16KvCacheLogitsWithinBf16RoundingOfFullRecomputation) {
         << "a decoding step would not take the fused LayerNorm that training takes";
   }
   const auto prompts = decode_prompts();
-  SamplingOptions o;
-  o.max_new_tokens = kNewTokens;
-  o.temperature = 0.0;
-  const auto cached = generate(model, prompts, o);
-  o.kv_cache = false;
-  const auto recomputed = generate(model, prompts, o);
+  const auto [cached, recomputed] = greedy_with_and_without_cache(model, prompts);
   int64_t same = 0;
   for (size_t b = 0; b < prompts.size(); ++b) {
     for (int64_t s = 0; s < kNewTokens && cached[b][s] == recomputed[b][s]; ++s) ++same;

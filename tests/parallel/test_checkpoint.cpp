@@ -30,6 +30,19 @@ using test::world_size;
 using test::world_rank;
 using test::SharedDir;
 
+// The tiny config trained `steps` steps on every rank, saving a checkpoint of the last one into
+// `dir`/ckpt/step_<steps>.
+Config run_to_a_checkpoint(const SharedTokenFile& data, const SharedDir& dir, const parallel::RankEnv& world,
+                           int64_t steps, TrainResult* result = nullptr) {
+  auto cfg = tiny_config(data.path(), 2 * 16 * world_size(), 0.01);
+  cfg.train.max_steps = steps;
+  cfg.checkpoint.dir = dir.file("ckpt");
+  cfg.checkpoint.every = steps;
+  TrainResult trained = train(cfg, world);
+  if (result != nullptr) *result = std::move(trained);
+  return cfg;
+}
+
 void expect_params_bitwise_equal(GPT2& got, GPT2& want) {
   auto a = got->named_parameters(), b = want->named_parameters();
   ASSERT_EQ(a.size(), b.size());
@@ -185,11 +198,8 @@ TEST(Checkpoint, IsTheManifestAndTheShardsAndLoadsAsTheTrainedModel) {
   SharedDir dir;
   const parallel::RankEnv world(MPI_COMM_WORLD);
   quiet_logs(world);
-  auto cfg = tiny_config(data.path(), 2 * 16 * world_size(), 0.01);
-  cfg.train.max_steps = 3;
-  cfg.checkpoint.dir = dir.file("ckpt");
-  cfg.checkpoint.every = 3;
-  TrainResult trained = train(cfg, world);
+  TrainResult trained;
+  const auto cfg = run_to_a_checkpoint(data, dir, world, 3, &trained);
   if (world_rank() == 0) {
     const std::string path = dir.file("ckpt/step_0000003");
     std::vector<std::string> shards, listed;
@@ -221,11 +231,7 @@ TEST(Checkpoint, ResumeRefusesAnotherLayoutNamingTheParameter) {
   SharedDir dir;
   const parallel::RankEnv world(MPI_COMM_WORLD);
   quiet_logs(world);
-  auto cfg = tiny_config(data.path(), 2 * 16 * world_size(), 0.01);
-  cfg.train.max_steps = 2;
-  cfg.checkpoint.dir = dir.file("ckpt");
-  cfg.checkpoint.every = 2;
-  train(cfg, world);
+  auto cfg = run_to_a_checkpoint(data, dir, world, 2);
   const std::string saved = dir.file("ckpt/step_0000002"), mf = files::join(saved, "manifest.json");
   const std::string pristine = files::read_file(mf);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -301,11 +307,7 @@ TEST(Checkpoint, DamagedFilesAreRefusedOnEveryRankByName) {
   SharedDir dir;
   const parallel::RankEnv world(MPI_COMM_WORLD);
   quiet_logs(world);
-  auto cfg = tiny_config(data.path(), 2 * 16 * world_size(), 0.01);
-  cfg.train.max_steps = 4;
-  cfg.checkpoint.dir = dir.file("ckpt");
-  cfg.checkpoint.every = 4;
-  train(cfg, world);
+  auto cfg = run_to_a_checkpoint(data, dir, world, 4);
   const std::string ckpt = dir.file("ckpt/step_0000004");
   const std::string shard = files::join(ckpt, "optim_r00001.h5");
   const std::string pristine = files::read_file(shard);
