@@ -6,15 +6,8 @@
 # FORTUNES_DIR points the 124m check at the corpus where the fortunes package is not installed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-/tmp/out}"
-mkdir -p "$out"
-t0=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPT2_PYTHON="$(command -v python3)" \
-  >"$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; exit 1; }
-grep -E "gpt2-dist:|LibTorch" "$out/configure.log"
-cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+source bench/common.sh  # bench_build: build-gpu, Release, the machine's LibTorch; $out
+bench_build || exit 1
 ctest --test-dir build-gpu -L gpu -V -j "${GPU_SUITE_JOBS:-3}" --timeout 900 >"$out/gpu-suite.log" 2>&1
 status=$?
 {

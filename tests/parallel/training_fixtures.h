@@ -35,7 +35,7 @@ class SharedDir {
   SharedDir() {
     std::string path;
     if (world_rank() == 0) {
-      dir_ = std::make_unique<TempDir>("gpt2_ckpt");
+      dir_ = std::make_unique<TempDir>("gpt2_mpi_test");
       path = dir_->path();
     }
     int len = static_cast<int>(path.size());
@@ -47,37 +47,28 @@ class SharedDir {
   std::string file(const std::string& name) const { return files::join(path_, name); }
 
  private:
-  std::unique_ptr<test::TempDir> dir_;
+  std::unique_ptr<TempDir> dir_;
   std::string path_;
 };
 
-// A token file of a learnable stream, written by rank 0 into a temp dir every rank can read.
+// A token file of a learnable stream, written by rank 0 into a directory every rank can read.
 class SharedTokenFile {
  public:
-  SharedTokenFile() {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    std::string path;
-    if (rank == 0) {
-      dir_ = std::make_unique<test::TempDir>("gpt2_dp");
-      path = dir_->file("train.h5");
+  SharedTokenFile() : path_(dir_.file("train.h5")) {
+    if (world_rank() == 0) {
       std::vector<uint32_t> tokens;
       for (int i = 0; i < 20000; ++i) tokens.push_back(static_cast<uint32_t>((i * 7 + i / 13) % 251));
       data::TokenFileAttrs attrs;
       attrs.vocab_size = 256;
       attrs.eot_token = 255;
-      data::write_token_file(path, tokens, attrs);
+      data::write_token_file(path_, tokens, attrs);
     }
-    int len = static_cast<int>(path.size());
-    MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    path.resize(len);
-    MPI_Bcast(path.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
-    path_ = path;
+    MPI_Barrier(MPI_COMM_WORLD);  // written before any rank reads it
   }
   const std::string& path() const { return path_; }
 
  private:
-  std::unique_ptr<test::TempDir> dir_;
+  SharedDir dir_;  // first: path_ is made from it
   std::string path_;
 };
 
