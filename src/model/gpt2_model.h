@@ -153,9 +153,9 @@ class GPT2Impl : public torch::nn::Module {
   // true: loss() runs the head and the loss chunk by chunk without the batch's logits
   // (memory.chunked_loss, chunked_loss.h); false: logits, then cross_entropy (faster today).
   void set_chunked_loss(bool on) { chunked_loss_ = on; }
-  // true (default): on CUDA, the head and the loss run as one node whose loss kernel also writes
+  // true (default): on CPU and CUDA, the head and the loss run as one node whose loss kernel writes
   // the logits' gradient (src/kernels/cross_entropy.h) instead of a cast to fp32, log_softmax and
-  // nll; every residual add runs fused with the LayerNorm after it (src/kernels/layer_norm.h, Note
+  // nll; on CUDA also every residual add runs fused with the LayerNorm after it (layer_norm.h, Note
   // [Pending residual]); the linear layers take their bias gradients, and c_fc its GELU backward,
   // from src/kernels/linear.h. Decoding runs the same blocks, so the same kernels.
   void set_fused_kernels(bool on);

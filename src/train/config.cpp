@@ -71,7 +71,8 @@ OptionList bind_options(Config& c) {
   o.add("train.sample_tokens", &c.train.sample_tokens, "tokens per sample; 0 = no samples");
   o.add("train.device", &c.train.device, "auto | cpu | cuda");
   o.add("train.fused_kernels", &c.train.fused_kernels,
-        "CUDA: fused cross-entropy and LayerNorm kernels (src/kernels); false = LibTorch's ops");
+        "fused head + cross-entropy (CPU and CUDA), LayerNorm and linear kernels (CUDA) (src/kernels); false = "
+        "LibTorch's ops");
   o.add("train.init_from", &c.train.init_from,
         "none | weights to fine-tune: a checkpoint, a model file (gpt2-ckpt consolidate/import-hf) or a Hugging Face dir");
   o.add("precision.dtype", &c.precision.dtype, "bf16 | fp16 | fp32");

@@ -1,11 +1,11 @@
-// The fused CUDA cross-entropy (src/kernels/cross_entropy.h) and LibTorch's cross_entropy on the
+// The fused cross-entropy (src/kernels/cross_entropy.h), on CUDA and on CPU, and LibTorch's cross_entropy on the
 // same logits (upcast to fp32, as the model's plain path does), both against a float64 reference,
 // under Note [Kernel accuracy rule] (compare.h): loss, gradient, padding columns, ignored rows,
 // unaligned rows, in fp32, bf16 and fp16; the head + loss node against the GEMM and LibTorch's
 // loss; the head + loss node refusing a second backward by name; target ids outside the vocabulary
 // noted without a host sync and raised by name (Note [Target check]); and the model's loss and
 // gradients with every fused kernel against the model without them.
-// Needs a GPU: every case but the argument checks skips cleanly without one (CI).
+// The CUDA cases skip cleanly without a GPU (CI); the CPU cases (FusedCrossEntropyCpu) run everywhere.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -41,9 +41,9 @@ torch::Tensor mean_cross_entropy(const torch::Tensor& logits, const torch::Tenso
 
 // Loss and gradient of the fused kernel and of LibTorch for logits (rows, width) of which `vocab`
 // columns are classes, against float64 on the same logits.
-void compare(torch::ScalarType dtype, int64_t rows, int64_t width, int64_t vocab, double scale = 1.0) {
+void compare(torch::ScalarType dtype, int64_t rows, int64_t width, int64_t vocab, double scale = 1.0,
+             torch::Device dev = torch::kCUDA) {
   torch::manual_seed(rows * 7 + width);
-  const auto dev = torch::Device(torch::kCUDA);
   auto base = (torch::randn({rows, width}, torch::dtype(torch::kFloat).device(dev)) * 3).to(dtype);
   auto targets = torch::randint(0, vocab, {rows}, torch::dtype(torch::kLong).device(dev));
   targets.index_put_({torch::arange(0, rows, 5, targets.options())}, kIgnore);  // every 5th row ignored
@@ -60,7 +60,7 @@ void compare(torch::ScalarType dtype, int64_t rows, int64_t width, int64_t vocab
   auto ref = mean_cross_entropy(ref_in.narrow(1, 0, vocab), targets);
   (ref * scale).backward();
 
-  const std::string what = std::string("cross_entropy ") + c10::toString(dtype) + " " + std::to_string(rows) + "x" +
+  const std::string what = std::string("cross_entropy ") + dev.str() + " " + c10::toString(dtype) + " " + std::to_string(rows) + "x" +
                            std::to_string(width) + " vocab " + std::to_string(vocab);
   EXPECT_EQ(ours.scalar_type(), torch::kFloat) << what;
   expect_as_accurate(what + " loss", ours, aten, ref);
@@ -87,15 +87,26 @@ TEST(FusedCrossEntropy, Bf16AndFp16AsAccurateAsLibTorch) {
   }
 }
 
+// CPU: rows in chunks of 32 (Note [CPU cross-entropy]), so 67 and 75 rows end in a partial chunk.
+TEST(FusedCrossEntropyCpu, AsAccurateAsLibTorch) {
+  for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    compare(dtype, 67, 128, 113, 1.0, torch::kCPU);
+    compare(dtype, 9, 101, 97, 1.0, torch::kCPU);
+  }
+  compare(torch::kFloat, 75, 50304, 50257, 3.0, torch::kCPU);  // GPT-2's padded head, a scaled upstream
+  compare(torch::kBFloat16, 32, 50304, 50257, 1.0, torch::kCPU);
+}
+
 // head_cross_entropy(h, W) and LibTorch's cross_entropy(h W^T narrowed to the vocab, in fp32),
 // against float64 from the same h and W: loss and the gradients of h and W under an upstream
 // gradient `scale`; without gradients, the same loss.
-void compare_head(torch::ScalarType dtype, int64_t rows, int64_t C, int64_t padded, int64_t vocab, double scale) {
+void compare_head(torch::ScalarType dtype, int64_t rows, int64_t C, int64_t padded, int64_t vocab, double scale,
+                  torch::Device dev = torch::kCUDA) {
   torch::manual_seed(rows * 3 + C);
-  const auto opts = torch::dtype(torch::kFloat).device(torch::kCUDA);
+  const auto opts = torch::dtype(torch::kFloat).device(dev);
   auto h = torch::randn({rows, C}, opts).to(dtype);
   auto w = (torch::randn({padded, C}, opts) * 0.2).to(dtype);
-  auto targets = torch::randint(0, vocab, {rows}, torch::dtype(torch::kLong).device(torch::kCUDA));
+  auto targets = torch::randint(0, vocab, {rows}, torch::dtype(torch::kLong).device(dev));
   targets.index_put_({torch::arange(0, rows, 4, targets.options())}, kIgnore);  // every 4th row ignored
 
   auto hi = h.clone().requires_grad_(true), wi = w.clone().requires_grad_(true);
@@ -115,7 +126,7 @@ void compare_head(torch::ScalarType dtype, int64_t rows, int64_t C, int64_t padd
   auto ref = mean_cross_entropy(at::mm(hr, wr.t()).narrow(1, 0, vocab), targets);
   (ref * scale).backward();
 
-  const std::string what = std::string("head_cross_entropy ") + c10::toString(dtype) + " " + std::to_string(rows) +
+  const std::string what = std::string("head_cross_entropy ") + dev.str() + " " + c10::toString(dtype) + " " + std::to_string(rows) +
                            "x" + std::to_string(C) + " vocab " + std::to_string(vocab) + "/" + std::to_string(padded);
   expect_as_accurate(what + " loss", ours, aten, ref);
   EXPECT_EQ(no_grad_loss.item<double>(), ours.item<double>()) << what << ": loss without gradients";
@@ -132,17 +143,23 @@ TEST(FusedCrossEntropy, HeadAsAccurateAsLibTorch) {
   compare_head(torch::kHalf, 100, 64, 1024, 1001, 4.0);
 }
 
+TEST(FusedCrossEntropyCpu, HeadAsAccurateAsLibTorch) {
+  compare_head(torch::kFloat, 64, 32, 1024, 1000, 1.0, torch::kCPU);
+  compare_head(torch::kFloat, 37, 64, 50304, 50257, 0.25, torch::kCPU);
+  compare_head(torch::kBFloat16, 100, 128, 50304, 50257, 1.0, torch::kCPU);
+  compare_head(torch::kHalf, 100, 64, 1024, 1001, 4.0, torch::kCPU);
+}
+
 // The head + loss node writes the logits' gradient over the logits it saved, so a second backward
 // through the same graph (retain_graph) would read the gradient as logits: it is refused by a named
 // gpt2::Error that says what to turn off, and the gradients keep what the first backward gave. The
 // loss alone (cross_entropy) keeps its logits, so there a second backward adds the same gradient.
-TEST(FusedCrossEntropy, HeadSecondBackwardIsANamedError) {
-  REQUIRE_CUDA();
+void expect_head_second_backward_refused(torch::Device dev) {
   torch::manual_seed(5);
-  const auto opts = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
+  const auto opts = torch::dtype(torch::kBFloat16).device(dev);
   auto h = torch::randn({64, 32}, opts).requires_grad_(true);
   auto w = (torch::randn({1024, 32}, opts) * 0.2).requires_grad_(true);
-  auto targets = torch::randint(0, 1000, {64}, torch::dtype(torch::kLong).device(torch::kCUDA));
+  auto targets = torch::randint(0, 1000, {64}, torch::dtype(torch::kLong).device(dev));
   auto loss = kernels::head_cross_entropy(h, w, targets, 1000, kIgnore);
   loss.backward({}, /*retain_graph=*/true);
   const auto dh = h.grad().clone(), dw = w.grad().clone();
@@ -164,6 +181,26 @@ TEST(FusedCrossEntropy, HeadSecondBackwardIsANamedError) {
   const auto first = logits.grad().clone();
   plain.backward();
   EXPECT_TRUE(torch::equal(logits.grad(), first * 2)) << "cross_entropy's second backward";
+}
+
+TEST(FusedCrossEntropy, HeadSecondBackwardIsANamedError) {
+  REQUIRE_CUDA();
+  expect_head_second_backward_refused(torch::kCUDA);
+}
+
+TEST(FusedCrossEntropyCpu, HeadSecondBackwardIsANamedError) { expect_head_second_backward_refused(torch::kCPU); }
+
+// On CPU a bad id is a UserError before anything runs (Note [Target check]), from both entry points.
+TEST(FusedCrossEntropyCpu, BadTargetIsANamedUserError) {
+  const auto h = torch::randn({2 * 16, 32}), w = torch::randn({1024, 32});
+  auto targets = torch::randint(0, 1000, {2, 16}, torch::kLong);
+  targets[1][7] = 50300;
+  const std::string want = "target id 50300 at (row 1, position 7) is outside the vocabulary [0, 1000)";
+  EXPECT_EQ(test::user_error([&] { kernels::head_cross_entropy(h, w, targets, 1000, kIgnore); }), want);
+  EXPECT_EQ(test::user_error([&] { kernels::cross_entropy(at::mm(h, w.t()), targets, 1000, kIgnore); }), want);
+  targets[1][7] = 1000;  // a padding column
+  EXPECT_EQ(test::user_error([&] { kernels::head_cross_entropy(h, w, targets, 1000, kIgnore); }),
+            "target id 1000 at (row 1, position 7) is outside the vocabulary [0, 1000)");
 }
 
 #ifdef GPT2_WITH_CUDA
@@ -257,15 +294,21 @@ TEST(FusedCrossEntropy, BadTargetIsNotedWithoutSyncAndRaisedByName) {
 #endif
 }
 
-TEST(FusedCrossEntropy, AllRowsIgnoredGivesZero) {
-  REQUIRE_CUDA();
-  auto logits = torch::randn({4, 64}, torch::dtype(torch::kFloat).device(torch::kCUDA)).requires_grad_(true);
-  auto targets = torch::full({4}, kIgnore, torch::dtype(torch::kLong).device(torch::kCUDA));
+void expect_all_rows_ignored_give_zero(torch::Device dev) {
+  auto logits = torch::randn({4, 64}, torch::dtype(torch::kFloat).device(dev)).requires_grad_(true);
+  auto targets = torch::full({4}, kIgnore, torch::dtype(torch::kLong).device(dev));
   auto loss = kernels::cross_entropy(logits, targets, 64, kIgnore);
   loss.backward();
-  EXPECT_EQ(loss.item<double>(), 0.0);
-  EXPECT_EQ(logits.grad().abs().max().item<double>(), 0.0);
+  EXPECT_EQ(loss.item<double>(), 0.0) << dev;
+  EXPECT_EQ(logits.grad().abs().max().item<double>(), 0.0) << dev;
 }
+
+TEST(FusedCrossEntropy, AllRowsIgnoredGivesZero) {
+  REQUIRE_CUDA();
+  expect_all_rows_ignored_give_zero(torch::kCUDA);
+}
+
+TEST(FusedCrossEntropyCpu, AllRowsIgnoredGivesZero) { expect_all_rows_ignored_give_zero(torch::kCPU); }
 
 // The model in bf16 with every fused kernel (head + loss, residual LayerNorm, linear and MLP) and
 // without them (LibTorch's ops), against the same weights in float64: the loss and every
@@ -274,8 +317,7 @@ TEST(FusedCrossEntropy, AllRowsIgnoredGivesZero) {
 // rounded bf16 computations is noise). The loss is one number whose error is a signed sum of
 // rounding errors that can cancel for one path by chance, so it is held to bf16's unit roundoff
 // (2^-8) instead.
-TEST(FusedCrossEntropy, ModelWithFusedKernelsAsAccurateAsWithout) {
-  REQUIRE_CUDA();
+void expect_model_fused_as_accurate_as_without(torch::Device dev) {
   GPT2Config cfg;
   cfg.n_layer = 2;
   cfg.n_head = 2;
@@ -284,15 +326,15 @@ TEST(FusedCrossEntropy, ModelWithFusedKernelsAsAccurateAsWithout) {
   cfg.block_size = 32;
   GPT2 model(cfg), reference(cfg);
   model->init_weights(3);
-  model->to(torch::kCUDA, torch::kBFloat16);
+  model->to(dev, torch::kBFloat16);
   {
     torch::NoGradGuard no_grad;
     auto from = model->parameters();
     auto to = reference->parameters();
     for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i].to(torch::kCPU, torch::kFloat));
   }
-  reference->to(torch::kCUDA, torch::kDouble);  // the bf16 weights exactly, in float64
-  auto idx = torch::randint(0, 1000, {4, 32}, torch::dtype(torch::kLong).device(torch::kCUDA));
+  reference->to(dev, torch::kDouble);  // the bf16 weights exactly, in float64
+  auto idx = torch::randint(0, 1000, {4, 32}, torch::dtype(torch::kLong).device(dev));
   auto targets = torch::randint(0, 1000, {4, 32}, idx.options());
   auto ref_loss = reference->loss(idx, targets);
   ref_loss.backward();
@@ -311,7 +353,7 @@ TEST(FusedCrossEntropy, ModelWithFusedKernelsAsAccurateAsWithout) {
       losses[fused] = loss.item<double>();
       for (auto& p : model->parameters()) grads[fused].push_back(p.grad().clone());
     }
-    const std::string what = "model bf16, recompute every " + std::to_string(recompute_every);
+    const std::string what = "model bf16 on " + dev.str() + ", recompute every " + std::to_string(recompute_every);
     const double fused_err = std::abs(losses[1] - ref_value) / ref_value;
     const double unfused_err = std::abs(losses[0] - ref_value) / ref_value;
     std::printf("[ measured ] %s loss: relative error fused %.3g unfused %.3g (float64 %.6f)\n", what.c_str(),
@@ -326,12 +368,37 @@ TEST(FusedCrossEntropy, ModelWithFusedKernelsAsAccurateAsWithout) {
   }
 }
 
-TEST(FusedCrossEntropy, RejectsTensorsOutsideTheContract) {
-  // Runs everywhere: CPU tensors are refused by name.
-  auto logits = torch::randn({4, 64});
+TEST(FusedCrossEntropy, ModelWithFusedKernelsAsAccurateAsWithout) {
+  REQUIRE_CUDA();
+  expect_model_fused_as_accurate_as_without(torch::kCUDA);
+}
+
+// On CPU only the head + loss is fused; the rest of the model runs LibTorch's ops either way.
+TEST(FusedCrossEntropyCpu, ModelWithFusedKernelsAsAccurateAsWithout) {
+  expect_model_fused_as_accurate_as_without(torch::kCPU);
+}
+
+TEST(FusedCrossEntropyCpu, RejectsTensorsOutsideTheContract) {
   auto targets = torch::zeros({4}, torch::kLong);
-  EXPECT_ANY_THROW(kernels::cross_entropy(logits, targets, 64, kIgnore));
-  EXPECT_ANY_THROW(kernels::head_cross_entropy(torch::randn({4, 8}), torch::randn({64, 8}), targets, 64, kIgnore));
+  const auto refused = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(nothing thrown)");
+  };
+  EXPECT_HAS(refused([&] { kernels::cross_entropy(torch::randn({4, 64}, torch::kDouble), targets, 64, kIgnore); }),
+             "fp32/bf16/fp16");
+  EXPECT_HAS(refused([&] { kernels::cross_entropy(torch::randn({64, 4}).t(), targets, 64, kIgnore); }), "contiguous");
+  EXPECT_HAS(refused([&] { kernels::cross_entropy(torch::randn({4, 64}), targets, 65, kIgnore); }), "vocab <= Vp");
+  EXPECT_HAS(refused([&] { kernels::cross_entropy(torch::randn({4, 64}), targets.to(torch::kInt), 64, kIgnore); }),
+             "int64");
+  EXPECT_HAS(refused([&] {
+               kernels::head_cross_entropy(torch::randn({4, 8}), torch::randn({64, 8}, torch::kBFloat16), targets, 64,
+                                           kIgnore);
+             }),
+             "one dtype");
 }
 
 }  // namespace
