@@ -19,7 +19,8 @@ mpi_flags=(-np "$np" --bind-to none)
 [ "$np" -gt "$(nproc)" ] && mpi_flags+=(--oversubscribe)
 # Pass NCCL and CUDA settings (including the NVLink-multicast switches) to every rank.
 for v in $(env | grep -oE '^(NCCL|CUDA|TORCH|NVSHMEM|OMP|GPT2)_[A-Z_]*' || true); do mpi_flags+=(-x "$v"); done
-mpi_flags+=(-x PATH -x LD_LIBRARY_PATH)
+mpi_flags+=(-x PATH)
+[ -n "${LD_LIBRARY_PATH:-}" ] && mpi_flags+=(-x LD_LIBRARY_PATH)  # mpirun warns about an unset one
 # One rank per core group: keep torch's intra-op threads from oversubscribing the node.
 if [ -z "${OMP_NUM_THREADS:-}" ]; then
   threads=$(( $(nproc) / np )); [ "$threads" -ge 1 ] || threads=1
