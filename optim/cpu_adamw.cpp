@@ -154,37 +154,7 @@ void HostThreadPool::parallel_for(int64_t n, int64_t align, const std::function<
 
 namespace {
 
-// Per-call constants, rounded to fp32 the way ATen's fused CPU kernel rounds them.
-struct Coeffs {
-  float decay;       // 1 - lr * wd
-  float lerp_coeff;  // 1 - beta1 when |1 - beta1| < 0.5 (base m), else (1 - beta1) - 1 (base g)
-  bool lerp_from_m;
-  float beta2;
-  float one_minus_beta2;
-  float bc2_sqrt;    // sqrt(1 - beta2^step)
-  float eps;
-  float neg_step_size;  // -lr / (1 - beta1^step)
-  float grad_scale;
-};
-
-Coeffs make_coeffs(const CpuAdamWStep& s) {
-  if (s.step < 1) throw std::invalid_argument("cpu_adamw_update: step must be >= 1 (1-based)");
-  const double step = static_cast<double>(s.step);
-  const double bc1 = 1 - std::pow(s.beta1, step);
-  const double bc2 = 1 - std::pow(s.beta2, step);
-  Coeffs c;
-  c.decay = static_cast<float>(1 - s.lr * s.weight_decay);
-  const float w = static_cast<float>(1 - s.beta1);
-  c.lerp_from_m = std::abs(w) < 0.5f;
-  c.lerp_coeff = c.lerp_from_m ? w : w - 1.0f;
-  c.beta2 = static_cast<float>(s.beta2);
-  c.one_minus_beta2 = static_cast<float>(1 - s.beta2);
-  c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  c.eps = static_cast<float>(s.eps);
-  c.neg_step_size = static_cast<float>(-(s.lr / bc1));
-  c.grad_scale = static_cast<float>(s.grad_scale);
-  return c;
-}
+using Coeffs = AdamWCoeffs;
 
 #define GPT2_INLINE inline __attribute__((always_inline))
 
@@ -313,10 +283,29 @@ int bf16_index(HostGradType t) { return t == HostGradType::kBFloat16 ? 1 : 0; }
 
 }  // namespace
 
+AdamWCoeffs adamw_coeffs(const CpuAdamWStep& s) {
+  if (s.step < 1) throw std::invalid_argument("cpu_adamw_update: step must be >= 1 (1-based)");
+  const double step = static_cast<double>(s.step);
+  const double bc1 = 1 - std::pow(s.beta1, step);
+  const double bc2 = 1 - std::pow(s.beta2, step);
+  AdamWCoeffs c;
+  c.decay = static_cast<float>(1 - s.lr * s.weight_decay);
+  const float w = static_cast<float>(1 - s.beta1);
+  c.lerp_from_m = std::abs(w) < 0.5f;
+  c.lerp_coeff = c.lerp_from_m ? w : w - 1.0f;
+  c.beta2 = static_cast<float>(s.beta2);
+  c.one_minus_beta2 = static_cast<float>(1 - s.beta2);
+  c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  c.eps = static_cast<float>(s.eps);
+  c.neg_step_size = static_cast<float>(-(s.lr / bc1));
+  c.grad_scale = static_cast<float>(s.grad_scale);
+  return c;
+}
+
 void cpu_adamw_update(const CpuAdamWStep& s, int64_t n, float* param, float* exp_avg, float* exp_avg_sq,
                       const void* grad, HostGradType grad_type, uint16_t* param_bf16) {
   if (n <= 0) return;
-  const Coeffs c = make_coeffs(s);
+  const Coeffs c = adamw_coeffs(s);
   kernels().update[bf16_index(grad_type)][param_bf16 != nullptr ? 1 : 0](c, n, param, exp_avg, exp_avg_sq, grad,
                                                                          param_bf16);
 }

@@ -37,6 +37,22 @@ struct CpuAdamWStep {
   double grad_scale = 1;   // every gradient is multiplied by this first (unscale, clip coefficient)
 };
 
+// The update's per-call constants, rounded to fp32 the way ATen's fused CPU kernel rounds them
+// (shared with the GPU kernel of 8-bit moments, which computes the same bits).
+struct AdamWCoeffs {
+  float decay;       // 1 - lr * wd
+  float lerp_coeff;  // 1 - beta1 when |1 - beta1| < 0.5 (base m), else (1 - beta1) - 1 (base g)
+  bool lerp_from_m;
+  float beta2;
+  float one_minus_beta2;
+  float bc2_sqrt;       // sqrt(1 - beta2^step)
+  float eps;
+  float neg_step_size;  // -lr / (1 - beta1^step)
+  float grad_scale;
+};
+// Throws std::invalid_argument for step < 1.
+AdamWCoeffs adamw_coeffs(const CpuAdamWStep& s);
+
 // One AdamW update of n elements in place (same arithmetic as torch.optim.AdamW / ATen's
 // _fused_adamw_ in fp32): param *= 1 - lr*wd; m = lerp(m, g, 1-beta1); v = beta2*v + (1-beta2)*g*g;
 // param -= lr/(1-beta1^step) * m / (sqrt(v)/sqrt(1-beta2^step) + eps).

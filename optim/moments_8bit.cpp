@@ -37,6 +37,13 @@ const QuantMap& dynamic_map(bool is_signed) {
   return is_signed ? kSigned : kUnsigned;
 }
 
+Moment8Maps moment8_maps() {
+  Moment8Maps maps{};
+  std::copy(dynamic_map(true).begin(), dynamic_map(true).end(), maps.signed_map);
+  std::copy(dynamic_map(false).begin(), dynamic_map(false).end(), maps.unsigned_map);
+  return maps;
+}
+
 uint8_t quantize_value(const QuantMap& map, float x) {
   if (std::isnan(x)) x = 0.0f;
   // First entry >= x; then the nearer of it and the one below, the lower on a tie.

@@ -22,6 +22,10 @@
 #include <array>
 #include <cstdint>
 
+#ifdef GPT2_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include "optim/cpu_adamw.h"
 
 namespace gpt2::optim {
@@ -56,5 +60,33 @@ struct Moment8 {
 // HostThreadPool.
 void cpu_adamw_update_8bit(const CpuAdamWStep& s, int64_t n, float* param, Moment8 exp_avg, Moment8 exp_avg_sq,
                            const void* grad, HostGradType grad_type, uint16_t* param_bf16);
+
+// The same update on the GPU, for n elements of device memory from a block boundary: one CUDA
+// block per quantization block, one pass, the same bits as cpu_adamw_update_8bit (explicit
+// rounding, no FMA contraction). grad_scale_device (a device scalar, e.g. the clip coefficient)
+// multiplies c.grad_scale when given; when found_inf (a device scalar) holds nonzero nothing
+// changes.
+struct Moment8Maps {
+  float signed_map[256];
+  float unsigned_map[256];
+};
+Moment8Maps moment8_maps();
+
+struct Adamw8bitArgs {
+  Moment8Maps maps;
+  AdamWCoeffs c;
+  int64_t n = 0;
+  float* param = nullptr;
+  Moment8 exp_avg, exp_avg_sq;
+  const void* grad = nullptr;
+  HostGradType grad_type = HostGradType::kFloat32;
+  uint16_t* param_bf16 = nullptr;
+  const float* grad_scale_device = nullptr;
+  const float* found_inf = nullptr;
+};
+
+#ifdef GPT2_WITH_CUDA
+cudaError_t launch_adamw_8bit(const Adamw8bitArgs& args, cudaStream_t stream);
+#endif
 
 }  // namespace gpt2::optim
