@@ -1,6 +1,8 @@
 #include "parallel/rank_env.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "src/base/mpi_check.h"
 #include "src/base/log.h"
@@ -26,13 +28,60 @@ MpiSession::~MpiSession() {
   if (finalize_) MPI_Finalize();
 }
 
-RankEnv::RankEnv(MPI_Comm comm) : comm_(comm) {
+namespace {
+
+// This process's node name (Note [Node-local rank]).
+std::string launcher_node_name() {
+  const char* slurm = std::getenv("SLURMD_NODENAME");
+  if (slurm != nullptr && *slurm != '\0') return slurm;
+  char name[MPI_MAX_PROCESSOR_NAME];
+  int len = 0;
+  MPI_CHECK(MPI_Get_processor_name(name, &len));
+  return std::string(name, len);
+}
+
+}  // namespace
+
+const char* RankEnv::node_name_source() {
+  const char* slurm = std::getenv("SLURMD_NODENAME");
+  return slurm != nullptr && *slurm != '\0' ? "SLURMD_NODENAME" : "host name";
+}
+
+RankEnv::RankEnv(MPI_Comm comm) : RankEnv(comm, launcher_node_name()) {}
+
+RankEnv::RankEnv(MPI_Comm comm, const std::string& node_name) : comm_(comm), node_name_(node_name) {
   MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   MPI_CHECK(MPI_Comm_size(comm_, &world_size_));
+  // The ranks that share memory, then among them those of this node name (Note [Node-local rank]).
+  MPI_Comm shared;
+  MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &shared));
+  int shared_size = 1;
+  MPI_CHECK(MPI_Comm_size(shared, &shared_size));
+  int width = static_cast<int>(node_name_.size()) + 1;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &width, 1, MPI_INT, MPI_MAX, shared));
+  std::vector<char> mine(width, '\0'), names(static_cast<size_t>(width) * shared_size);
+  std::memcpy(mine.data(), node_name_.data(), node_name_.size());
+  MPI_CHECK(MPI_Allgather(mine.data(), width, MPI_CHAR, names.data(), width, MPI_CHAR, shared));
+  int color = 0;  // the first rank with this name stands for the node
+  while (std::strcmp(names.data() + static_cast<size_t>(color) * width, mine.data()) != 0) ++color;
   MPI_Comm node;
-  MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  MPI_CHECK(MPI_Comm_split(shared, color, rank_, &node));
+  MPI_CHECK(MPI_Comm_free(&shared));
   MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
   MPI_CHECK(MPI_Comm_size(node, &local_size_));
+  // Nodes numbered by their lowest rank: each node's local rank 0 (its lowest rank) takes its
+  // place among the others and tells its node.
+  MPI_Comm leaders;
+  MPI_CHECK(MPI_Comm_split(comm_, local_rank_ == 0 ? 0 : MPI_UNDEFINED, rank_, &leaders));
+  if (leaders != MPI_COMM_NULL) {
+    MPI_CHECK(MPI_Comm_rank(leaders, &node_index_));
+    MPI_CHECK(MPI_Comm_size(leaders, &num_nodes_));
+    MPI_CHECK(MPI_Comm_free(&leaders));
+  }
+  int counts[2] = {node_index_, num_nodes_};
+  MPI_CHECK(MPI_Bcast(counts, 2, MPI_INT, 0, node));
+  node_index_ = counts[0];
+  num_nodes_ = counts[1];
   MPI_CHECK(MPI_Comm_free(&node));
 }
 
@@ -47,6 +96,22 @@ double RankEnv::all_reduce_sum(double value) const {
 int RankEnv::all_reduce_max(int value) const {
   int out = 0;
   MPI_CHECK(MPI_Allreduce(&value, &out, 1, MPI_INT, MPI_MAX, comm_));
+  return out;
+}
+
+std::vector<std::string> RankEnv::gather_to_main(const std::string& text) const {
+  int len = static_cast<int>(text.size());
+  std::vector<int> lens(is_main() ? world_size_ : 0), offsets(lens.size());
+  MPI_CHECK(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, comm_));
+  int total = 0;
+  for (size_t r = 0; r < lens.size(); ++r) {
+    offsets[r] = total;
+    total += lens[r];
+  }
+  std::vector<char> all(std::max(total, 1));
+  MPI_CHECK(MPI_Gatherv(text.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, 0, comm_));
+  std::vector<std::string> out;
+  for (size_t r = 0; r < lens.size(); ++r) out.emplace_back(all.data() + offsets[r], lens[r]);
   return out;
 }
 

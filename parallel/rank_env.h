@@ -1,9 +1,13 @@
 #pragma once
 // The process's place in the job, from MPI. MpiSession owns MPI's lifetime (init, finalize);
 // RankEnv describes one group of ranks (MPI_COMM_WORLD for a job, MPI_COMM_SELF for a one-rank
-// reference run inside a test): rank and size in the group, local rank on the node (one GPU per
-// local rank). abort() ends the whole job at once so no peer is left waiting in a collective.
+// reference run inside a test): rank and size in the group, the node it runs on and its local rank
+// there (one GPU per local rank; Note [Node-local rank]). abort() ends the whole job at once so no
+// peer is left waiting in a collective.
 #include <mpi.h>
+
+#include <string>
+#include <vector>
 
 namespace gpt2::parallel {
 
@@ -18,15 +22,33 @@ class MpiSession {
   bool finalize_ = false;
 };
 
+// Note [Node-local rank]: a rank's node is the ranks of the group that MPI says share memory
+// (MPI_COMM_TYPE_SHARED) *and* carry the same node name: Slurm's (SLURMD_NODENAME, which slurmd
+// sets for every task, and which ranks that mpirun starts inside an allocation inherit from the
+// slurmd that started mpirun's daemon), else the host name. The name matters where several slurmd
+// run on one host (test clusters, Slurm's multiple-slurmd): Slurm hands each node its own GPUs and
+// CPUs. Open MPI 4.1's shared split follows its launcher's nodes already (srun --mpi=pmix and
+// mpirun, tests/python/test_slurm_multinode.py), but an MPI that splits by host would count both
+// nodes' ranks as one. Not SLURM_LOCALID: under mpirun every rank of a node inherits its daemon's
+// (0). Not OMPI_COMM_WORLD_LOCAL_RANK: only Open MPI's mpirun sets it. The local rank picks the
+// GPU (never the global rank modulo the GPU count); the local size is what one node's ranks share
+// (host memory for offload, cores).
 class RankEnv {
  public:
   explicit RankEnv(MPI_Comm comm = MPI_COMM_WORLD);
+  // As above with this rank's node name given (tests place ranks on made-up nodes).
+  RankEnv(MPI_Comm comm, const std::string& node_name);
 
   MPI_Comm comm() const { return comm_; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
+  int num_nodes() const { return num_nodes_; }
+  int node_index() const { return node_index_; }  // nodes numbered by their lowest rank
+  const std::string& node_name() const { return node_name_; }
+  // Where node names came from: "SLURMD_NODENAME" or "host name".
+  static const char* node_name_source();
   bool is_main() const { return rank_ == 0; }  // rank 0 speaks and writes shared files
 
   void barrier() const;
@@ -34,6 +56,8 @@ class RankEnv {
   double all_reduce_sum(double value) const;
   // Maximum of an int over the group (flags: "any rank got a stop signal"), the same on every rank.
   int all_reduce_max(int value) const;
+  // Every rank's `text`, by rank, on rank 0; empty on the others.
+  std::vector<std::string> gather_to_main(const std::string& text) const;
   // Ends the whole job (every rank of MPI_COMM_WORLD) with `code`. Never returns.
   [[noreturn]] static void abort(int code);
 
@@ -43,6 +67,9 @@ class RankEnv {
   int world_size_ = 1;
   int local_rank_ = 0;
   int local_size_ = 1;
+  int num_nodes_ = 1;
+  int node_index_ = 0;
+  std::string node_name_;
 };
 
 }  // namespace gpt2::parallel

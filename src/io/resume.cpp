@@ -185,9 +185,10 @@ int64_t resume_checkpoint(const std::string& checkpoint_dir, GPT2& model, int64_
     gen.set_state(as_tensor(rng_cpu));
   }
 #ifdef GPT2_WITH_CUDA
-  if (!rng_cuda.empty() && torch::cuda::is_available()) {
-    at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(
-        static_cast<c10::DeviceIndex>(env.local_rank() % static_cast<int>(torch::cuda::device_count())));
+  // The generator of the device the model is on, which is the one the writer saved.
+  const torch::Device device = model->parameters().front().device();
+  if (!rng_cuda.empty() && device.is_cuda()) {
+    at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(device.index());
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(as_tensor(rng_cuda));
   }

@@ -158,10 +158,33 @@ CheckpointSettings checkpoint_settings(const Config& cfg) {
 
 void log_settings(const Config& cfg, const parallel::RankEnv& env, torch::Device device, int64_t accum,
                   int64_t num_params) {
-  log::info("gpt2-train: ", env.world_size(), " rank(s), device ", device.str(), ", ", num_params, " parameters (",
-            num_params / 1e6, "M with vocab padding)");
+  log::info("gpt2-train: ", env.world_size(), " rank(s) on ", env.num_nodes(), " node(s), device ", device.str(), ", ",
+            num_params, " parameters (", num_params / 1e6, "M with vocab padding)");
   for (const auto& [key, value] : cfg.table()) log::info(log::format("  %-34s %s", key.c_str(), value.c_str()));
   log::info(log::format("  %-34s %lld", "(derived) grad_accum_steps", (long long)accum));
+}
+
+// Each rank's node, node-local rank and device, one line per node (Note [Node-local rank]):
+//   node n2 (2 of 2): rank 2 = local 0 (cuda:0), rank 3 = local 1 (cuda:1)
+// Every rank takes part in the gather; rank 0 logs.
+void log_placement(const parallel::RankEnv& env, torch::Device device) {
+  // "node index <TAB> node name <TAB> this rank's part of the line"
+  const auto all = env.gather_to_main(
+      log::format("%d\t%s\trank %d = local %d (%s)", env.node_index(), env.node_name().c_str(), env.rank(),
+                  env.local_rank(), device.str().c_str()));
+  if (all.empty()) return;
+  std::vector<std::string> names(env.num_nodes()), ranks(env.num_nodes());
+  for (const std::string& text : all) {
+    const size_t tab1 = text.find('\t'), tab2 = text.find('\t', tab1 + 1);
+    const int node = std::stoi(text.substr(0, tab1));
+    names.at(node) = text.substr(tab1 + 1, tab2 - tab1 - 1);
+    ranks.at(node) += (ranks[node].empty() ? "" : ", ") + text.substr(tab2 + 1);
+  }
+  log::info("ranks by node (node names from ", parallel::RankEnv::node_name_source(),
+            "; a rank's GPU is its node-local rank):");
+  for (int n = 0; n < env.num_nodes(); ++n) {
+    log::info(log::format("  node %s (%d of %d): %s", names[n].c_str(), n + 1, env.num_nodes(), ranks[n].c_str()));
+  }
 }
 
 void log_parallel_setup(const Config& cfg, const parallel::RankEnv& env, const parallel::Communicator& comm,
@@ -263,6 +286,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   GPT2 model = build_model(cfg, device, precision.compute, /*resuming=*/!resume_from.empty());
   const int64_t num_params = model->num_parameters(/*count_padding=*/true);
   log_settings(cfg, env, device, accum, num_params);
+  log_placement(env, device);
 
   // Gradients live in flat buckets reduced while backward runs (parallel/grad_buckets.h); the
   // parameters become views into one flat buffer whose shards the optimizer owns.
