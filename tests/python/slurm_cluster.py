@@ -6,9 +6,9 @@ Several nodes on one host: every slurmd runs as `slurmd -N nK` with its own port
 directory, pid and log file (%n in slurm.conf), and its own TmpFS, where srun's PMIx plugin makes
 each step's client directory (spmix_appdir_<uid>_<job>.<step>): under one /tmp the second node's
 step fails with "File exists"."""
-import json, os, pwd, shutil, signal, socket, subprocess, time
+import json, os, pwd, re, shutil, signal, socket, subprocess, sys, tempfile, time
 import numpy as np
-from checks import write_tokens
+from checks import check, failures, finish, write_tokens
 
 SRC = os.path.abspath(os.environ.get("GPT2_SOURCE_DIR", "."))
 BIN_DIR = os.path.abspath(os.environ.get("GPT2_BIN_DIR", "build/bin"))
@@ -20,6 +20,29 @@ TOOLS = ["munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sinf
 def missing_tools():
     """The Slurm/MUNGE programs that are not installed (the tests skip when any is missing)."""
     return [t for t in TOOLS if not shutil.which(t, path=PATH)]
+
+
+def run_test(prefix, run):
+    """A Slurm test's frame: skip (77) without the programs, run(d) in a fresh temp dir, any
+    exception a failure, the dir kept only when something failed, then the exit status."""
+    missing = missing_tools()
+    if missing:
+        print(f"SKIP: Slurm/MUNGE not installed (missing {', '.join(missing)}); "
+              "apt-get install slurmctld slurmd slurm-client munge (launch/install-deps.sh)")
+        sys.exit(77)
+    d = tempfile.mkdtemp(prefix=prefix)
+    t0 = time.time()
+    try:
+        run(d)
+    except Exception as e:
+        check(False, f"no exception ({type(e).__name__}: {e})")
+    finally:
+        print(f"total {time.time() - t0:.1f} s")
+        if failures:
+            print(f"(kept {d} for inspection)")
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+    finish()
 
 
 def sh(*cmd, timeout=30, env=None):
@@ -128,6 +151,21 @@ KillWait=30
         """The daemons' logs, for a failure report."""
         return ["slurmctld.log"] + [f"slurmd-{n}.log" for n in self.nodes]
 
+    def serve(self, work):
+        """start(), work(), stop(): an exception is a failure, and a failure prints the daemons' logs."""
+        try:
+            t0 = time.time()
+            self.start()
+            print(f"cluster up in {time.time() - t0:.1f} s (nodes {', '.join(self.nodes)} on host {self.host})")
+            work()
+        except Exception as e:
+            check(False, f"no exception ({type(e).__name__}: {e})")
+        finally:
+            self.stop()
+            if failures:
+                for name in self.logs():
+                    print(f"--- {name}\n{self.tail(name)}")
+
     def stop(self):
         """Cancel what still runs, then stop the daemons (newest first); never raises."""
         try:
@@ -162,6 +200,52 @@ def wait_job(job, cond, seconds, poll=0.2):
             return info
         time.sleep(poll)
     return job_info(job)
+
+
+def preempt(job, ckpt, log):
+    """USR1 to the batch shell alone (what --signal=B:USR1@120 sends before the time limit), then
+    the requeue: checks both and the log's lines for them. Returns (latest checkpoint's name, its
+    step or -1, when the signal went)."""
+    rc, out = sh("scancel", "--signal=USR1", "--batch", job)
+    check(rc == 0, f"scancel --signal=USR1 --batch {job} ({out or 'ok'})")
+    t_sig = time.time()
+    info = wait_job(job, lambda i: int(i.get("Restarts", 0)) >= 1, 120)
+    latest = os.path.join(ckpt, "latest")
+    saved = open(latest).read().strip() if os.path.exists(latest) else ""
+    saved_step = int(saved[5:]) if saved.startswith("step_") and saved[5:].isdigit() else -1
+    text = open(log, errors="replace").read() if os.path.exists(log) else ""
+    check(int(info.get("Restarts", 0)) == 1, f"the job was requeued (Restarts={info.get('Restarts')}, "
+          f"{info.get('JobState')}, {time.time() - t_sig:.1f} s after the signal)")
+    check("preempted" in text and "requeueing job" in text, "the log says preempted, then requeueing")
+    return saved, saved_step, t_sig
+
+
+def check_resumed_run(job, log, metrics, ref, steps, saved_step, t_sig, t0, second_run_logs=("done:",)):
+    """After preempt(): the requeued job completes; its second run logs each of `second_run_logs`
+    and starts at the checkpoint's step; the metrics hold steps 0..steps-1 once each; and every
+    step's loss equals the uninterrupted run's `ref` to 1e-5 relative. Returns the log's text."""
+    # Slurm holds a requeued job back for a while (cred_expire, 10 s here), then it runs again.
+    live = ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "CONFIGURING", None)
+    info = wait_job(job, lambda i: i.get("JobState") not in live, 420)
+    text = open(log, errors="replace").read() if os.path.exists(log) else ""
+    check(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0",
+          f"the requeued job completes ({info.get('JobState')}, ExitCode={info.get('ExitCode')}, "
+          f"{time.time() - t_sig:.1f} s after the signal, {time.time() - t0:.1f} s after sbatch)")
+    second = text.split("restart 1")[-1] if "restart 1" in text else ""
+    check(all(s in second for s in second_run_logs), f"the second run logs {', '.join(second_run_logs)}")
+    first_step = re.search(r"\] step (\d+)/\d+ \|", second)
+    logged = [json.loads(l)["step"] for l in open(metrics) if '"loss"' in l] if os.path.exists(metrics) else []
+    check(first_step is not None and int(first_step.group(1)) == saved_step and logged == list(range(steps)),
+          f"the second run starts at the checkpoint's step ({first_step and first_step.group(1)}, saved "
+          f"{saved_step}; metrics steps {logged[:1]}..{logged[-1:]}, {len(logged)} lines)")
+    got = losses(metrics)
+    common = [s for s in ref if s in got]
+    worst = max((abs(got[s] - ref[s]) / abs(ref[s]) for s in common), default=float("inf"))
+    last = steps - 1
+    check(len(common) == steps and worst <= 1e-5,
+          f"the losses match the uninterrupted run: step {last} {got.get(last)} vs {ref.get(last)}; "
+          f"worst relative difference over {len(common)} steps {worst:.1e}")
+    return text
 
 
 def losses(path):

@@ -17,9 +17,9 @@ Open MPI's shared-memory transport names its segments by host name and node-loca
 nodes on one host would share them: the job uses TCP over loopback between every pair of ranks,
 as ranks on separate machines do. The daemons are always stopped. Exits 77 (skipped) only when
 the Slurm or MUNGE programs are not installed. Run by CTest."""
-import json, os, re, shutil, signal, sys, tempfile, time
-from checks import check, failures, finish
-from slurm_cluster import BIN, BIN_DIR, PATH, SRC, Cluster, losses, missing_tools, reference_run, sh, \
+import json, os, re, signal, time
+from checks import check, failures
+from slurm_cluster import BIN, BIN_DIR, PATH, SRC, Cluster, check_resumed_run, losses, preempt, reference_run, run_test, sh, \
     tiny_config, wait_job
 
 NODES, PER_NODE = 2, 2
@@ -29,25 +29,6 @@ KILL_WITHIN = 60  # s from kill -9 of one rank to the end of the job
 LIVE = ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "CONFIGURING", None)  # states that are not an end
 
 
-def main():
-    missing = missing_tools()
-    if missing:
-        print(f"SKIP: Slurm/MUNGE not installed (missing {', '.join(missing)}); "
-              "apt-get install slurmctld slurmd slurm-client munge (launch/install-deps.sh)")
-        sys.exit(77)
-    d = tempfile.mkdtemp(prefix="gpt2-slurm2-")
-    t0 = time.time()
-    try:
-        run(d)
-    except Exception as e:
-        check(False, f"no exception ({type(e).__name__}: {e})")
-    finally:
-        print(f"total {time.time() - t0:.1f} s")
-        if failures:
-            print(f"(kept {d} for inspection)")
-        else:
-            shutil.rmtree(d, ignore_errors=True)
-    finish()
 
 
 def run(d):
@@ -61,20 +42,13 @@ def run(d):
         return
 
     cluster = Cluster(d, nodes=NODES, cpus=PER_NODE)
-    try:
-        t0 = time.time()
-        cluster.start()
-        print(f"cluster up in {time.time() - t0:.1f} s (nodes {', '.join(cluster.nodes)} on host {cluster.host})")
+
+    def work():
         preempt_and_resume(d, cfg, ref)
         for launcher in ("srun", "mpirun"):
             kill_one_rank(d, cfg, launcher)
-    except Exception as e:
-        check(False, f"no exception ({type(e).__name__}: {e})")
-    finally:
-        cluster.stop()
-        if failures:
-            for name in cluster.logs():
-                print(f"--- {name}\n{cluster.tail(name)}")
+
+    cluster.serve(work)
 
 
 def submit(d, name, *args, launcher="auto"):
@@ -163,20 +137,8 @@ def preempt_and_resume(d, cfg, ref):
           + (re.findall(r"\[slurm\] job .*", text) or ["(no [slurm] line)"])[0])
     check_placement(text, procs, "first run")
 
-    # Signal the batch shell alone, as --signal=B:USR1@120 does before the time limit.
-    rc, out = sh("scancel", "--signal=USR1", "--batch", job)
     at = max(losses(metrics), default=-1)
-    check(rc == 0, f"scancel --signal=USR1 --batch {job} at step {at} ({out or 'ok'})")
-    t_sig = time.time()
-
-    info = wait_job(job, lambda i: int(i.get("Restarts", 0)) >= 1, 120)
-    latest = os.path.join(ckpt, "latest")
-    saved = open(latest).read().strip() if os.path.exists(latest) else ""
-    saved_step = int(saved[5:]) if saved.startswith("step_") and saved[5:].isdigit() else -1
-    text = read(log)
-    check(int(info.get("Restarts", 0)) == 1, f"the job was requeued (Restarts={info.get('Restarts')}, "
-          f"{info.get('JobState')}, {time.time() - t_sig:.1f} s after the signal)")
-    check("preempted" in text and "requeueing job" in text, "the log says preempted, then requeueing")
+    saved, saved_step, t_sig = preempt(job, ckpt, log)
     # The ranks stop after the step in progress: the metrics of step `at` (0-based) were out, so
     # the checkpoint holds step at+1 done (step_{at+2}) unless that step ended as the signal came.
     check(at + 1 <= saved_step <= at + 3 and saved_step < STEPS,
@@ -187,28 +149,8 @@ def preempt_and_resume(d, cfg, ref):
     check(shards == list(range(NP)) and ok, f"every rank on both nodes saved its shard (ranks {shards}); "
           f"gpt2-ckpt verify: {out.splitlines()[0] if out else '(nothing)'}")
 
-    # Slurm holds a requeued job back for a while (cred_expire, 10 s here), then it runs again.
-    info = wait_job(job, lambda i: i.get("JobState") not in LIVE, 300)
-    text = read(log)
-    check(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0",
-          f"the requeued job completes ({info.get('JobState')}, ExitCode={info.get('ExitCode')}, "
-          f"{time.time() - t_sig:.1f} s after the signal, {time.time() - t0:.1f} s after sbatch)")
-    second = text.split("restart 1")[-1] if "restart 1" in text else ""
-    check("done:" in second and f"{NP} rank(s) on {NODES} node(s)" in second,
-          "the second run logs its nodes and done:")
-    first_step = re.search(r"\] step (\d+)/\d+ \|", second)
-    steps = [json.loads(l)["step"] for l in open(metrics) if '"loss"' in l] if os.path.exists(metrics) else []
-    check(first_step is not None and int(first_step.group(1)) == saved_step and steps == list(range(STEPS)),
-          f"the second run starts at the checkpoint's step ({first_step and first_step.group(1)}, saved "
-          f"{saved_step}; metrics steps {steps[:1]}..{steps[-1:]}, {len(steps)} lines)")
-
-    got = losses(metrics)
-    common = [s for s in ref if s in got]
-    worst = max((abs(got[s] - ref[s]) / abs(ref[s]) for s in common), default=float("inf"))
-    last = STEPS - 1
-    check(len(common) == STEPS and worst <= 1e-5,
-          f"the losses match the uninterrupted run: step {last} {got.get(last)} vs {ref.get(last)}; "
-          f"worst relative difference over {len(common)} steps {worst:.1e}")
+    text = check_resumed_run(job, log, metrics, ref, STEPS, saved_step, t_sig, t0,
+                             ("done:", f"{NP} rank(s) on {NODES} node(s)"))
     if failures:
         print(f"--- {log}\n{text[-5000:]}")
 
@@ -253,4 +195,4 @@ def kill_one_rank(d, cfg, launcher):
 
 
 if __name__ == "__main__":
-    main()
+    run_test("gpt2-slurm2-", run)
