@@ -129,7 +129,14 @@ void compare_head(torch::ScalarType dtype, int64_t rows, int64_t C, int64_t padd
   const std::string what = std::string("head_cross_entropy ") + dev.str() + " " + c10::toString(dtype) + " " + std::to_string(rows) +
                            "x" + std::to_string(C) + " vocab " + std::to_string(vocab) + "/" + std::to_string(padded);
   expect_as_accurate(what + " loss", ours, aten, ref);
-  EXPECT_EQ(no_grad_loss.item<double>(), ours.item<double>()) << what << ": loss without gradients";
+  if (dev.is_cuda()) {
+    EXPECT_EQ(no_grad_loss.item<double>(), ours.item<double>()) << what << ": loss without gradients";
+  } else {
+    // The same computation, but MKL's CPU GEMM rounds differently for differently aligned copies of
+    // h (seen on a 16-core machine: 7.4142194 against 7.4142203): equal to fp32 rounding.
+    EXPECT_NEAR(no_grad_loss.item<double>(), ours.item<double>(), 1e-6 * std::abs(ours.item<double>()))
+        << what << ": loss without gradients";
+  }
   expect_as_accurate(what + " dh", hi.grad(), ha.grad(), hr.grad());
   expect_as_accurate(what + " dW", wi.grad(), wa.grad(), wr.grad());
   EXPECT_EQ(wi.grad().narrow(0, vocab, padded - vocab).abs().max().item<double>(), 0.0) << what << ": padding rows";
