@@ -11,11 +11,11 @@
 #include <utility>
 
 #include "src/base/errors.h"
+#include "src/kernels/dtype.h"
 #include "src/kernels/target_check.h"
 
 #ifdef GPT2_WITH_CUDA
 #include "src/base/cuda_check.h"
-#include "src/kernels/dtype.h"
 #endif
 
 namespace gpt2::kernels {
@@ -37,10 +37,6 @@ namespace {
 // time (6.4 MB in fp32, which stays in cache), the chunks spread over the threads, and the
 // gradient is written once, in the logits' dtype.
 constexpr int64_t kCpuChunkRows = 32;
-
-bool is_loss_dtype(c10::ScalarType t) {
-  return t == torch::kFloat || t == torch::kHalf || t == torch::kBFloat16;
-}
 
 // Calls fn(first_row, rows) for the chunks of `rows`, in parallel; ATen ops inside run serially.
 template <typename Fn>
@@ -208,7 +204,7 @@ torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& ta
                             int64_t ignore_index) {
   if (logits.is_cuda() && !have_cuda_kernels()) throw std::logic_error("kernels::cross_entropy: this build has no CUDA");
   if (!(logits.is_cuda() || logits.is_cpu()) || logits.dim() != 2 || !logits.is_contiguous() ||
-      !is_loss_dtype(logits.scalar_type()) || vocab < 1 || vocab > logits.size(1)) {
+      !is_kernel_dtype(logits.scalar_type()) || vocab < 1 || vocab > logits.size(1)) {
     throw std::invalid_argument("kernels::cross_entropy: logits must be contiguous (N, Vp) fp32/bf16/fp16 on CPU "
                                 "or CUDA with 1 <= vocab <= Vp");
   }
@@ -223,7 +219,7 @@ torch::Tensor head_cross_entropy(const torch::Tensor& h, const torch::Tensor& we
   if (h.is_cuda() && !have_cuda_kernels()) throw std::logic_error("kernels::head_cross_entropy: this build has no CUDA");
   const auto t = h.scalar_type();
   if (!(h.is_cuda() || h.is_cpu()) || h.dim() != 2 || weight.dim() != 2 || weight.size(1) != h.size(1) ||
-      weight.scalar_type() != t || weight.device() != h.device() || !is_loss_dtype(t) || vocab < 1 ||
+      weight.scalar_type() != t || weight.device() != h.device() || !is_kernel_dtype(t) || vocab < 1 ||
       vocab > weight.size(0)) {
     throw std::invalid_argument("kernels::head_cross_entropy: h (N, C) and weight (Vp, C) on CPU or CUDA, of one "
                                 "dtype (fp32/bf16/fp16), with 1 <= vocab <= Vp");

@@ -1,13 +1,17 @@
 #pragma once
-// Host-side helpers of the autograd wrappers in this folder: the launchers' Dtype for a tensor,
-// whether a dtype is one the kernels take, and the stream to launch on. CUDA builds only.
-#include <c10/cuda/CUDAStream.h>
+// Host-side helpers of the autograd wrappers in this folder: whether a dtype is one the kernels
+// take (every build: the CPU cross-entropy takes the same three), and in CUDA builds the
+// launchers' Dtype for a tensor and the stream to launch on.
 #include <torch/types.h>
+
+#ifdef GPT2_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
 
 #include <stdexcept>
 #include <string>
 
 #include "src/kernels/launch.h"
+#endif
 
 namespace gpt2::kernels {
 
@@ -15,6 +19,7 @@ inline bool is_kernel_dtype(c10::ScalarType t) {
   return t == torch::kFloat || t == torch::kHalf || t == torch::kBFloat16;
 }
 
+#ifdef GPT2_WITH_CUDA
 inline cudaStream_t stream_of(const torch::Tensor& t) {
   return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
 }
@@ -27,5 +32,6 @@ inline Dtype dtype_of(const torch::Tensor& t, const char* who) {
     default: throw std::invalid_argument(std::string(who) + ": dtype " + c10::toString(t.scalar_type()) + " is not fp32, fp16 or bf16");
   }
 }
+#endif
 
 }  // namespace gpt2::kernels
