@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "optim/moments_8bit.h"
+#include "tests/optim/bf16_grads.h"
 
 namespace gpt2::optim {
 namespace {
@@ -179,14 +180,8 @@ TEST(Moments8bit, UpdateEqualsAFloat64ReferenceOfTheSameAlgorithm) {
 TEST(Moments8bit, Bf16GradientAndCopyMatchTheFp32Path) {
   const int64_t n = kQuantBlock + 17;
   auto grad = moment_like(n, true, 5);
-  std::vector<uint16_t> grad_bf16(n), out(n);
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, &grad[i], 4);
-    grad_bf16[i] = static_cast<uint16_t>(u >> 16);  // truncate: the fp32 copy below is then exact
-    u = static_cast<uint32_t>(grad_bf16[i]) << 16;
-    std::memcpy(&grad[i], &u, 4);
-  }
+  const auto grad_bf16 = truncate_to_bf16(grad);
+  std::vector<uint16_t> out(n);
   const auto& sm = dynamic_map(true);
   const auto& um = dynamic_map(false);
   std::vector<float> p[2] = {moment_like(n, true, 6), moment_like(n, true, 6)};

@@ -15,6 +15,7 @@
 #endif
 
 #include "optim/moments_8bit.h"
+#include "tests/optim/bf16_grads.h"
 
 namespace gpt2::optim {
 namespace {
@@ -49,14 +50,7 @@ void expect_gpu_equals_cpu(bool bf16_grad, float device_scale, bool skip) {
   const int64_t blocks = 5;
   auto param = randn(n, 0.02f, 1);
   auto grad = randn(n, 1e-3f, 2);
-  std::vector<uint16_t> grad_bf16(n);
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, &grad[i], 4);
-    grad_bf16[i] = static_cast<uint16_t>(u >> 16);
-    u = static_cast<uint32_t>(grad_bf16[i]) << 16;
-    std::memcpy(&grad[i], &u, 4);  // the fp32 gradient holds the bf16 values exactly
-  }
+  const auto grad_bf16 = truncate_to_bf16(grad);  // the fp32 gradient holds the bf16 values exactly
   std::vector<uint8_t> mc(n), vc(n);
   std::vector<float> ma(blocks), va(blocks);
   quantize_blocks(dynamic_map(true), randn(n, 1e-3f, 3).data(), n, mc.data(), ma.data());
