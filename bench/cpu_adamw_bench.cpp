@@ -1,5 +1,6 @@
 // CPU AdamW (optimizer offload) throughput: one update of N fp32 master weights + moments, split over
-// a HostThreadPool, with fp32 gradients, and with bf16 gradients plus the bf16 param copy written.
+// a HostThreadPool, with fp32 gradients, with bf16 gradients plus the bf16 param copy written, and
+// the latter with 8-bit moments (memory.optimizer_moments = 8bit: blocks split over the pool).
 //   cpu_adamw_bench [elements=100000000] [threads list, e.g. 1,2,4 or 1 2 4; default 1 and all cores]
 // One line per thread count and gradient type:
 //   cpu_adamw: N elements, T threads, X ms/update, Y M updates/s, Z M updates/s per thread, <grads>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "optim/cpu_adamw.h"
+#include "optim/moments_8bit.h"
 
 using gpt2::optim::CpuAdamWStep;
 using gpt2::optim::HostGradType;
@@ -83,19 +85,39 @@ int main(int argc, char** argv) {
       }
     });
   }
+  // 8-bit moments: the same starting moments, quantized.
+  const auto blocks = gpt2::optim::contiguous_blocks(n, /*weight_decay=*/true);
+  const auto num_blocks = static_cast<int64_t>(blocks.size());
+  std::vector<uint8_t> m_codes(n), v_codes(n);
+  std::vector<float> m_absmax(num_blocks), v_absmax(num_blocks);
+  gpt2::optim::quantize_blocks(gpt2::optim::quant_table(true), exp_avg.data(), n, m_codes.data(), m_absmax.data());
+  gpt2::optim::quantize_blocks(gpt2::optim::quant_table(false), exp_avg_sq.data(), n, v_codes.data(), v_absmax.data());
+  gpt2::optim::MomentBuffers moments8;
+  moments8.exp_avg_codes = m_codes.data();
+  moments8.exp_avg_sq_codes = v_codes.data();
+  moments8.exp_avg_absmax = m_absmax.data();
+  moments8.exp_avg_sq_absmax = v_absmax.data();
   std::printf("# cpu_adamw_bench: isa %s, %u hardware threads\n", gpt2::optim::cpu_adamw_isa(),
               std::thread::hardware_concurrency());
 
   int64_t step = 0;
   for (const int threads : thread_counts) {
     HostThreadPool pool(threads);
-    for (const bool bf16 : {false, true}) {
+    for (const int mode : {0, 1, 2}) {  // fp32 grads; bf16 grads + bf16 params; the same with 8-bit moments
+      const bool bf16 = mode >= 1;
       const auto update = [&] {
         CpuAdamWStep s;
         s.lr = 1e-4;
         s.weight_decay = 0.1;
         s.step = ++step;
         s.grad_scale = 0.5;
+        if (mode == 2) {
+          pool.parallel_for(num_blocks, 1, [&](int64_t b, int64_t e) {
+            gpt2::optim::cpu_adamw_update_8bit(s, blocks.data() + b, e - b, param.data(), moments8, grad_bf16.data(),
+                                               HostGradType::kBFloat16, param_bf16.data());
+          });
+          return;
+        }
         pool.parallel_for(n, kAlign, [&](int64_t b, int64_t e) {
           if (bf16) {
             gpt2::optim::cpu_adamw_update(s, e - b, param.data() + b, exp_avg.data() + b, exp_avg_sq.data() + b,
@@ -120,7 +142,8 @@ int main(int argc, char** argv) {
       const double mups = static_cast<double>(n) / (ms * 1e3);
       std::printf("cpu_adamw: %lld elements, %d threads, %.2f ms/update, %.1f M updates/s, %.1f M updates/s per thread, %s\n",
                   static_cast<long long>(n), pool.num_threads(), ms, mups, mups / pool.num_threads(),
-                  bf16 ? "bf16 grads + bf16 params out" : "fp32 grads");
+                  mode == 2 ? "bf16 grads + bf16 params out, 8-bit moments"
+                            : bf16 ? "bf16 grads + bf16 params out" : "fp32 grads");
       std::fflush(stdout);
     }
   }

@@ -1,8 +1,13 @@
 #include "optim/moments_8bit.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <stdexcept>
+#include <tuple>
 #include <vector>
 
 namespace gpt2::optim {
@@ -37,11 +42,52 @@ const QuantMap& dynamic_map(bool is_signed) {
   return is_signed ? kSigned : kUnsigned;
 }
 
-Moment8Maps moment8_maps() {
-  Moment8Maps maps{};
-  std::copy(dynamic_map(true).begin(), dynamic_map(true).end(), maps.signed_map);
-  std::copy(dynamic_map(false).begin(), dynamic_map(false).end(), maps.unsigned_map);
-  return maps;
+namespace {
+
+// Note [Quantizer buckets]: the range of lower_bound over each bucket, for each sign.
+QuantTable build_table(const QuantMap& map) {
+  QuantTable t{};
+  std::copy(map.begin(), map.end(), t.map);
+  t.ext[0] = -std::numeric_limits<float>::infinity();
+  std::copy(map.begin(), map.end(), t.ext + 1);
+  t.ext[257] = std::numeric_limits<float>::infinity();
+  auto lower_bound = [&map](float x) { return static_cast<int>(std::lower_bound(map.begin(), map.end(), x) - map.begin()); };
+  auto from_bits = [](uint32_t u) {
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+  };
+  for (int b = 0; b < kNumBuckets; ++b) {
+    // The smallest and largest |x| bit patterns of bucket b (the last one runs up to infinity).
+    uint32_t first = 0, last = 0;
+    if (b == 0) {
+      last = (static_cast<uint32_t>(kBucketMinExponent) << 23) - 1;
+    } else if (b == kNumBuckets - 1) {
+      first = 127u << 23;
+      last = 0x7F800000u;
+    } else {
+      first = (static_cast<uint32_t>(kBucketMinExponent) << 23) +
+              (static_cast<uint32_t>(b - 1) << (23 - kBucketMantissaBits));
+      last = first + (1u << (23 - kBucketMantissaBits)) - 1;
+    }
+    const int pos_lo = lower_bound(from_bits(first)), pos_hi = lower_bound(from_bits(last));
+    const int neg_lo = lower_bound(-from_bits(last)), neg_hi = lower_bound(-from_bits(first));
+    for (auto [sign, lo, hi] : {std::tuple{0, pos_lo, pos_hi}, std::tuple{1, neg_lo, neg_hi}}) {
+      if (hi - lo > 2) throw std::logic_error("optim::quant_table: a bucket spans more than 2 entries");
+      t.lo[sign][b] = static_cast<uint8_t>(std::min(lo, 255));
+      t.span[sign][b] = static_cast<uint8_t>(hi - std::min(lo, 255));
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
+const QuantTable& quant_table(bool is_signed) { return is_signed ? quant_tables().signed_table : quant_tables().unsigned_table; }
+
+const QuantTables& quant_tables() {
+  static const QuantTables kTables{build_table(dynamic_map(true)), build_table(dynamic_map(false))};
+  return kTables;
 }
 
 uint8_t quantize_value(const QuantMap& map, float x) {
@@ -54,41 +100,107 @@ uint8_t quantize_value(const QuantMap& map, float x) {
   return (x - map[hi - 1] <= map[hi] - x) ? static_cast<uint8_t>(hi - 1) : hi;
 }
 
-void quantize_blocks(const QuantMap& map, const float* x, int64_t n, uint8_t* codes, float* absmax) {
+namespace {
+
+// codes[i] = quantize_with(t, x[i] / div) for i < len.
+void quantize_scalar(const QuantTable& t, const float* x, int64_t len, float div, uint8_t* codes) {
+  for (int64_t i = 0; i < len; ++i) codes[i] = quantize_with(t, x[i] / div);
+}
+
+// The same, 16 values at a time with AVX-512 gathers: quantize_with's steps, lane by lane (the
+// compiler does not vectorise the scalar form: its table loads are bytes).
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
+void quantize_avx512(const QuantTable& t, const float* x, int64_t len, float div, uint8_t* codes) {
+  const __m512 vdiv = _mm512_set1_ps(div);
+  const __m512i one = _mm512_set1_epi32(1), byte = _mm512_set1_epi32(0xFF);
+  const __m512i min_e = _mm512_set1_epi32(kBucketMinExponent), max_e = _mm512_set1_epi32(127);
+  const __m512i last = _mm512_set1_epi32(kNumBuckets - 1), per_sign = _mm512_set1_epi32(kNumBuckets);
+  const __m512i mant_mask = _mm512_set1_epi32((1 << kBucketMantissaBits) - 1);
+  int64_t i = 0;
+  for (; i + 16 <= len; i += 16) {
+    __m512 y = _mm512_div_ps(_mm512_loadu_ps(x + i), vdiv);
+    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), _mm512_setzero_ps());  // NaN -> 0
+    const __m512i u = _mm512_castps_si512(y);
+    const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
+    const __m512i e = _mm512_srli_epi32(a, 23);
+    __m512i b = _mm512_add_epi32(
+        _mm512_add_epi32(one, _mm512_slli_epi32(_mm512_sub_epi32(e, min_e), kBucketMantissaBits)),
+        _mm512_and_si512(_mm512_srli_epi32(a, 23 - kBucketMantissaBits), mant_mask));
+    b = _mm512_mask_mov_epi32(b, _mm512_cmplt_epi32_mask(e, min_e), _mm512_setzero_si512());
+    b = _mm512_mask_mov_epi32(b, _mm512_cmpge_epi32_mask(e, max_e), last);
+    const __m512i idx = _mm512_add_epi32(b, _mm512_mullo_epi32(_mm512_srli_epi32(u, 31), per_sign));
+    const __m512i lo = _mm512_and_si512(_mm512_i32gather_epi32(idx, &t.lo[0][0], 1), byte);
+    const __m512i span = _mm512_and_si512(_mm512_i32gather_epi32(idx, &t.span[0][0], 1), byte);
+    __m512i k = lo;  // lower_bound(y) is lo, lo + 1 or lo + 2
+    for (int step = 0; step < 2; ++step) {
+      const __m512 next = _mm512_i32gather_ps(_mm512_add_epi32(k, one), t.ext, 4);
+      const __mmask16 up = _mm512_cmpgt_epi32_mask(span, _mm512_set1_epi32(step)) & _mm512_cmp_ps_mask(next, y, _CMP_LT_OQ);
+      k = _mm512_mask_add_epi32(k, up, k, one);
+    }
+    const __m512 below = _mm512_i32gather_ps(k, t.ext, 4), above = _mm512_i32gather_ps(_mm512_add_epi32(k, one), t.ext, 4);
+    const __mmask16 lower = _mm512_cmp_ps_mask(_mm512_sub_ps(y, below), _mm512_sub_ps(above, y), _CMP_LE_OQ);
+    __m512i code = _mm512_mask_sub_epi32(k, lower, k, one);
+    code = _mm512_min_epi32(_mm512_max_epi32(code, _mm512_setzero_si512()), byte);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(code));
+  }
+  quantize_scalar(t, x + i, len - i, div, codes + i);
+}
+
+}  // namespace
+
+void quantize_blocks(const QuantTable& t, const float* x, int64_t n, uint8_t* codes, float* absmax) {
+  static const bool avx512 = std::strcmp(cpu_adamw_isa(), "avx512") == 0;
   for (int64_t b0 = 0, block = 0; b0 < n; b0 += kQuantBlock, ++block) {
     const int64_t len = std::min(kQuantBlock, n - b0);
     float amax = 0.0f;
     for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(x[b0 + i]));
     absmax[block] = amax;
-    const float inv = amax > 0.0f ? amax : 1.0f;  // a block of zeros: every value 0 / 1
-    for (int64_t i = 0; i < len; ++i) codes[b0 + i] = quantize_value(map, x[b0 + i] / inv);
+    const float div = amax > 0.0f ? amax : 1.0f;  // a block of zeros: every value 0 / 1
+    (avx512 ? quantize_avx512 : quantize_scalar)(t, x + b0, len, div, codes + b0);
   }
 }
 
-void dequantize_blocks(const QuantMap& map, const uint8_t* codes, const float* absmax, int64_t n, float* out) {
+void dequantize_blocks(const QuantTable& t, const uint8_t* codes, const float* absmax, int64_t n, float* out) {
   for (int64_t b0 = 0, block = 0; b0 < n; b0 += kQuantBlock, ++block) {
     const int64_t len = std::min(kQuantBlock, n - b0);
     const float scale = absmax[block];
-    for (int64_t i = 0; i < len; ++i) out[b0 + i] = map[codes[b0 + i]] * scale;
+    for (int64_t i = 0; i < len; ++i) out[b0 + i] = t.map[codes[b0 + i]] * scale;
   }
 }
 
-void cpu_adamw_update_8bit(const CpuAdamWStep& s, int64_t n, float* param, Moment8 exp_avg, Moment8 exp_avg_sq,
-                           const void* grad, HostGradType grad_type, uint16_t* param_bf16) {
-  const QuantMap& signed_map = dynamic_map(true);
-  const QuantMap& unsigned_map = dynamic_map(false);
+std::vector<MomentBlock> contiguous_blocks(int64_t n, bool weight_decay) {
+  std::vector<MomentBlock> blocks;
+  for (int64_t b0 = 0; b0 < n; b0 += kQuantBlock) {
+    blocks.push_back({b0, b0 / kQuantBlock, static_cast<int32_t>(std::min(kQuantBlock, n - b0)), 1,
+                      static_cast<uint16_t>(weight_decay ? 1 : 0)});
+  }
+  return blocks;
+}
+
+void cpu_adamw_update_8bit(const CpuAdamWStep& s, const MomentBlock* blocks, int64_t num_blocks, float* param,
+                           const MomentBuffers& mb, const void* grad, HostGradType grad_type, uint16_t* param_bf16) {
+  const QuantTable& signed_map = quant_table(true);
+  const QuantTable& unsigned_map = quant_table(false);
   const int64_t grad_bytes = grad_type == HostGradType::kBFloat16 ? 2 : 4;
+  CpuAdamWStep no_decay = s;
+  no_decay.weight_decay = 0;
   // One block of each moment in fp32 on the stack: 16 KiB, in L1/L2 while it is updated.
   alignas(64) float m[kQuantBlock];
   alignas(64) float v[kQuantBlock];
-  for (int64_t b0 = 0, block = 0; b0 < n; b0 += kQuantBlock, ++block) {
-    const int64_t len = std::min(kQuantBlock, n - b0);
-    dequantize_blocks(signed_map, exp_avg.codes + b0, exp_avg.absmax + block, len, m);
-    dequantize_blocks(unsigned_map, exp_avg_sq.codes + b0, exp_avg_sq.absmax + block, len, v);
-    cpu_adamw_update(s, len, param + b0, m, v, static_cast<const char*>(grad) + b0 * grad_bytes, grad_type,
-                     param_bf16 != nullptr ? param_bf16 + b0 : nullptr);
-    quantize_blocks(signed_map, m, len, exp_avg.codes + b0, exp_avg.absmax + block);
-    quantize_blocks(unsigned_map, v, len, exp_avg_sq.codes + b0, exp_avg_sq.absmax + block);
+  for (int64_t k = 0; k < num_blocks; ++k) {
+    const MomentBlock& b = blocks[k];
+    const CpuAdamWStep& step = b.weight_decay ? s : no_decay;
+    const void* g = static_cast<const char*>(grad) + b.begin * grad_bytes;
+    uint16_t* out = param_bf16 != nullptr ? param_bf16 + b.begin : nullptr;
+    if (!b.quantized) {
+      cpu_adamw_update(step, b.len, param + b.begin, mb.exp_avg + b.state, mb.exp_avg_sq + b.state, g, grad_type, out);
+      continue;
+    }
+    dequantize_blocks(signed_map, mb.exp_avg_codes + b.begin, mb.exp_avg_absmax + b.state, b.len, m);
+    dequantize_blocks(unsigned_map, mb.exp_avg_sq_codes + b.begin, mb.exp_avg_sq_absmax + b.state, b.len, v);
+    cpu_adamw_update(step, b.len, param + b.begin, m, v, g, grad_type, out);
+    quantize_blocks(signed_map, m, b.len, mb.exp_avg_codes + b.begin, mb.exp_avg_absmax + b.state);
+    quantize_blocks(unsigned_map, v, b.len, mb.exp_avg_sq_codes + b.begin, mb.exp_avg_sq_absmax + b.state);
   }
 }
 

@@ -18,9 +18,11 @@
 // (tests/python/test_moments_8bit.py) build the same fp32 table.
 //
 // Tensors under kMinQuantNumel values (biases, LayerNorm) keep fp32 moments, as bitsandbytes does;
-// that choice belongs to the caller.
+// moment_layout.h makes that choice and cuts the flat space into MomentBlocks.
 #include <array>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #ifdef GPT2_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -39,45 +41,126 @@ using QuantMap = std::array<float, 256>;
 const QuantMap& dynamic_map(bool is_signed);
 
 // The code of x (already divided by its block's absmax): the index of the nearest map value, ties
-// to the lower index; NaN goes to the code of zero.
+// to the lower index; NaN goes to the code of zero. A binary search: the definition, which the
+// bucketed search below must equal.
 uint8_t quantize_value(const QuantMap& map, float x);
+
+#if defined(__CUDACC__)
+#define GPT2_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define GPT2_HOST_DEVICE inline
+#endif
+
+// Note [Quantizer buckets]
+// quantize_value's search without a binary search (8 dependent steps, each a cache or shared-
+// memory bank miss on the GPU): |x|'s exponent and top 7 mantissa bits pick one of kNumBuckets
+// buckets (one more for |x| < 2^-27, one for |x| >= 1), and a table built from the map gives, per
+// sign of x, the range [lo, lo + span] that lower_bound(x) takes over the bucket (lower_bound is
+// monotonic in x). span <= 2 for both maps (a bucket is under 0.8% of its value wide, neighbouring
+// entries at least 0.7% apart), so two compares find lower_bound(x) exactly, then the same
+// nearest-entry rule, against a copy of the map between -inf and +inf so that neither end needs a
+// branch: the same codes as quantize_value for every float, on CPU and GPU, in straight-line code
+// that the compiler vectorises (gathers) on the host.
+constexpr int kBucketMantissaBits = 7;
+constexpr int kBucketMinExponent = 127 - 27;  // |x| < 2^-27 shares bucket 0
+constexpr int kNumBuckets = 2 + ((127 - kBucketMinExponent) << kBucketMantissaBits);
+
+struct QuantTable {
+  float map[256];                 // the sorted map
+  float ext[258];                 // -inf, the map, +inf: ext[k + 1] = map[k]
+  uint8_t lo[2][kNumBuckets];     // [x < 0]: lower_bound(x) over the bucket is in [lo, lo + span]
+  uint8_t span[2][kNumBuckets];
+  uint8_t pad[4];                 // the host's 4-byte gathers of the last span entry stay inside
+};
+struct QuantTables {  // what the GPU kernel reads: both maps
+  QuantTable signed_table, unsigned_table;
+};
+const QuantTable& quant_table(bool is_signed);
+const QuantTables& quant_tables();
+
+GPT2_HOST_DEVICE uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+#endif
+}
+
+GPT2_HOST_DEVICE int quant_bucket(uint32_t abs_bits) {
+  const int e = static_cast<int>(abs_bits >> 23);
+  const int regular = 1 + ((e - kBucketMinExponent) << kBucketMantissaBits) +
+                      static_cast<int>((abs_bits >> (23 - kBucketMantissaBits)) & ((1u << kBucketMantissaBits) - 1));
+  return e < kBucketMinExponent ? 0 : (e >= 127 ? kNumBuckets - 1 : regular);
+}
+
+// quantize_value(t.map, x) through the buckets (Note [Quantizer buckets]).
+GPT2_HOST_DEVICE uint8_t quantize_with(const QuantTable& t, float x) {
+  x = x != x ? 0.0f : x;  // NaN
+  const uint32_t u = float_bits(x);
+  const int sign = static_cast<int>(u >> 31), b = quant_bucket(u & 0x7FFFFFFFu);
+  const int lo = t.lo[sign][b], span = t.span[sign][b];
+  int i = lo;  // lower_bound(x), the first entry >= x, is lo, lo + 1 or lo + 2
+  i += (span > 0) & (t.ext[i + 1] < x);
+  i += (span > 1) & (t.ext[i + 1] < x);
+  const int code = x - t.ext[i] <= t.ext[i + 1] - x ? i - 1 : i;  // the nearer of map[i - 1], map[i]
+  return static_cast<uint8_t>(code < 0 ? 0 : (code > 255 ? 255 : code));
+}
 
 // Blocks of kQuantBlock values starting at x[0] (the last one may be shorter): codes (n) and one
 // absmax per block (ceil(n / kQuantBlock)). A block of zeros has absmax 0 and decodes to zeros.
-void quantize_blocks(const QuantMap& map, const float* x, int64_t n, uint8_t* codes, float* absmax);
-void dequantize_blocks(const QuantMap& map, const uint8_t* codes, const float* absmax, int64_t n, float* out);
+void quantize_blocks(const QuantTable& t, const float* x, int64_t n, uint8_t* codes, float* absmax);
+void dequantize_blocks(const QuantTable& t, const uint8_t* codes, const float* absmax, int64_t n, float* out);
 
-// A moment stored as 8-bit codes with its block scales (pointers into the caller's buffers).
-struct Moment8 {
-  uint8_t* codes = nullptr;
-  float* absmax = nullptr;
+// A run of at most kQuantBlock elements of one parameter that the update takes as a unit: a
+// quantization block (8-bit moments, one absmax per moment), or a piece of a parameter that keeps
+// fp32 moments. Positions are relative to the start of the range being updated (moment_layout.h
+// cuts a shard into these).
+struct MomentBlock {
+  int64_t begin = 0;      // first element: of the parameters, the gradient and the codes
+  int64_t state = 0;      // 8-bit: index of its absmax values; fp32: offset of its moments in fp32 buffers
+  int32_t len = 0;        // 1..kQuantBlock
+  uint16_t quantized = 0;     // 1: 8-bit moments
+  uint16_t weight_decay = 0;  // 1: the parameter decays (CpuAdamWStep::weight_decay applies)
 };
 
-// One AdamW update of n elements (n from a block boundary) with 8-bit moments: each block's
-// moments are dequantized into fp32, updated by cpu_adamw_update (the same arithmetic as the fp32
-// path), and quantized again with new absmax values. grad, grad_type and param_bf16 as for
-// cpu_adamw_update. Runs on the calling thread; callers split work (at kQuantBlock multiples) with
-// HostThreadPool.
-void cpu_adamw_update_8bit(const CpuAdamWStep& s, int64_t n, float* param, Moment8 exp_avg, Moment8 exp_avg_sq,
-                           const void* grad, HostGradType grad_type, uint16_t* param_bf16);
-
-// The same update on the GPU, for n elements of device memory from a block boundary: one CUDA
-// block per quantization block, one pass, the same bits as cpu_adamw_update_8bit (explicit
-// rounding, no FMA contraction). grad_scale_device (a device scalar, e.g. the clip coefficient)
-// multiplies c.grad_scale when given; when found_inf (a device scalar) holds nonzero nothing
-// changes.
-struct Moment8Maps {
-  float signed_map[256];
-  float unsigned_map[256];
+// Where the moments of a range are: codes for every element of the range (used at 8-bit blocks),
+// one absmax per 8-bit block, and packed fp32 values for the fp32 blocks.
+struct MomentBuffers {
+  uint8_t* exp_avg_codes = nullptr;
+  uint8_t* exp_avg_sq_codes = nullptr;
+  float* exp_avg_absmax = nullptr;
+  float* exp_avg_sq_absmax = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
 };
-Moment8Maps moment8_maps();
 
+// The blocks of one contiguous parameter of n elements from a block boundary, its moments all
+// 8-bit (tests, and anything that quantizes a plain array).
+std::vector<MomentBlock> contiguous_blocks(int64_t n, bool weight_decay);
+
+// One AdamW update of the given blocks: at an 8-bit block both moments are dequantized into fp32,
+// updated by cpu_adamw_update (the same arithmetic as the fp32 path) and quantized again with new
+// absmax values; an fp32 block is cpu_adamw_update on its packed moments. s.weight_decay applies
+// to blocks whose weight_decay is 1, none to the others. grad, grad_type and param_bf16 as for
+// cpu_adamw_update, all indexed by MomentBlock::begin. Runs on the calling thread; callers split
+// the block list across threads.
+void cpu_adamw_update_8bit(const CpuAdamWStep& s, const MomentBlock* blocks, int64_t num_blocks, float* param,
+                           const MomentBuffers& moments, const void* grad, HostGradType grad_type, uint16_t* param_bf16);
+
+// The same update on the GPU, everything in device memory: each MomentBlock in one pass by one CUDA
+// block (a grid of a few blocks per SM walks the list, the tables in shared memory), the same bits
+// as cpu_adamw_update_8bit (explicit rounding, no FMA contraction). tables: quant_tables() copied
+// to the device. grad_scale_device (a device scalar, e.g. the clip coefficient) multiplies
+// c.grad_scale when given; when found_inf (a device scalar) holds nonzero nothing changes.
 struct Adamw8bitArgs {
-  Moment8Maps maps;
-  AdamWCoeffs c;
-  int64_t n = 0;
+  const QuantTables* tables = nullptr;
+  AdamWCoeffs c;  // with the weight decay of the decaying blocks
+  const MomentBlock* blocks = nullptr;
+  int64_t num_blocks = 0;
   float* param = nullptr;
-  Moment8 exp_avg, exp_avg_sq;
+  MomentBuffers moments;
   const void* grad = nullptr;
   HostGradType grad_type = HostGradType::kFloat32;
   uint16_t* param_bf16 = nullptr;

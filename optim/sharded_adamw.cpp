@@ -1,6 +1,7 @@
 #include "optim/sharded_adamw.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #ifdef GPT2_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -11,12 +12,32 @@
 
 #include "optim/cpu_adamw.h"
 #include "src/base/errors.h"
+#ifdef GPT2_WITH_CUDA
+#include "src/base/cuda_check.h"
+#endif
 
 namespace gpt2::optim {
+namespace {
+
+std::vector<MomentLayout::Param> moment_params(const std::vector<torch::Tensor>& params,
+                                               const parallel::FlatLayout& layout) {
+  std::vector<MomentLayout::Param> out;
+  for (size_t i = 0; i < params.size(); ++i) out.push_back({layout.offset[i], layout.numel[i], params[i].dim() >= 2});
+  return out;
+}
+
+HostGradType host_grad_type(at::ScalarType t) {
+  return t == at::kFloat ? HostGradType::kFloat32 : HostGradType::kBFloat16;
+}
+
+}  // namespace
 
 ShardedAdamW::ShardedAdamW(const std::vector<torch::Tensor>& params, const parallel::FlatLayout& layout,
                            const torch::Tensor& grad_flat, parallel::Communicator& comm, Options options)
-    : comm_(comm), options_(options), sharded_(options.sharded && comm.world_size() > 1) {
+    : comm_(comm),
+      options_(options),
+      sharded_(options.sharded && comm.world_size() > 1),
+      moment_layout_(moment_params(params, layout)) {
   GPT2_ASSERT(grad_flat.numel() == layout.padded, "gradient buffer does not match the layout");
   begin_ = sharded_ ? layout.shard_begin(comm.rank()) : 0;
   end_ = sharded_ ? layout.shard_end(comm.rank()) : layout.padded;
@@ -41,15 +62,40 @@ ShardedAdamW::ShardedAdamW(const std::vector<torch::Tensor>& params, const paral
     if (lo < hi) segments_.push_back({lo - begin_, hi - begin_, params[i].dim() >= 2 ? options.weight_decay : 0.0});
   }
   const bool low_precision = param_flat_.scalar_type() != at::kFloat;
+  const at::ScalarType g = grad_flat.scalar_type();
+  if (options.moments_8bit) {
+    GPT2_ASSERT(begin_ % kQuantBlock == 0 && (end_ % kQuantBlock == 0 || end_ >= layout.total),
+                "8-bit moments need shards of whole quantization blocks (FlatLayout's shard_multiple)");
+    blocks_ = moment_layout_.blocks(begin_, end_);
+    const int64_t num_absmax = moment_layout_.absmax_before(end_) - moment_layout_.absmax_before(begin_);
+    const int64_t num_fp32 = moment_layout_.fp32_before(end_) - moment_layout_.fp32_before(begin_);
+    auto where = options.offload ? at::TensorOptions().device(at::kCPU).pinned_memory(param_flat_.is_cuda())
+                                 : param_flat_.options();
+    codes_m_ = at::zeros({n}, where.dtype(at::kByte));
+    codes_v_ = at::zeros({n}, where.dtype(at::kByte));
+    absmax_m_ = at::zeros({num_absmax}, where.dtype(at::kFloat));
+    absmax_v_ = at::zeros({num_absmax}, where.dtype(at::kFloat));
+    m32_ = at::zeros({num_fp32}, where.dtype(at::kFloat));
+    v32_ = at::zeros({num_fp32}, where.dtype(at::kFloat));
+    if (param_flat_.is_cuda() && !options.offload) {
+      const auto bytes = static_cast<int64_t>(blocks_.size() * sizeof(MomentBlock));
+      blocks_device_ = at::empty({bytes}, param_flat_.options().dtype(at::kByte));
+      blocks_device_.copy_(at::from_blob(blocks_.data(), {bytes}, at::kByte));
+      const auto table_bytes = static_cast<int64_t>(sizeof(QuantTables));
+      tables_device_ = at::empty({table_bytes}, param_flat_.options().dtype(at::kByte));
+      tables_device_.copy_(at::from_blob(const_cast<QuantTables*>(&quant_tables()), {table_bytes}, at::kByte));
+    }
+  }
 
   if (options.offload) {
-    const at::ScalarType g = grad_flat.scalar_type();
     GPT2_ASSERT(g == at::kFloat || g == at::kBFloat16, "offload takes fp32 or bf16 gradients");
     const auto host = at::TensorOptions().device(at::kCPU).pinned_memory(param_flat_.is_cuda());
     master_ = at::empty({n}, host.dtype(at::kFloat));
     master_.copy_(param_shard_);
-    host_m_ = at::zeros({n}, host.dtype(at::kFloat));
-    host_v_ = at::zeros({n}, host.dtype(at::kFloat));
+    if (!options.moments_8bit) {
+      host_m_ = at::zeros({n}, host.dtype(at::kFloat));
+      host_v_ = at::zeros({n}, host.dtype(at::kFloat));
+    }
     host_grad_ = at::empty({n}, host.dtype(g));
     // bf16 parameters come back as bf16 (half the bytes over the bus); others from the master.
     if (param_flat_.scalar_type() == at::kBFloat16) host_param_out_ = at::empty({n}, host.dtype(at::kBFloat16));
@@ -57,6 +103,12 @@ ShardedAdamW::ShardedAdamW(const std::vector<torch::Tensor>& params, const paral
     return;
   }
 
+  if (options.moments_8bit) {
+    if (low_precision) master_ = param_shard_.to(at::kFloat);
+    // The kernels read fp32 and bf16 gradients as they are; others (fp16) through an fp32 copy.
+    if (g != at::kFloat && g != at::kBFloat16) grad32_ = at::empty({n}, param_flat_.options().dtype(at::kFloat));
+    return;
+  }
   AdamW::Group decay, no_decay;
   decay.weight_decay = options.weight_decay;
   if (low_precision) {
@@ -96,9 +148,68 @@ void ShardedAdamW::step(double lr, const torch::Tensor& found_inf) {
   at::NoGradGuard no_grad;
   if (options_.offload) {
     step_on_host(lr, found_inf);
+  } else if (options_.moments_8bit) {
+    step_8bit_on_device(lr, found_inf);
   } else {
     step_on_device(lr, found_inf);
   }
+}
+
+CpuAdamWStep ShardedAdamW::host_step(double lr) const {
+  CpuAdamWStep st;
+  st.lr = lr;
+  st.beta1 = options_.adamw.beta1;
+  st.beta2 = options_.adamw.beta2;
+  st.eps = options_.adamw.eps;
+  st.weight_decay = options_.weight_decay;
+  st.step = steps_;
+  return st;
+}
+
+MomentBuffers ShardedAdamW::moment_buffers() const {
+  MomentBuffers mb;
+  mb.exp_avg_codes = codes_m_.data_ptr<uint8_t>();
+  mb.exp_avg_sq_codes = codes_v_.data_ptr<uint8_t>();
+  mb.exp_avg_absmax = absmax_m_.data_ptr<float>();
+  mb.exp_avg_sq_absmax = absmax_v_.data_ptr<float>();
+  mb.exp_avg = m32_.data_ptr<float>();
+  mb.exp_avg_sq = v32_.data_ptr<float>();
+  return mb;
+}
+
+// 8-bit moments on the parameters' device: one pass over the shard's blocks that reads the
+// gradient as it is and writes the fp32 master and the bf16 parameters.
+void ShardedAdamW::step_8bit_on_device(double lr, const torch::Tensor& found_inf) {
+  if (found_inf.defined() && found_inf.item<float>() != 0) return;  // fp16 overflow: skip (host sync)
+  ++steps_;
+  const CpuAdamWStep st = host_step(lr);
+  if (grad32_.defined()) grad32_.copy_(grad_shard_);
+  const at::Tensor& grads = grad32_.defined() ? grad32_ : grad_shard_;
+  const HostGradType grad_type = host_grad_type(grads.scalar_type());
+  float* param = (master_.defined() ? master_ : param_shard_).data_ptr<float>();
+  const bool bf16 = param_shard_.scalar_type() == at::kBFloat16;
+  auto* param_bf16 = bf16 ? static_cast<uint16_t*>(param_shard_.data_ptr()) : nullptr;
+  const MomentBuffers mb = moment_buffers();
+  if (param_flat_.is_cuda()) {
+#ifdef GPT2_WITH_CUDA
+    Adamw8bitArgs a;
+    a.tables = reinterpret_cast<const QuantTables*>(tables_device_.data_ptr<uint8_t>());
+    a.c = adamw_coeffs(st);
+    a.blocks = reinterpret_cast<const MomentBlock*>(blocks_device_.data_ptr<uint8_t>());
+    a.num_blocks = static_cast<int64_t>(blocks_.size());
+    a.param = param;
+    a.moments = mb;
+    a.grad = grads.data_ptr();
+    a.grad_type = grad_type;
+    a.param_bf16 = param_bf16;
+    CUDA_CHECK(launch_adamw_8bit(a, at::cuda::getCurrentCUDAStream(param_flat_.device().index()).stream()));
+#endif
+  } else {
+    at::parallel_for(0, static_cast<int64_t>(blocks_.size()), 16, [&](int64_t b, int64_t e) {
+      cpu_adamw_update_8bit(st, blocks_.data() + b, e - b, param, mb, grads.data_ptr(), grad_type, param_bf16);
+    });
+  }
+  if (master_.defined() && !bf16) param_shard_.copy_(master_);  // fp16 parameters: round the masters
 }
 
 void ShardedAdamW::step_on_device(double lr, const torch::Tensor& found_inf) {
@@ -116,34 +227,44 @@ void ShardedAdamW::step_on_device(double lr, const torch::Tensor& found_inf) {
 // starts (unscaled and clipped on the device), so the host applies them as they are.
 void ShardedAdamW::step_on_host(double lr, const torch::Tensor& found_inf) {
   if (found_inf.defined() && found_inf.item<float>() != 0) return;  // fp16 overflow: skip (host sync)
-  ++host_steps_;
+  ++steps_;
   const int64_t n = end_ - begin_;
-  const int64_t chunk = std::max<int64_t>(options_.chunk_elements, 1);
+  // 8-bit: chunks of whole quantization blocks (the shard starts on the grid).
+  const int64_t unit = options_.moments_8bit ? kQuantBlock : 1;
+  const int64_t chunk = std::max<int64_t>((options_.chunk_elements + unit - 1) / unit * unit, unit);
   const int64_t num_chunks = (n + chunk - 1) / chunk;
-  const HostGradType grad_type = host_grad_.scalar_type() == at::kFloat ? HostGradType::kFloat32 : HostGradType::kBFloat16;
+  const HostGradType grad_type = host_grad_type(host_grad_.scalar_type());
   const size_t grad_bytes = host_grad_.element_size();
+  const CpuAdamWStep st = host_step(lr);
   auto* param = master_.data_ptr<float>();
-  auto* m = host_m_.data_ptr<float>();
-  auto* v = host_v_.data_ptr<float>();
   auto* grad = static_cast<const char*>(host_grad_.data_ptr());
   auto* out = host_param_out_.defined() ? static_cast<uint16_t*>(host_param_out_.data_ptr()) : nullptr;
   const at::Tensor& param_source = host_param_out_.defined() ? host_param_out_ : master_;
 
   auto update_chunk = [&](int64_t c0, int64_t c1) {
+    if (options_.moments_8bit) {  // the blocks that begin in the chunk, split across the pool
+      const auto at = [this](int64_t pos) {
+        return std::lower_bound(blocks_.begin(), blocks_.end(), pos,
+                                [](const MomentBlock& b, int64_t x) { return b.begin < x; }) - blocks_.begin();
+      };
+      const int64_t first = at(c0), last = at(c1);
+      const MomentBuffers mb = moment_buffers();
+      pool_->parallel_for(last - first, 1, [&](int64_t b, int64_t e) {
+        cpu_adamw_update_8bit(st, blocks_.data() + first + b, e - b, param, mb, grad, grad_type, out);
+      });
+      return;
+    }
+    float* m = host_m_.data_ptr<float>();
+    float* v = host_v_.data_ptr<float>();
     pool_->parallel_for(c1 - c0, 64, [&](int64_t b, int64_t e) {
       b += c0;
       e += c0;
       for (const Segment& s : segments_) {
         const int64_t lo = std::max(b, s.begin), hi = std::min(e, s.end);
         if (lo >= hi) continue;
-        CpuAdamWStep st;
-        st.lr = lr;
-        st.beta1 = options_.adamw.beta1;
-        st.beta2 = options_.adamw.beta2;
-        st.eps = options_.adamw.eps;
-        st.weight_decay = s.weight_decay;
-        st.step = host_steps_;
-        cpu_adamw_update(st, hi - lo, param + lo, m + lo, v + lo, grad + lo * grad_bytes, grad_type,
+        CpuAdamWStep seg = st;
+        seg.weight_decay = s.weight_decay;
+        cpu_adamw_update(seg, hi - lo, param + lo, m + lo, v + lo, grad + lo * grad_bytes, grad_type,
                          out != nullptr ? out + lo : nullptr);
       }
     });
@@ -192,39 +313,61 @@ void ShardedAdamW::gather() {
   comm_.all_gather(param_flat_, param_shard_)->wait();
 }
 
-ShardedAdamW::ShardState ShardedAdamW::state() const {
+ShardedAdamW::ShardState ShardedAdamW::state() const { return state(begin_, end_); }
+
+ShardedAdamW::ShardState ShardedAdamW::state(int64_t begin, int64_t end) const {
   at::NoGradGuard no_grad;
-  auto cpu32 = [](const at::Tensor& t) { return t.to(at::kCPU, at::kFloat, /*non_blocking=*/false, /*copy=*/true); };
+  GPT2_ASSERT(begin_ <= begin && begin <= end && end <= end_, "state(): the range is not in this rank's shard");
+  const int64_t from = begin - begin_, n = end - begin;
+  auto cpu = [](const at::Tensor& t, int64_t at, int64_t len) {
+    return t.narrow(0, at, len).to(at::kCPU, t.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+  };
   ShardState s;
-  if (options_.offload) {
-    s.master = cpu32(master_);
-    s.exp_avg = cpu32(host_m_);
-    s.exp_avg_sq = cpu32(host_v_);
-    s.adam_step = host_steps_;
-  } else {
-    s.master = cpu32(master_.defined() ? master_ : param_shard_);
-    s.exp_avg = cpu32(m_);
-    s.exp_avg_sq = cpu32(v_);
-    s.adam_step = adamw_->adam_step();
+  s.moments_8bit = options_.moments_8bit;
+  s.master = cpu(master_.defined() ? master_ : param_shard_, from, n).to(at::kFloat);
+  s.adam_step = options_.offload || options_.moments_8bit ? steps_ : adamw_->adam_step();
+  if (!options_.moments_8bit) {
+    s.exp_avg = cpu(options_.offload ? host_m_ : m_, from, n);
+    s.exp_avg_sq = cpu(options_.offload ? host_v_ : v_, from, n);
+    return s;
   }
+  const MomentLayout& ml = moment_layout_;
+  const int64_t a0 = ml.absmax_before(begin) - ml.absmax_before(begin_), a1 = ml.absmax_before(end) - ml.absmax_before(begin_);
+  const int64_t f0 = ml.fp32_before(begin) - ml.fp32_before(begin_), f1 = ml.fp32_before(end) - ml.fp32_before(begin_);
+  s.exp_avg_codes = cpu(codes_m_, from, n);
+  s.exp_avg_sq_codes = cpu(codes_v_, from, n);
+  s.exp_avg_absmax = cpu(absmax_m_, a0, a1 - a0);
+  s.exp_avg_sq_absmax = cpu(absmax_v_, a0, a1 - a0);
+  s.exp_avg = cpu(m32_, f0, f1 - f0);
+  s.exp_avg_sq = cpu(v32_, f0, f1 - f0);
   return s;
 }
 
 void ShardedAdamW::load_state(const ShardState& s) {
   at::NoGradGuard no_grad;
   const int64_t n = end_ - begin_;
-  GPT2_ASSERT(s.master.numel() == n && s.exp_avg.numel() == n && s.exp_avg_sq.numel() == n,
-              "optimizer state does not match this rank's shard");
-  if (options_.offload) {
-    master_.copy_(s.master);
-    host_m_.copy_(s.exp_avg);
-    host_v_.copy_(s.exp_avg_sq);
-    host_steps_ = s.adam_step;
-    param_shard_.copy_(s.master);
-    return;
-  }
+  GPT2_ASSERT(s.moments_8bit == options_.moments_8bit, "optimizer state has the other moment format");
+  GPT2_ASSERT(s.master.numel() == n, "optimizer state does not match this rank's shard");
   if (master_.defined()) master_.copy_(s.master);
   param_shard_.copy_(s.master);
+  if (options_.moments_8bit) {
+    const std::pair<torch::Tensor*, const torch::Tensor*> parts[] = {
+        {&codes_m_, &s.exp_avg_codes}, {&codes_v_, &s.exp_avg_sq_codes}, {&absmax_m_, &s.exp_avg_absmax},
+        {&absmax_v_, &s.exp_avg_sq_absmax}, {&m32_, &s.exp_avg}, {&v32_, &s.exp_avg_sq}};
+    for (const auto& [mine, saved] : parts) {
+      GPT2_ASSERT(saved->numel() == mine->numel(), "8-bit optimizer state does not match this rank's shard");
+      mine->copy_(*saved);
+    }
+    steps_ = s.adam_step;
+    return;
+  }
+  GPT2_ASSERT(s.exp_avg.numel() == n && s.exp_avg_sq.numel() == n, "optimizer state does not match this rank's shard");
+  if (options_.offload) {
+    host_m_.copy_(s.exp_avg);
+    host_v_.copy_(s.exp_avg_sq);
+    steps_ = s.adam_step;
+    return;
+  }
   m_.copy_(s.exp_avg);
   v_.copy_(s.exp_avg_sq);
   adamw_->set_adam_step(s.adam_step);
@@ -232,22 +375,29 @@ void ShardedAdamW::load_state(const ShardState& s) {
 
 int64_t ShardedAdamW::state_bytes() const {
   if (options_.offload) return 0;
-  int64_t bytes = adamw_->state_bytes();
-  if (master_.defined()) bytes += master_.nbytes();
-  if (grad32_.defined()) bytes += grad32_.nbytes();
-  return bytes;
-}
-
-int64_t ShardedAdamW::host_state_bytes() const {
-  int64_t bytes = 0;
-  for (const auto* t : {&master_, &host_m_, &host_v_, &host_grad_, &host_param_out_}) {
-    if (options_.offload && t->defined()) bytes += static_cast<int64_t>(t->nbytes());
+  int64_t bytes = adamw_ ? adamw_->state_bytes() : 0;
+  for (const auto* t : {&master_, &grad32_, &codes_m_, &codes_v_, &absmax_m_, &absmax_v_, &m32_, &v32_, &blocks_device_, &tables_device_}) {
+    if (t->defined()) bytes += static_cast<int64_t>(t->nbytes());
   }
   return bytes;
 }
 
-int64_t ShardedAdamW::host_bytes_for(int64_t n, at::ScalarType param_dtype, at::ScalarType grad_dtype) {
-  return n * (3 * 4 + static_cast<int64_t>(c10::elementSize(grad_dtype)) + (param_dtype == at::kBFloat16 ? 2 : 0));
+int64_t ShardedAdamW::host_state_bytes() const {
+  if (!options_.offload) return 0;
+  int64_t bytes = 0;
+  for (const auto* t : {&master_, &host_m_, &host_v_, &host_grad_, &host_param_out_, &codes_m_, &codes_v_, &absmax_m_,
+                        &absmax_v_, &m32_, &v32_}) {
+    if (t->defined()) bytes += static_cast<int64_t>(t->nbytes());
+  }
+  return bytes;
+}
+
+int64_t ShardedAdamW::host_bytes_for(int64_t n, at::ScalarType param_dtype, at::ScalarType grad_dtype,
+                                     bool moments_8bit) {
+  // master + moments (fp32: 8 bytes; 8-bit: 2 bytes of codes and an absmax pair per block) +
+  // gradient copy + bf16 parameter staging. The small parameters' fp32 moments are left out.
+  const int64_t moments = moments_8bit ? 2 * n + 8 * ((n + kQuantBlock - 1) / kQuantBlock) : 8 * n;
+  return 4 * n + moments + n * (static_cast<int64_t>(c10::elementSize(grad_dtype)) + (param_dtype == at::kBFloat16 ? 2 : 0));
 }
 
 }  // namespace gpt2::optim

@@ -13,6 +13,12 @@
 // Offload (Options::offload): masters, moments and a gradient copy live in (pinned) host memory;
 // step() streams the gradient shard to the host chunk by chunk, a HostThreadPool runs CpuAdamW on
 // each chunk as it lands, and the updated parameters stream back, the three overlapping.
+//
+// 8-bit moments (Options::moments_8bit, moment_layout.h): both moments block-wise quantized, fp32
+// for parameters under kMinQuantNumel values; the update is one pass over the shard's blocks (one
+// CUDA kernel on the GPU, cpu_adamw_update_8bit on the host). The layout's shards must be whole
+// quantization blocks (FlatLayout's shard_multiple = kQuantBlock). Its step count is kept on the
+// host, so with found_inf (fp16) the step reads the flag first (one host sync).
 #include <torch/types.h>
 
 #include <cstdint>
@@ -20,6 +26,7 @@
 #include <vector>
 
 #include "optim/adamw.h"
+#include "optim/moment_layout.h"
 #include "parallel/communicator.h"
 #include "parallel/flat_layout.h"
 
@@ -36,6 +43,7 @@ class ShardedAdamW {
     bool offload = false;        // state in host memory, CPU AdamW
     int host_threads = 0;        // offload: CPU AdamW threads (<= 0: all hardware threads)
     int64_t chunk_elements = int64_t{1} << 24;  // offload: pipeline granularity (64 MiB of fp32)
+    bool moments_8bit = false;   // block-wise 8-bit AdamW moments (memory.optimizer_moments = 8bit)
   };
 
   // grad_flat: the gradient buffer in the same layout (GradBuckets::flat()), fp32 or the params' dtype.
@@ -58,21 +66,32 @@ class ShardedAdamW {
   int64_t shard_begin() const { return begin_; }
   int64_t shard_numel() const { return end_ - begin_; }
 
-  // This rank's optimizer state over its shard as fp32 CPU tensors, for checkpoints: the master
-  // weights (the parameters themselves when they are fp32), both moments, and the bias-correction
-  // step count. load_state() takes the same (shard_numel() elements) and writes the masters,
-  // rounded, into this rank's parameters; gather() then gives every rank the whole model.
+  // This rank's optimizer state as CPU tensors, for checkpoints: the fp32 master weights (the
+  // parameters themselves when they are fp32), the moments, and the bias-correction step count.
+  // fp32 moments: exp_avg and exp_avg_sq, one fp32 value per element. 8-bit moments: the codes
+  // (uint8, one per element), the absmax values of the 8-bit blocks, and exp_avg / exp_avg_sq hold
+  // only the fp32 moments of the small parameters, packed in flat order (Note [Moment blocks]).
+  // load_state() takes the same in this optimizer's format and writes the masters, rounded, into
+  // this rank's parameters; gather() then gives every rank the whole model.
   struct ShardState {
+    bool moments_8bit = false;
     torch::Tensor master, exp_avg, exp_avg_sq;
+    torch::Tensor exp_avg_codes, exp_avg_sq_codes, exp_avg_absmax, exp_avg_sq_absmax;  // 8-bit only
     int64_t adam_step = 0;
   };
   ShardState state() const;
+  // The state of the flat range [begin, end) inside this rank's (on the kQuantBlock grid with 8-bit
+  // moments): what a ZeRO 0 rank writes of the state every rank holds.
+  ShardState state(int64_t begin, int64_t end) const;
   void load_state(const ShardState& state);
+  bool moments_8bit() const { return options_.moments_8bit; }
+  // Where 8-bit moments are in the flat space (built for fp32 moments too: checkpoints convert).
+  const MomentLayout& moment_layout() const { return moment_layout_; }
   // This rank's shard of the gradient (what clipping and loss-scale unscaling act on).
   const torch::Tensor& grad_shard() const { return grad_shard_; }
   bool sharded() const { return sharded_; }
   // Host bytes offload needs for a shard of n elements with these dtypes (for the memory check).
-  static int64_t host_bytes_for(int64_t n, at::ScalarType param_dtype, at::ScalarType grad_dtype);
+  static int64_t host_bytes_for(int64_t n, at::ScalarType param_dtype, at::ScalarType grad_dtype, bool moments_8bit);
 
  private:
   struct Segment {  // a piece of the shard inside one parameter, in shard coordinates
@@ -80,7 +99,10 @@ class ShardedAdamW {
     double weight_decay;
   };
   void step_on_device(double lr, const torch::Tensor& found_inf);
+  void step_8bit_on_device(double lr, const torch::Tensor& found_inf);
   void step_on_host(double lr, const torch::Tensor& found_inf);
+  CpuAdamWStep host_step(double lr) const;  // the update's constants at steps_ (8-bit and offload)
+  MomentBuffers moment_buffers() const;     // 8-bit
 
   parallel::Communicator& comm_;
   Options options_;
@@ -95,10 +117,17 @@ class ShardedAdamW {
   std::vector<Segment> segments_;
   std::unique_ptr<AdamW> adamw_;  // device path
 
+  // 8-bit moments (on the device, or in host memory with offload): this shard's blocks, the codes
+  // over the shard, one absmax per 8-bit block, the packed fp32 moments of small parameters.
+  MomentLayout moment_layout_;
+  std::vector<MomentBlock> blocks_;
+  torch::Tensor blocks_device_, tables_device_;  // blocks_ and quant_tables() as bytes on the GPU
+  torch::Tensor codes_m_, codes_v_, absmax_m_, absmax_v_, m32_, v32_;
+
   // Host path (offload).
   torch::Tensor host_m_, host_v_, host_grad_, host_param_out_;
   std::unique_ptr<HostThreadPool> pool_;
-  int64_t host_steps_ = 0;
+  int64_t steps_ = 0;  // bias-correction step count of the host-driven updates (offload, 8-bit)
 };
 
 }  // namespace gpt2::optim

@@ -102,17 +102,11 @@ std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::Fl
 
   // The snapshot: optimizer shard, generator states, and on rank 0 the manifest fields. The
   // parameters are not saved apart: the shards' fp32 masters are the model (model_weights.h).
-  snap->state = optimizer.state();
-  snap->begin = optimizer.shard_begin();
-  snap->end = optimizer.shard_begin() + optimizer.shard_numel();
-  if (!optimizer.sharded() && world > 1) {
-    // ZeRO 0: every rank holds the same full state; each writes only its partition, in parallel.
-    snap->begin = layout.shard_begin(rank);
-    snap->end = layout.shard_end(rank);
-    for (auto* t : {&snap->state.master, &snap->state.exp_avg, &snap->state.exp_avg_sq}) {
-      *t = t->narrow(0, snap->begin, snap->end - snap->begin).contiguous();
-    }
-  }
+  // ZeRO 0: every rank holds the same full state; each writes only its partition, in parallel.
+  const bool partition = !optimizer.sharded() && world > 1;
+  snap->begin = partition ? layout.shard_begin(rank) : optimizer.shard_begin();
+  snap->end = partition ? layout.shard_end(rank) : optimizer.shard_begin() + optimizer.shard_numel();
+  snap->state = optimizer.state(snap->begin, snap->end);
   snap->rng_cpu = at::detail::getDefaultCPUGenerator().get_state();
   const auto named = model->named_parameters();
 #ifdef GPT2_WITH_CUDA
@@ -127,6 +121,7 @@ std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::Fl
     m.zero_stage = settings_.zero_stage;
     m.offload = settings_.offload;
     m.dtype = settings_.dtype;
+    m.optimizer_moments = optimizer.moments_8bit() ? "8bit" : "fp32";
     m.flat_total = layout.total;
     m.flat_padded = layout.padded;
     for (size_t i = 0; i < named.size(); ++i) {
@@ -174,11 +169,24 @@ void CheckpointWriter::write_files(Snapshot& snap) {
   {
     h5::H5ErrorSilencer quiet;
     h5::H5Id file = h5::create_h5(shard_path);
-    const std::vector<hsize_t> n = {static_cast<hsize_t>(snap.end - snap.begin)};
-    h5::write_f32(file.get(), "master", snap.state.master.contiguous().data_ptr<float>(), n);
+    const optim::ShardedAdamW::ShardState& s = snap.state;
+    auto write_f32 = [&](const char* name, const torch::Tensor& t) {
+      h5::write_f32(file.get(), name, t.contiguous().data_ptr<float>(), {static_cast<hsize_t>(t.numel())});
+    };
+    write_f32("master", s.master);
     fault_point(rank, 2, step);
-    h5::write_f32(file.get(), "exp_avg", snap.state.exp_avg.contiguous().data_ptr<float>(), n);
-    h5::write_f32(file.get(), "exp_avg_sq", snap.state.exp_avg_sq.contiguous().data_ptr<float>(), n);
+    if (s.moments_8bit) {  // datasets of docs/DESIGN.md "Checkpoint layout as built"
+      h5::write_bytes(file.get(), "exp_avg_codes", s.exp_avg_codes.contiguous().data_ptr<uint8_t>(), s.exp_avg_codes.numel());
+      h5::write_bytes(file.get(), "exp_avg_sq_codes", s.exp_avg_sq_codes.contiguous().data_ptr<uint8_t>(),
+                      s.exp_avg_sq_codes.numel());
+      write_f32("exp_avg_absmax", s.exp_avg_absmax);
+      write_f32("exp_avg_sq_absmax", s.exp_avg_sq_absmax);
+      write_f32("exp_avg_fp32", s.exp_avg);
+      write_f32("exp_avg_sq_fp32", s.exp_avg_sq);
+    } else {
+      write_f32("exp_avg", s.exp_avg);
+      write_f32("exp_avg_sq", s.exp_avg_sq);
+    }
     h5::write_int_attr(file.get(), "begin", snap.begin);
     h5::write_int_attr(file.get(), "end", snap.end);
     h5::write_int_attr(file.get(), "adam_step", snap.state.adam_step);

@@ -42,7 +42,9 @@ void write_bytes(hid_t loc, const std::string& name, const uint8_t* data, hsize_
   write_dataset(loc, name, H5T_NATIVE_UINT8, H5T_NATIVE_UINT8, data, {n});
 }
 
-void read_f32_range(hid_t file, const char* name, int64_t from, int64_t n, float* out, const std::string& path) {
+namespace {
+
+void read_range(hid_t file, const char* name, hid_t mem_type, int64_t from, int64_t n, void* out, const std::string& path) {
   if (H5Lexists(file, name, H5P_DEFAULT) <= 0) throw UserError(path + ": no dataset /" + name);
   H5Id dset(H5_ID(H5Dopen2(file, name, H5P_DEFAULT)), H5Dclose);
   H5Id space(H5_ID(H5Dget_space(dset.get())), H5Sclose);
@@ -57,7 +59,17 @@ void read_f32_range(hid_t file, const char* name, int64_t from, int64_t n, float
   const hsize_t start[1] = {static_cast<hsize_t>(from)}, count[1] = {static_cast<hsize_t>(n)};
   H5_CHECK(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start, nullptr, count, nullptr));
   H5Id mem(H5_ID(H5Screate_simple(1, count, nullptr)), H5Sclose);
-  H5_CHECK(H5Dread(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), H5P_DEFAULT, out));
+  H5_CHECK(H5Dread(dset.get(), mem_type, mem.get(), space.get(), H5P_DEFAULT, out));
+}
+
+}  // namespace
+
+void read_f32_range(hid_t file, const char* name, int64_t from, int64_t n, float* out, const std::string& path) {
+  read_range(file, name, H5T_NATIVE_FLOAT, from, n, out, path);
+}
+
+void read_u8_range(hid_t file, const char* name, int64_t from, int64_t n, uint8_t* out, const std::string& path) {
+  read_range(file, name, H5T_NATIVE_UINT8, from, n, out, path);
 }
 
 std::vector<uint8_t> read_bytes(hid_t file, const char* name) {

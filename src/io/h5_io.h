@@ -3,7 +3,7 @@
 // creating a file, writing datasets without modification times (so equal contents give equal
 // bytes and CRCs), and reading a range of a 1-D fp32 dataset. Errors are gpt2::UserError naming
 // the file, or gpt2::Error from H5_CHECK for calls that should not fail.
-// defines: gpt2::h5::{create_h5, write_f32, write_bytes, read_f32_range, read_bytes, read_int_attr_or_throw}
+// defines: gpt2::h5::{create_h5, write_f32, write_bytes, read_f32_range, read_u8_range, read_bytes, read_int_attr_or_throw}
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -23,6 +23,8 @@ void write_bytes(hid_t loc, const std::string& name, const uint8_t* data, hsize_
 // Elements [from, from + n) of the 1-D fp32 dataset `name` into out (n floats); UserError naming
 // `path` when it is missing, not 1-D, or shorter than the range.
 void read_f32_range(hid_t file, const char* name, int64_t from, int64_t n, float* out, const std::string& path);
+// The same for a 1-D uint8 dataset.
+void read_u8_range(hid_t file, const char* name, int64_t from, int64_t n, uint8_t* out, const std::string& path);
 // The 1-D uint8 dataset `name`; empty when there is none.
 std::vector<uint8_t> read_bytes(hid_t file, const char* name);
 // An integer attribute; UserError "PATH: missing attribute 'NAME'" (or not an integer).

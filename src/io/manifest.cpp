@@ -11,6 +11,17 @@
 
 namespace gpt2 {
 
+std::vector<ShardDataset> shard_datasets(const std::string& optimizer_moments) {
+  using I = ShardDataset::Index;
+  if (optimizer_moments == "8bit") {
+    return {{"master", false, I::kFlat},          {"exp_avg_codes", true, I::kFlat},
+            {"exp_avg_sq_codes", true, I::kFlat}, {"exp_avg_absmax", false, I::kAbsmax},
+            {"exp_avg_sq_absmax", false, I::kAbsmax}, {"exp_avg_fp32", false, I::kFp32Moment},
+            {"exp_avg_sq_fp32", false, I::kFp32Moment}};
+  }
+  return {{"master", false, I::kFlat}, {"exp_avg", false, I::kFlat}, {"exp_avg_sq", false, I::kFlat}};
+}
+
 std::string step_dir_name(int64_t step) {
   char s[32];
   std::snprintf(s, sizeof s, "step_%07lld", static_cast<long long>(step));
@@ -47,6 +58,7 @@ json::Value CheckpointManifest::to_json() const {
           {"zero_stage", zero_stage},
           {"offload", offload},
           {"dtype", dtype},
+          {"optimizer_moments", optimizer_moments},
           {"flat_total", flat_total},
           {"flat_padded", flat_padded},
           {"params", ps},
@@ -79,6 +91,13 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
   m.zero_stage = json::as_int(json::at(v, "zero_stage", what), "zero_stage");
   m.offload = json::as_string(json::at(v, "offload", what), "offload");
   m.dtype = json::as_string(json::at(v, "dtype", what), "dtype");
+  // Checkpoints from before 8-bit moments have no such key: theirs are fp32.
+  if (const json::Value* moments = json::find(v, "optimizer_moments")) {
+    m.optimizer_moments = json::as_string(*moments, "optimizer_moments");
+    if (m.optimizer_moments != "fp32" && m.optimizer_moments != "8bit") {
+      throw UserError(path + ": optimizer_moments is '" + m.optimizer_moments + "', expected fp32 or 8bit");
+    }
+  }
   m.flat_total = json::as_int(json::at(v, "flat_total", what), "flat_total");
   m.flat_padded = json::as_int(json::at(v, "flat_padded", what), "flat_padded");
   if (m.world_size < 1 || m.flat_total < 0 || m.flat_padded < m.flat_total) {

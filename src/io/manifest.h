@@ -38,6 +38,7 @@ struct CheckpointManifest {
   int world_size = 1;
   int64_t zero_stage = 0;
   std::string offload, dtype;
+  std::string optimizer_moments = "fp32";  // fp32 | 8bit: which datasets the shards hold (DESIGN.md)
   int64_t flat_total = 0, flat_padded = 0;
   std::vector<Param> params;
   std::vector<Shard> shards;
@@ -55,6 +56,18 @@ struct CheckpointManifest {
   // an integer.
   GPT2Config model_config() const;
 };
+
+// The datasets of an optimizer shard holding the flat range [begin, end): their names, element type
+// and what they are indexed by: flat elements of the range, the range's 8-bit blocks (one absmax
+// each), or the range's elements with fp32 moments when the others are 8-bit (Note [Moment blocks]).
+struct ShardDataset {
+  enum class Index { kFlat, kAbsmax, kFp32Moment };
+  const char* name;
+  bool is_uint8;
+  Index index;
+};
+// For optimizer_moments "fp32" or "8bit".
+std::vector<ShardDataset> shard_datasets(const std::string& optimizer_moments);
 
 // "step_0000020": the directory of the checkpoint after `step` optimizer steps.
 std::string step_dir_name(int64_t step);

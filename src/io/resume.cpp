@@ -10,6 +10,8 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -32,6 +34,7 @@ using h5::H5ErrorSilencer;
 using h5::H5Id;
 using h5::read_bytes;
 using h5::read_f32_range;
+using h5::read_u8_range;
 using h5::read_int_attr_or_throw;
 
 H5Id open_shard(const std::string& path) {
@@ -96,26 +99,194 @@ void check_layout(const CheckpointManifest& m, GPT2& model, const parallel::Flat
 
 }  // namespace
 
-void read_flat_range(const CheckpointManifest& m, const char* dataset, int64_t begin, int64_t end, float* out) {
+namespace {
+
+// The range of `shard` in the coordinates dataset `d` is indexed by (ShardDataset::Index).
+std::pair<int64_t, int64_t> shard_range(const CheckpointManifest::Shard& shard, const ShardDataset& d,
+                                        const optim::MomentLayout* moments) {
+  switch (d.index) {
+    case ShardDataset::Index::kAbsmax:
+      return {moments->absmax_before(shard.begin), moments->absmax_before(shard.end)};
+    case ShardDataset::Index::kFp32Moment:
+      return {moments->fp32_before(shard.begin), moments->fp32_before(shard.end)};
+    default:
+      return {shard.begin, shard.end};
+  }
+}
+
+// Elements [begin, end) of dataset `d` (in its coordinates) from whichever shards hold them; the
+// shards tile every coordinate space in order.
+void read_dataset_range(const CheckpointManifest& m, const ShardDataset& d, const optim::MomentLayout* moments,
+                        int64_t begin, int64_t end, void* out) {
   H5ErrorSilencer quiet;
-  // Walk the range through the shard that holds each part (the shards tile the flat space).
+  const size_t elem = d.is_uint8 ? 1 : 4;
   for (int64_t pos = begin; pos < end;) {
     size_t k = 0;
-    while (k < m.shards.size() && !(m.shards[k].begin <= pos && pos < m.shards[k].end)) ++k;
+    std::pair<int64_t, int64_t> r{0, 0};
+    for (; k < m.shards.size(); ++k) {
+      r = shard_range(m.shards[k], d, moments);
+      if (r.first <= pos && pos < r.second) break;
+    }
     if (k == m.shards.size()) {
-      throw UserError(files::join(m.dir, "manifest.json") + ": flat element " + std::to_string(pos) + " is in no shard");
+      throw UserError(files::join(m.dir, "manifest.json") + ": element " + std::to_string(pos) + " of /" + d.name +
+                      " is in no shard");
     }
     const auto& shard = m.shards[k];
-    const int64_t hi = std::min(end, shard.end);
+    const int64_t hi = std::min(end, r.second);
     const std::string path = files::join(m.dir, shard.file);
     H5Id file = open_shard(path);
     if (read_int_attr_or_throw(file.get(), "begin", path) != shard.begin ||
         read_int_attr_or_throw(file.get(), "end", path) != shard.end) {
       throw UserError(path + ": its range does not match the manifest");
     }
-    read_f32_range(file.get(), dataset, pos - shard.begin, hi - pos, out + (pos - begin), path);
+    void* dst = static_cast<char*>(out) + (pos - begin) * elem;
+    if (d.is_uint8) {
+      read_u8_range(file.get(), d.name, pos - r.first, hi - pos, static_cast<uint8_t*>(dst), path);
+    } else {
+      read_f32_range(file.get(), d.name, pos - r.first, hi - pos, static_cast<float*>(dst), path);
+    }
     pos = hi;
   }
+}
+
+const ShardDataset& dataset_named(const std::string& moments, const std::string& name) {
+  static const auto fp32 = shard_datasets("fp32"), eight = shard_datasets("8bit");
+  for (const auto* list : {&fp32, &eight}) {
+    for (const auto& d : *list) {
+      if (name == d.name && (list == &eight) == (moments == "8bit")) return d;
+    }
+  }
+  throw UserError("a checkpoint with " + moments + " moments has no dataset " + name);
+}
+
+// The 8-bit moments of the flat range [begin, end) (on the grid) of an 8-bit checkpoint, as
+// ShardedAdamW holds them (codes for end - begin elements, zero past flat_total). Collective: an
+// absmax that is not a finite non-negative number is a damaged checkpoint, named on every rank.
+void read_8bit_moments(const CheckpointManifest& m, const optim::MomentLayout& ml, int64_t begin, int64_t end,
+                       const parallel::RankEnv& env, optim::ShardedAdamW::ShardState* s) {
+  const int64_t real_end = std::max(begin, std::min(end, m.flat_total));
+  const int64_t a0 = ml.absmax_before(begin), a1 = ml.absmax_before(end);
+  const int64_t f0 = ml.fp32_before(begin), f1 = ml.fp32_before(end);
+  struct Part {
+    const char* name;
+    torch::Tensor* t;
+    int64_t lo, hi, size;
+  };
+  const Part parts[] = {{"exp_avg_codes", &s->exp_avg_codes, begin, real_end, end - begin},
+                        {"exp_avg_sq_codes", &s->exp_avg_sq_codes, begin, real_end, end - begin},
+                        {"exp_avg_absmax", &s->exp_avg_absmax, a0, a1, a1 - a0},
+                        {"exp_avg_sq_absmax", &s->exp_avg_sq_absmax, a0, a1, a1 - a0},
+                        {"exp_avg_fp32", &s->exp_avg, f0, f1, f1 - f0},
+                        {"exp_avg_sq_fp32", &s->exp_avg_sq, f0, f1, f1 - f0}};
+  for (const Part& p : parts) {
+    const ShardDataset& d = dataset_named("8bit", p.name);
+    *p.t = torch::zeros({p.size}, d.is_uint8 ? torch::kUInt8 : torch::kFloat);
+    read_dataset_range(m, d, &ml, p.lo, p.hi, p.t->data_ptr());
+  }
+  // The first bad scale over all ranks: 2 * global absmax index + (0: exp_avg, 1: exp_avg_sq).
+  int64_t bad = std::numeric_limits<int64_t>::max();
+  for (int which = 0; which < 2; ++which) {
+    const auto& t = which == 0 ? s->exp_avg_absmax : s->exp_avg_sq_absmax;
+    const float* a = t.data_ptr<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if (!(std::isfinite(a[i]) && a[i] >= 0)) bad = std::min(bad, 2 * (a0 + i) + which);
+    }
+  }
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT64_T, MPI_MIN, env.comm()));
+  if (bad == std::numeric_limits<int64_t>::max()) return;
+  const int64_t index = bad / 2;
+  const char* name = bad % 2 == 0 ? "exp_avg_absmax" : "exp_avg_sq_absmax";
+  const optim::MomentBlock block = ml.absmax_block(index);
+  std::string file = "manifest.json";
+  int64_t local = index;
+  for (const auto& shard : m.shards) {
+    const auto r = shard_range(shard, dataset_named("8bit", name), &ml);
+    if (r.first <= index && index < r.second) {
+      file = shard.file;
+      local = index - r.first;
+    }
+  }
+  throw UserError("checkpoint " + m.dir + " is damaged, nothing was loaded: " + files::join(m.dir, file) + ": /" + name +
+                  "[" + std::to_string(local) + "], the scale of the 8-bit block of flat elements [" +
+                  std::to_string(block.begin) + ", " + std::to_string(block.begin + block.len) +
+                  "), is not a finite non-negative number");
+}
+
+optim::MomentBuffers buffers_of(const optim::ShardedAdamW::ShardState& s) {
+  optim::MomentBuffers b;
+  b.exp_avg_codes = s.exp_avg_codes.data_ptr<uint8_t>();
+  b.exp_avg_sq_codes = s.exp_avg_sq_codes.data_ptr<uint8_t>();
+  b.exp_avg_absmax = s.exp_avg_absmax.data_ptr<float>();
+  b.exp_avg_sq_absmax = s.exp_avg_sq_absmax.data_ptr<float>();
+  b.exp_avg = s.exp_avg.data_ptr<float>();
+  b.exp_avg_sq = s.exp_avg_sq.data_ptr<float>();
+  return b;
+}
+
+// This rank's range [begin, end) of the checkpoint's state, in the optimizer's moment format:
+// read as saved, or converted (fp32 moments quantized, 8-bit ones dequantized) with a logged line.
+optim::ShardedAdamW::ShardState read_shard_state(const CheckpointManifest& m, const optim::ShardedAdamW& optimizer,
+                                                 const parallel::RankEnv& env) {
+  const int64_t begin = optimizer.shard_begin(), end = begin + optimizer.shard_numel();
+  const int64_t real_end = std::max(begin, std::min(end, m.flat_total));
+  const optim::MomentLayout& ml = optimizer.moment_layout();
+  const bool saved_8bit = m.optimizer_moments == "8bit";
+  auto dense = [&](const char* name, int64_t lo, int64_t hi) {  // fp32 values of [lo, hi), zero past flat_total
+    auto t = torch::zeros({hi - lo}, torch::kFloat);
+    read_dataset_range(m, dataset_named(m.optimizer_moments, name), &ml, lo, std::max(lo, std::min(hi, m.flat_total)),
+                       t.data_ptr());
+    return t;
+  };
+  optim::ShardedAdamW::ShardState s;
+  s.moments_8bit = optimizer.moments_8bit();
+  s.master = dense("master", begin, end);
+  if (saved_8bit) {
+    for (const auto& shard : m.shards) {
+      for (int64_t x : {shard.begin, shard.end}) {
+        if (x % optim::kQuantBlock != 0 && x < m.flat_total) {
+          throw UserError(files::join(m.dir, "manifest.json") + ": shard " + shard.file + " of 8-bit moments begins or ends at " +
+                          std::to_string(x) + ", not on the " + std::to_string(optim::kQuantBlock) + "-element grid");
+        }
+      }
+    }
+  }
+  if (saved_8bit && s.moments_8bit) {
+    read_8bit_moments(m, ml, begin, end, env, &s);
+  } else if (!saved_8bit && !s.moments_8bit) {
+    s.exp_avg = dense("exp_avg", begin, end);
+    s.exp_avg_sq = dense("exp_avg_sq", begin, end);
+  } else if (s.moments_8bit) {  // fp32 checkpoint, 8-bit run
+    log::info("checkpoint ", m.dir, " has fp32 optimizer moments: quantizing them to 8-bit moments");
+    const auto exp_avg = dense("exp_avg", begin, end), exp_avg_sq = dense("exp_avg_sq", begin, end);
+    const int64_t a = ml.absmax_before(end) - ml.absmax_before(begin), f = ml.fp32_before(end) - ml.fp32_before(begin);
+    s.exp_avg_codes = torch::zeros({end - begin}, torch::kUInt8);
+    s.exp_avg_sq_codes = torch::zeros({end - begin}, torch::kUInt8);
+    s.exp_avg_absmax = torch::zeros({a}, torch::kFloat);
+    s.exp_avg_sq_absmax = torch::zeros({a}, torch::kFloat);
+    s.exp_avg = torch::zeros({f}, torch::kFloat);
+    s.exp_avg_sq = torch::zeros({f}, torch::kFloat);
+    optim::quantize_moments(ml, begin, end, exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), buffers_of(s));
+  } else {  // 8-bit checkpoint, fp32 run: the blocks around this rank's range, dequantized
+    log::info("checkpoint ", m.dir, " has 8-bit optimizer moments: dequantizing them to fp32 moments");
+    const int64_t g0 = begin / optim::kQuantBlock * optim::kQuantBlock;
+    const int64_t g1 = std::min((real_end + optim::kQuantBlock - 1) / optim::kQuantBlock * optim::kQuantBlock,
+                                std::max(m.flat_total, g0));
+    optim::ShardedAdamW::ShardState q;
+    read_8bit_moments(m, ml, g0, g1, env, &q);
+    auto exp_avg = torch::zeros({g1 - g0}, torch::kFloat), exp_avg_sq = torch::zeros({g1 - g0}, torch::kFloat);
+    optim::dequantize_moments(ml, g0, g1, buffers_of(q), exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>());
+    s.exp_avg = torch::zeros({end - begin}, torch::kFloat);
+    s.exp_avg_sq = torch::zeros({end - begin}, torch::kFloat);
+    s.exp_avg.narrow(0, 0, real_end - begin).copy_(exp_avg.narrow(0, begin - g0, real_end - begin));
+    s.exp_avg_sq.narrow(0, 0, real_end - begin).copy_(exp_avg_sq.narrow(0, begin - g0, real_end - begin));
+  }
+  return s;
+}
+
+}  // namespace
+
+void read_flat_range(const CheckpointManifest& m, const char* dataset, int64_t begin, int64_t end, float* out) {
+  read_dataset_range(m, dataset_named(m.optimizer_moments, dataset), nullptr, begin, end, out);
 }
 
 int64_t resume_checkpoint(const std::string& checkpoint_dir, GPT2& model, int64_t zero_stage,
@@ -153,14 +324,7 @@ int64_t resume_checkpoint(const std::string& checkpoint_dir, GPT2& model, int64_
   }
 
   // This rank's range, read from the old shards that overlap it; padding stays zero.
-  const int64_t begin = optimizer.shard_begin(), end = begin + optimizer.shard_numel();
-  const int64_t real_end = std::max(begin, std::min(end, m.flat_total));
-  optim::ShardedAdamW::ShardState s;
-  for (auto [name, t] : {std::pair<const char*, torch::Tensor*>{"master", &s.master},
-                         {"exp_avg", &s.exp_avg}, {"exp_avg_sq", &s.exp_avg_sq}}) {
-    *t = torch::zeros({end - begin}, torch::kFloat);
-    read_flat_range(m, name, begin, real_end, t->data_ptr<float>());
-  }
+  optim::ShardedAdamW::ShardState s = read_shard_state(m, optimizer, env);
   // The step count (the same in every shard), and this rank's generator states from its own file.
   std::vector<uint8_t> rng_cpu, rng_cuda;
   {

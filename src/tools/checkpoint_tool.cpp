@@ -4,15 +4,20 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <cmath>
+#include <memory>
+#include <stdexcept>
 #include <cstdio>
 #include <cstdlib>
 #include <ostream>
 #include <set>
 #include <utility>
 
+#include "optim/moment_layout.h"
 #include "src/base/h5_check.h"
 #include "src/base/files.h"
 #include "src/base/json.h"
+#include "src/io/h5_io.h"
 #include "src/io/hf_import.h"
 #include "src/io/model_file.h"
 #include "src/io/model_weights.h"
@@ -28,7 +33,6 @@ using h5::H5Id;
 using h5::open_h5;
 using h5::read_int_attr;
 
-const char* const kShardDatasets[] = {"master", "exp_avg", "exp_avg_sq"};
 // The full fp32 model that checkpoints written before the manifest + shards layout carry.
 constexpr char kLegacyModelFile[] = "model.h5";
 
@@ -42,10 +46,12 @@ constexpr char kUsage[] =
     "the newest complete step_* directory under it is used); export-hf also takes a model FILE.\n"
     "Runs without MPI.\n"
     "\n"
-    "  inspect      step, world size, ZeRO stage, dtype, parameter count, files (size, CRC-32C),\n"
-    "               shards and their flat ranges, loss scale, model config; --json: the manifest\n"
-    "  verify       every file's size and CRC-32C, the shards' HDF5 contents against the manifest,\n"
-    "               their coverage of the flat parameter space (and the model.h5 that checkpoints\n"
+    "  inspect      step, world size, ZeRO stage, dtype, optimizer moments (fp32 | 8bit), parameter\n"
+    "               count, files (size, CRC-32C), shards and their flat ranges, loss scale, model\n"
+    "               config; --json: the manifest\n"
+    "  verify       every file's size and CRC-32C, the shards' HDF5 contents against the manifest\n"
+    "               (8-bit moments: their scales too), their coverage of the flat parameter space\n"
+    "               (and the model.h5 that checkpoints\n"
     "               of older versions carry: its parameters and shapes)\n"
     "  consolidate  verifies, then writes FILE (via FILE.tmp): one fp32 dataset per parameter\n"
     "               (Hugging Face names, manifest shapes) from the shards' fp32 masters: a model\n"
@@ -140,8 +146,37 @@ std::string dims_str(const std::vector<hsize_t>& dims) {
   return shape_str(d);
 }
 
-// Problems of one optimizer shard file's contents against its manifest entry.
-void check_shard_contents(const std::string& path, const CheckpointManifest::Shard& s, std::vector<std::string>* out) {
+// Where the manifest's parameters have 8-bit moments (Note [Moment blocks]); null when the manifest's
+// parameters overlap (reported with the manifest) or the checkpoint's moments are fp32.
+std::unique_ptr<optim::MomentLayout> moment_layout_of(const CheckpointManifest& m) {
+  if (m.optimizer_moments != "8bit") return nullptr;
+  std::vector<optim::MomentLayout::Param> params;
+  for (const auto& p : m.params) params.push_back({p.offset, p.numel, p.shape.size() >= 2});
+  try {
+    return std::make_unique<optim::MomentLayout>(params);
+  } catch (const std::logic_error&) {
+    return nullptr;
+  }
+}
+
+// The number of elements a shard's dataset holds (ShardDataset::Index), or -1 when the shard's
+// range is not on the quantization grid (then reported) or there is no layout.
+int64_t expected_elements(const CheckpointManifest::Shard& s, const ShardDataset& d, const optim::MomentLayout* ml) {
+  if (d.index == ShardDataset::Index::kFlat) return s.end - s.begin;
+  if (ml == nullptr) return -1;
+  try {
+    return d.index == ShardDataset::Index::kAbsmax ? ml->absmax_before(s.end) - ml->absmax_before(s.begin)
+                                                   : ml->fp32_before(s.end) - ml->fp32_before(s.begin);
+  } catch (const std::logic_error&) {
+    return -1;
+  }
+}
+
+// Problems of one optimizer shard file's contents against its manifest entry: attributes, every
+// dataset of the checkpoint's moment format (type and length), and 8-bit scales that are not
+// finite non-negative numbers.
+void check_shard_contents(const std::string& path, const CheckpointManifest::Shard& s, const CheckpointManifest& m,
+                          const optim::MomentLayout* ml, std::vector<std::string>* out) {
   H5Id file = open_h5(path);
   for (auto [name, want] : {std::pair<const char*, int64_t>{"begin", s.begin}, {"end", s.end}}) {
     int64_t got = 0;
@@ -152,19 +187,41 @@ void check_shard_contents(const std::string& path, const CheckpointManifest::Sha
       out->push_back(path + ": attribute " + name + " = " + str(got) + ", the manifest says " + str(want));
     }
   }
-  const auto n = static_cast<hsize_t>(s.end - s.begin);
-  for (const char* name : kShardDatasets) {
-    if (!has_link(file.get(), name)) {
+  if (m.optimizer_moments == "8bit" && expected_elements(s, {"", false, ShardDataset::Index::kAbsmax}, ml) < 0 &&
+      ml != nullptr) {
+    out->push_back(path + ": range " + range_str(s.begin, s.end) + " of 8-bit moments is not on the " +
+                   str(optim::kQuantBlock) + "-element grid");
+  }
+  for (const ShardDataset& d : shard_datasets(m.optimizer_moments)) {
+    const std::string name = d.name;
+    if (!has_link(file.get(), d.name)) {
       out->push_back(path + ": no dataset /" + name);
       continue;
     }
-    H5Id dset(H5_ID(H5Dopen2(file.get(), name, H5P_DEFAULT)), H5Dclose);
+    H5Id dset(H5_ID(H5Dopen2(file.get(), d.name, H5P_DEFAULT)), H5Dclose);
     bool f32 = false;
     const auto dims = dataset_dims(dset.get(), &f32);
-    if (!f32) out->push_back(path + ": /" + name + " is not fp32");
-    if (dims.size() != 1 || dims[0] != n) {
+    H5Id type(H5_ID(H5Dget_type(dset.get())), H5Tclose);
+    const bool u8 = H5Tget_class(type.get()) == H5T_INTEGER && H5Tget_size(type.get()) == 1;
+    if (d.is_uint8 ? !u8 : !f32) out->push_back(path + ": /" + name + " is not " + (d.is_uint8 ? "uint8" : "fp32"));
+    const int64_t n = expected_elements(s, d, ml);
+    if (n < 0) continue;
+    if (dims.size() != 1 || dims[0] != static_cast<hsize_t>(n)) {
       out->push_back(path + ": /" + name + " has shape " + dims_str(dims) + ", the manifest's range " +
-                     range_str(s.begin, s.end) + " needs [" + str(static_cast<int64_t>(n)) + "]");
+                     range_str(s.begin, s.end) + " needs [" + str(n) + "]");
+      continue;
+    }
+    if (d.index != ShardDataset::Index::kAbsmax || !f32) continue;
+    std::vector<float> scales(static_cast<size_t>(n));
+    h5::read_f32_range(file.get(), d.name, 0, n, scales.data(), path);
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isfinite(scales[i]) && scales[i] >= 0) continue;
+      const optim::MomentBlock b = ml->absmax_block(ml->absmax_before(s.begin) + i);
+      char v[32];
+      std::snprintf(v, sizeof v, "%g", scales[i]);
+      out->push_back(path + ": /" + name + "[" + str(i) + "] = " + v + ", the scale of the 8-bit block of flat elements " +
+                     range_str(b.begin, b.begin + b.len) + ", is not a finite non-negative number");
+      break;
     }
   }
 }
@@ -343,6 +400,10 @@ std::string inspect_text(const CheckpointManifest& m) {
   line("ZeRO stage", str(m.zero_stage));
   line("offload", m.offload.empty() ? "none" : m.offload);
   line("dtype", m.dtype);
+  line("optimizer moments", m.optimizer_moments == "8bit"
+                                ? "8bit (block-wise, " + str(optim::kQuantBlock) + " values per absmax; fp32 for tensors under " +
+                                      str(optim::kMinQuantNumel) + " values)"
+                                : m.optimizer_moments);
   line("parameters", str(m.flat_total) + " (flat_total; padded to " + str(m.flat_padded) + ", " +
                          str(static_cast<int64_t>(m.params.size())) + " tensors)");
   char scale[64];
@@ -408,8 +469,9 @@ std::vector<std::string> verify_checkpoint(const CheckpointManifest& m) {
       problems.push_back(what.rfind(path, 0) == 0 ? what : path + ": " + what);
     }
   };
+  const auto moment_layout = moment_layout_of(m);
   for (const auto& s : m.shards) {
-    contents(s.file, [&](const std::string& path) { check_shard_contents(path, s, &problems); });
+    contents(s.file, [&](const std::string& path) { check_shard_contents(path, s, m, moment_layout.get(), &problems); });
   }
   // Checkpoints of older versions also carry the model as a model file; when one is listed it is
   // checked like the shards (nothing reads it: weights come from the masters).

@@ -89,6 +89,8 @@ OptionList bind_options(Config& c) {
         "seconds without a finished step (a hung rank anywhere) before the job ends");
   o.add("memory.activation_checkpointing", &c.memory.activation_checkpointing, "none | full | every_k=K");
   o.add("memory.chunked_loss", &c.memory.chunked_loss, "true: head + loss in row chunks without the batch's logits");
+  o.add("memory.optimizer_moments", &c.memory.optimizer_moments,
+        "fp32 | 8bit: AdamW moments block-wise quantized to 8 bits (a quarter of the memory)");
   o.add("checkpoint.dir", &c.checkpoint.dir, "checkpoint directory");
   o.add("checkpoint.every", &c.checkpoint.every, "steps between checkpoints; 0 = off");
   o.add("checkpoint.keep", &c.checkpoint.keep, "checkpoints kept");
@@ -177,6 +179,7 @@ void Config::validate() const {
   require_one_of("parallel.offload", parallel.offload, {"none", "optimizer"});
   require(parallel.offload == "none" || precision.reduce_dtype != "fp16", "parallel.offload", parallel.offload,
           "takes fp32 or bf16 gradients (set precision.reduce_dtype = fp32)");
+  require_one_of("memory.optimizer_moments", memory.optimizer_moments, {"fp32", "8bit"});
   require(parallel.offload_threads >= 0, "parallel.offload_threads", parallel.offload_threads, "must be >= 0");
   require(parallel.timeout_s > 0, "parallel.timeout_s", parallel.timeout_s, "must be positive");
   require(parallel.step_timeout_s > 0, "parallel.step_timeout_s", parallel.step_timeout_s, "must be positive");

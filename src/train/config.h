@@ -59,6 +59,7 @@ struct ParallelConfig {
 struct MemoryConfig {
   std::string activation_checkpointing = "none";  // none | full | every_k=K
   bool chunked_loss = false;      // head + cross-entropy in row chunks, no batch logits (less memory, slower today)
+  std::string optimizer_moments = "fp32";  // fp32 | 8bit (block-wise quantized AdamW moments, optim/moment_layout.h)
 };
 
 struct CheckpointConfig {

@@ -141,12 +141,14 @@ optim::ShardedAdamW::Options optimizer_options(const Config& cfg, const parallel
   o.sharded = cfg.parallel.zero_stage >= 1;
   o.offload = cfg.parallel.offload == "optimizer";
   o.host_threads = static_cast<int>(cfg.parallel.offload_threads);
+  o.moments_8bit = cfg.memory.optimizer_moments == "8bit";
   if (o.offload) {
     if (o.host_threads == 0) {
       o.host_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / env.local_size());
     }
     const int64_t shard = o.sharded ? layout.shard_size() : layout.padded;
-    check_offload_fits(optim::ShardedAdamW::host_bytes_for(shard, precision.compute, precision.grads), env.local_size());
+    check_offload_fits(optim::ShardedAdamW::host_bytes_for(shard, precision.compute, precision.grads, o.moments_8bit),
+                      env.local_size());
   }
   return o;
 }
@@ -292,7 +294,8 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   // parameters become views into one flat buffer whose shards the optimizer owns.
   std::vector<torch::Tensor> params = model->parameters();
   const auto comm = parallel::make_communicator(env.comm(), device, cfg.parallel.backend, cfg.parallel.timeout_s);
-  const parallel::FlatLayout layout(params, world);
+  // 8-bit moments: every shard is whole quantization blocks (Note [Moment blocks]).
+  const parallel::FlatLayout layout(params, world, cfg.memory.optimizer_moments == "8bit" ? optim::kQuantBlock : 1);
   parallel::GradBuckets buckets(params, layout, static_cast<int64_t>(cfg.parallel.bucket_mb * (1 << 20)), *comm,
                                 /*reduce_to_owners=*/cfg.parallel.zero_stage == 2, precision.grads);
   const auto opt_options = optimizer_options(cfg, env, layout, precision);

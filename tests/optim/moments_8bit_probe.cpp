@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   for (bool is_signed : {true, false}) put(gpt2::optim::dynamic_map(is_signed).data(), 256 * sizeof(float));
   const int64_t blocks = (n + gpt2::optim::kQuantBlock - 1) / gpt2::optim::kQuantBlock;
   for (bool is_signed : {true, false}) {
-    const auto& map = gpt2::optim::dynamic_map(is_signed);
+    const auto& map = gpt2::optim::quant_table(is_signed);
     std::vector<uint8_t> codes(static_cast<size_t>(n));
     std::vector<float> absmax(static_cast<size_t>(blocks)), back(static_cast<size_t>(n));
     gpt2::optim::quantize_blocks(map, x.data(), n, codes.data(), absmax.data());

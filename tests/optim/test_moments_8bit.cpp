@@ -9,9 +9,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
+#include "optim/moment_layout.h"
 #include "optim/moments_8bit.h"
 #include "tests/optim/bf16_grads.h"
 
@@ -19,6 +22,18 @@ namespace gpt2::optim {
 namespace {
 
 bool contains(const QuantMap& m, float v) { return std::find(m.begin(), m.end(), v) != m.end(); }
+
+// cpu_adamw_update_8bit over one contiguous 8-bit parameter of n values (weight decay applies).
+void update_contiguous(const CpuAdamWStep& s, int64_t n, float* param, uint8_t* mc, float* ma, uint8_t* vc, float* va,
+                       const void* grad, HostGradType type, uint16_t* out) {
+  const auto blocks = contiguous_blocks(n, /*weight_decay=*/true);
+  MomentBuffers mb;
+  mb.exp_avg_codes = mc;
+  mb.exp_avg_absmax = ma;
+  mb.exp_avg_sq_codes = vc;
+  mb.exp_avg_sq_absmax = va;
+  cpu_adamw_update_8bit(s, blocks.data(), static_cast<int64_t>(blocks.size()), param, mb, grad, type, out);
+}
 
 TEST(Moments8bit, MapsHoldTheirHandComputedEntries) {
   const auto& s = dynamic_map(true);
@@ -89,8 +104,8 @@ TEST(Moments8bit, RoundTripErrorIsAtMostHalfTheLocalGap) {
     const auto x = moment_like(n, is_signed, 7);
     std::vector<uint8_t> codes(n);
     std::vector<float> absmax(4), back(n);
-    quantize_blocks(m, x.data(), n, codes.data(), absmax.data());
-    dequantize_blocks(m, codes.data(), absmax.data(), n, back.data());
+    quantize_blocks(quant_table(is_signed), x.data(), n, codes.data(), absmax.data());
+    dequantize_blocks(quant_table(is_signed), codes.data(), absmax.data(), n, back.data());
     for (int64_t i = 0; i < n; ++i) {
       const int c = codes[i];
       const float a = absmax[i / kQuantBlock];
@@ -100,6 +115,58 @@ TEST(Moments8bit, RoundTripErrorIsAtMostHalfTheLocalGap) {
     EXPECT_EQ(absmax[3], std::abs(*std::max_element(x.begin() + 3 * kQuantBlock, x.end(), [](float p, float q) {
       return std::abs(p) < std::abs(q);
     }))) << "the short last block's absmax";
+  }
+}
+
+// Note [Quantizer buckets]: the bucketed search gives quantize_value's code for every map entry,
+// every midpoint and the floats on either side of it, both edges of every bucket for both signs,
+// special values, and 4 million random values over 40 decades; each bucket spans at most 2 entries.
+TEST(Moments8bit, BucketedSearchEqualsTheBinarySearch) {
+  for (bool is_signed : {true, false}) {
+    SCOPED_TRACE(is_signed ? "signed map" : "unsigned map");
+    const QuantMap& m = dynamic_map(is_signed);
+    const QuantTable& t = quant_table(is_signed);
+    int widest = 0;
+    for (int sign = 0; sign < 2; ++sign) {
+      for (int b = 0; b < kNumBuckets; ++b) widest = std::max(widest, static_cast<int>(t.span[sign][b]));
+    }
+    EXPECT_LE(widest, 2);
+    std::vector<float> xs = {0.0f, -0.0f, 1.0f, -1.0f, 2.0f, -2.0f, 1e-30f, -1e-30f, 1e-45f, 5e-8f, -5e-7f,
+                             std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                             std::numeric_limits<float>::max(), std::nanf("")};
+    for (int i = 0; i < 256; ++i) {
+      xs.push_back(m[i]);
+      if (i + 1 < 256) {
+        const float mid = static_cast<float>((static_cast<double>(m[i]) + m[i + 1]) / 2);
+        for (float x : {mid, std::nextafter(mid, -2.0f), std::nextafter(mid, 2.0f)}) xs.push_back(x);
+      }
+    }
+    for (uint32_t e = 0; e < 256; ++e) {  // both edges of every bucket, every exponent, both signs
+      for (uint32_t f = 0; f < (1u << kBucketMantissaBits); ++f) {
+        const uint32_t first = (e << 23) | (f << (23 - kBucketMantissaBits));
+        for (uint32_t u : {first, first - 1, first | 1u}) {
+          for (uint32_t sign : {0u, 0x80000000u}) {
+            float x;
+            const uint32_t bits = (u & 0x7FFFFFFFu) | sign;
+            std::memcpy(&x, &bits, 4);
+            xs.push_back(x);
+          }
+        }
+      }
+    }
+    std::mt19937 gen(17);
+    std::uniform_real_distribution<double> exponent(-40.0, 0.1);
+    for (int i = 0; i < 4000000; ++i) {
+      const double mag = std::pow(10.0, exponent(gen));
+      xs.push_back(static_cast<float>((gen() & 1) ? mag : -mag));
+    }
+    int64_t differ = 0;
+    for (float x : xs) {
+      if (quantize_with(t, x) != quantize_value(m, x) && ++differ <= 5) {
+        ADD_FAILURE() << "x = " << x << ": bucketed " << int(quantize_with(t, x)) << ", binary search " << int(quantize_value(m, x));
+      }
+    }
+    EXPECT_EQ(differ, 0) << "of " << xs.size();
   }
 }
 
@@ -126,8 +193,8 @@ TEST(Moments8bit, UpdateEqualsAFloat64ReferenceOfTheSameAlgorithm) {
   std::vector<uint8_t> mc(n), vc(n);
   std::vector<float> ma(blocks), va(blocks);
   const auto m0 = moment_like(n, true, 3), v0 = moment_like(n, false, 4);
-  quantize_blocks(sm, m0.data(), n, mc.data(), ma.data());
-  quantize_blocks(um, v0.data(), n, vc.data(), va.data());
+  quantize_blocks(quant_table(true), m0.data(), n, mc.data(), ma.data());
+  quantize_blocks(quant_table(false), v0.data(), n, vc.data(), va.data());
 
   CpuAdamWStep s;
   s.lr = 1e-3;
@@ -145,8 +212,8 @@ TEST(Moments8bit, UpdateEqualsAFloat64ReferenceOfTheSameAlgorithm) {
     const double p = param[i] * (1 - s.lr * s.weight_decay);
     p_ref[i] = p - s.lr / bc1 * m_ref[i] / (std::sqrt(v_ref[i]) / std::sqrt(bc2) + s.eps);
   }
-  cpu_adamw_update_8bit(s, n, param.data(), {mc.data(), ma.data()}, {vc.data(), va.data()}, grad.data(),
-                        HostGradType::kFloat32, nullptr);
+  update_contiguous(s, n, param.data(), mc.data(), ma.data(), vc.data(), va.data(), grad.data(), HostGradType::kFloat32,
+                    nullptr);
 
   double worst = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -189,16 +256,16 @@ TEST(Moments8bit, Bf16GradientAndCopyMatchTheFp32Path) {
   std::vector<float> ma[2], va[2];
   for (int k = 0; k < 2; ++k) {
     mc[k].resize(n), vc[k].resize(n), ma[k].resize(2), va[k].resize(2);
-    quantize_blocks(sm, moment_like(n, true, 8).data(), n, mc[k].data(), ma[k].data());
-    quantize_blocks(um, moment_like(n, false, 9).data(), n, vc[k].data(), va[k].data());
+    quantize_blocks(quant_table(true), moment_like(n, true, 8).data(), n, mc[k].data(), ma[k].data());
+    quantize_blocks(quant_table(false), moment_like(n, false, 9).data(), n, vc[k].data(), va[k].data());
   }
   CpuAdamWStep s;
   s.lr = 3e-4;
   s.step = 2;
-  cpu_adamw_update_8bit(s, n, p[0].data(), {mc[0].data(), ma[0].data()}, {vc[0].data(), va[0].data()}, grad.data(),
-                        HostGradType::kFloat32, nullptr);
-  cpu_adamw_update_8bit(s, n, p[1].data(), {mc[1].data(), ma[1].data()}, {vc[1].data(), va[1].data()},
-                        grad_bf16.data(), HostGradType::kBFloat16, out.data());
+  update_contiguous(s, n, p[0].data(), mc[0].data(), ma[0].data(), vc[0].data(), va[0].data(), grad.data(),
+                    HostGradType::kFloat32, nullptr);
+  update_contiguous(s, n, p[1].data(), mc[1].data(), ma[1].data(), vc[1].data(), va[1].data(), grad_bf16.data(),
+                    HostGradType::kBFloat16, out.data());
   EXPECT_EQ(p[0], p[1]);
   EXPECT_EQ(mc[0], mc[1]);
   EXPECT_EQ(vc[0], vc[1]);
@@ -208,6 +275,93 @@ TEST(Moments8bit, Bf16GradientAndCopyMatchTheFp32Path) {
     std::memcpy(&u, &p[1][i], 4);
     ASSERT_LE(std::abs(static_cast<int>(out[i]) - static_cast<int>(u >> 16)), 1) << "bf16 copy of " << i;
   }
+}
+
+// Note [Moment blocks] by hand: A = [0, 5000) 8-bit with decay, B = [5000, 5100) fp32,
+// C = [5100, 9196) 8-bit (exactly kMinQuantNumel values) without decay.
+TEST(MomentLayout, CutsTheGridAtParameterBoundaries) {
+  const MomentLayout layout({{5100, 4096, false}, {0, 5000, true}, {5000, 100, false}});  // any order
+  const auto all = layout.blocks(0, 9196);
+  const std::vector<std::vector<int64_t>> want = {
+      // begin, state, len, quantized, weight_decay
+      {0, 0, 2048, 1, 1},    {2048, 1, 2048, 1, 1}, {4096, 2, 904, 1, 1}, {5000, 0, 100, 0, 0},
+      {5100, 3, 1044, 1, 0}, {6144, 4, 2048, 1, 0}, {8192, 5, 1004, 1, 0}};
+  ASSERT_EQ(all.size(), want.size());
+  for (size_t k = 0; k < all.size(); ++k) {
+    const auto& b = all[k];
+    EXPECT_EQ((std::vector<int64_t>{b.begin, b.state, b.len, b.quantized, b.weight_decay}), want[k]) << "block " << k;
+  }
+  EXPECT_EQ(layout.num_absmax(), 6);
+  EXPECT_EQ(layout.num_fp32(), 100);
+  EXPECT_EQ(layout.absmax_before(6144), 4);
+  EXPECT_EQ(layout.fp32_before(6144), 100);
+  EXPECT_EQ(layout.fp32_before(4096), 0);
+  EXPECT_EQ(layout.absmax_before(10240), 6) << "past the last parameter (padding)";
+  EXPECT_THROW(layout.absmax_before(5000), std::logic_error) << "off the grid";
+  EXPECT_EQ(layout.absmax_block(4).begin, 6144);
+  EXPECT_EQ(layout.absmax_block(2).len, 904);
+  EXPECT_THROW(layout.absmax_block(6), std::out_of_range);
+  // A range on the grid: positions and state indices relative to it.
+  const auto part = layout.blocks(4096, 8192);
+  ASSERT_EQ(part.size(), 4u);
+  EXPECT_EQ(part[0].begin, 0);
+  EXPECT_EQ(part[0].state, 0);  // absmax 2, less the 2 before 4096
+  EXPECT_EQ(part[1].begin, 904);
+  EXPECT_EQ(part[1].state, 0);  // the first fp32 value of the range
+  EXPECT_EQ(part[3].begin, 2048);
+  EXPECT_EQ(part[3].state, 2);
+}
+
+// The update over a layout's blocks (8-bit and fp32 moments, with and without decay) is, block by
+// block, dequantize -> the fp32 AdamW of cpu_adamw_update -> quantize: the same bits as running the
+// fp32 path over the dense dequantized moments (each parameter with its own weight decay) and
+// quantizing the result with quantize_moments. Checks the block bookkeeping; the arithmetic is
+// checked against float64 above.
+TEST(MomentLayout, UpdateOverMixedBlocksIsTheFp32PathBetweenDequantizeAndQuantize) {
+  const int64_t a = 3 * kQuantBlock + 515, b = 700, c = 2 * kQuantBlock + 100, d = 3000, n = a + b + c + d;
+  const std::vector<MomentLayout::Param> params = {{0, a, true}, {a, b, false}, {a + b, c, false}, {a + b + c, d, true}};
+  const MomentLayout layout(params);
+  const auto blocks = layout.blocks(0, n);
+  std::vector<uint8_t> mc(n), vc(n);
+  std::vector<float> ma(layout.num_absmax()), va(ma.size()), m32(layout.num_fp32()), v32(m32.size());
+  MomentBuffers mb;
+  mb.exp_avg_codes = mc.data(), mb.exp_avg_sq_codes = vc.data(), mb.exp_avg_absmax = ma.data();
+  mb.exp_avg_sq_absmax = va.data(), mb.exp_avg = m32.data(), mb.exp_avg_sq = v32.data();
+  const auto m0 = moment_like(n, true, 11), v0 = moment_like(n, false, 12), grad = moment_like(n, true, 13);
+  quantize_moments(layout, 0, n, m0.data(), v0.data(), mb);
+  // The reference: dense dequantized moments, the fp32 update per parameter, quantized.
+  std::vector<float> m(n), v(n), p_ref = moment_like(n, true, 14);
+  auto p = p_ref;
+  dequantize_moments(layout, 0, n, mb, m.data(), v.data());
+  CpuAdamWStep s;
+  s.lr = 1e-3;
+  s.weight_decay = 0.1;
+  s.step = 4;
+  for (const auto& q : params) {
+    CpuAdamWStep sq = s;
+    sq.weight_decay = q.weight_decay ? s.weight_decay : 0.0;
+    cpu_adamw_update(sq, q.numel, p_ref.data() + q.offset, m.data() + q.offset, v.data() + q.offset,
+                     grad.data() + q.offset, HostGradType::kFloat32, nullptr);
+  }
+  std::vector<uint8_t> mc_ref(n), vc_ref(n);
+  std::vector<float> ma_ref(ma.size()), va_ref(ma.size()), m32_ref(m32.size()), v32_ref(m32.size());
+  MomentBuffers ref;
+  ref.exp_avg_codes = mc_ref.data(), ref.exp_avg_sq_codes = vc_ref.data(), ref.exp_avg_absmax = ma_ref.data();
+  ref.exp_avg_sq_absmax = va_ref.data(), ref.exp_avg = m32_ref.data(), ref.exp_avg_sq = v32_ref.data();
+  quantize_moments(layout, 0, n, m.data(), v.data(), ref);
+
+  cpu_adamw_update_8bit(s, blocks.data(), static_cast<int64_t>(blocks.size()), p.data(), mb, grad.data(),
+                        HostGradType::kFloat32, nullptr);
+  EXPECT_EQ(p, p_ref);
+  EXPECT_EQ(mc, mc_ref);
+  EXPECT_EQ(vc, vc_ref);
+  EXPECT_EQ(ma, ma_ref);
+  EXPECT_EQ(va, va_ref);
+  EXPECT_EQ(m32, m32_ref);
+  EXPECT_EQ(v32, v32_ref);
+  // The fp32 moments are the small parameters' values exactly (b, then d), not quantized.
+  EXPECT_EQ(m32_ref[0], m[a]);
+  EXPECT_EQ(m32_ref[b], m[a + b + c]);
 }
 
 }  // namespace

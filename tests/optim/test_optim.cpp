@@ -173,7 +173,7 @@ TEST(ShardedAdamW, OffloadMatchesTheDevicePath) {
     ShardedAdamW host_opt(offloaded, layout, grads, one, options);
     EXPECT_EQ(host_opt.state_bytes(), 0);
     EXPECT_EQ(host_opt.host_state_bytes(),
-              ShardedAdamW::host_bytes_for(layout.padded, dtype, dtype));
+              ShardedAdamW::host_bytes_for(layout.padded, dtype, dtype, false));
     for (int step = 0; step < 5; ++step) {
       grads.copy_(torch::randn({layout.padded}) * 0.1);
       device_opt.step(2e-2);

@@ -8,14 +8,23 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <string>
+#include <tuple>
 
+#include "optim/loss_scaler.h"
+#include "optim/sharded_adamw.h"
+#include "parallel/communicator.h"
+#include "parallel/flat_layout.h"
+#include "src/base/crc32c.h"
 #include "src/base/files.h"
 #include "src/base/json.h"
 #include "src/io/checkpoint.h"
+#include "src/io/h5_io.h"
 #include "src/io/model_weights.h"
 #include "src/train/trainer.h"
 #include "tests/parallel/training_fixtures.h"
@@ -347,6 +356,181 @@ TEST(Checkpoint, DamagedFilesAreRefusedOnEveryRankByName) {
   c.checkpoint.every = 0;
   c.checkpoint.resume = "auto";
   EXPECT_EQ(train(c, world).start_step, 4);
+}
+
+// ---- 8-bit moments (memory.optimizer_moments = 8bit) --------------------------------------------
+
+Config eight_bit(Config cfg) {
+  cfg.model.n_embd = 64;  // most tensors over 4096 values: 8-bit moments
+  cfg.memory.optimizer_moments = "8bit";
+  cfg.validate();
+  return cfg;
+}
+
+// Loads checkpoint `from` on `env` into an optimizer with 8-bit or fp32 moments (ZeRO `stage`) and
+// saves it unchanged under `to_root`: a conversion between the formats, or a copy. Returns the
+// optimizer state of the whole flat space when env has one rank (ZeRO 0), else an empty one;
+// `moment_layout`, when given, gets the optimizer's moment layout.
+optim::ShardedAdamW::ShardState load_and_save(const Config& cfg, const std::string& from, const std::string& to_root,
+                                              const parallel::RankEnv& env, int64_t stage, bool moments_8bit,
+                                              std::unique_ptr<optim::MomentLayout>* moment_layout = nullptr) {
+  GPT2 model(cfg.model);
+  const auto params = model->parameters();
+  const parallel::FlatLayout layout(params, env.world_size(), moments_8bit ? optim::kQuantBlock : 1);
+  const auto comm = parallel::make_communicator(env.comm(), torch::kCPU, "mpi", 60);
+  const auto grads = torch::zeros({layout.padded});
+  optim::ShardedAdamW::Options o;
+  o.sharded = stage >= 1;
+  o.moments_8bit = moments_8bit;
+  optim::ShardedAdamW optimizer(params, layout, grads, *comm, o);
+  optim::LossScaler scaler(false, torch::kCPU);
+  const int64_t step = resume_checkpoint(from, model, stage, env, layout, optimizer, scaler);
+  if (!to_root.empty()) {
+    CheckpointSettings settings;
+    settings.dir = to_root;
+    settings.zero_stage = stage;
+    settings.config = cfg.table();
+    CheckpointWriter writer(settings, env);
+    writer.save(step, model, layout, optimizer, scaler, /*async=*/false);
+  }
+  if (moment_layout != nullptr) *moment_layout = std::make_unique<optim::MomentLayout>(optimizer.moment_layout());
+  return env.world_size() == 1 ? optimizer.state() : optim::ShardedAdamW::ShardState{};
+}
+
+TEST(Checkpoint, EightBitResumeIsBitwiseForZeroStagesAndOffload) {
+  SharedTokenFile data;
+  const parallel::RankEnv world(MPI_COMM_WORLD);
+  quiet_logs(world);
+  const struct {
+    int64_t zero;
+    const char* offload;
+  } modes[] = {{0, "none"}, {2, "none"}, {1, "optimizer"}};
+  for (const auto& mode : modes) {
+    SCOPED_TRACE("8-bit moments, ZeRO " + std::to_string(mode.zero) + ", offload " + mode.offload);
+    SharedDir dir;
+    auto cfg = eight_bit(tiny_config(data.path(), 2 * 2 * 16 * world_size(), 0.01));
+    cfg.parallel.zero_stage = mode.zero;
+    cfg.parallel.offload = mode.offload;
+    cfg.parallel.offload_threads = 2;
+    cfg.checkpoint.dir = dir.file("ckpt");
+    cfg.checkpoint.every = 10;
+    TrainResult straight = train(cfg, world);
+    auto resumed_cfg = cfg;
+    resumed_cfg.checkpoint.every = 0;
+    resumed_cfg.checkpoint.resume = dir.file("ckpt/step_0000010");
+    TrainResult resumed = train(resumed_cfg, world);
+    ASSERT_EQ(resumed.start_step, 10);
+    ASSERT_EQ(resumed.losses.size(), 20u);
+    for (size_t s = 10; s < 20; ++s) EXPECT_EQ(resumed.losses[s], straight.losses[s]) << "step " << s;
+    expect_params_bitwise_equal(resumed.model, straight.model);
+  }
+}
+
+// An 8-bit checkpoint (2+ ranks, ZeRO 1) resumed with fp32 moments (ZeRO 2; on 3 ranks the shards
+// are not on the quantization grid) holds the dequantized moments; that fp32 checkpoint resumed with
+// 8-bit moments again gives back the first one's codes and scales exactly (a dequantized block
+// quantizes to its own codes). Both loads log a line saying they convert.
+TEST(Checkpoint, MomentFormatsConvertBothWaysOnAnyWorldSize) {
+  SharedTokenFile data;
+  SharedDir dir;
+  const parallel::RankEnv world(MPI_COMM_WORLD);
+  quiet_logs(world);
+  auto cfg = eight_bit(tiny_config(data.path(), 2 * 16 * world_size(), 0.01));
+  cfg.train.max_steps = 10;
+  cfg.parallel.zero_stage = 1;
+  cfg.checkpoint.dir = dir.file("a");
+  cfg.checkpoint.every = 10;
+  train(cfg, world);
+  const std::string a = dir.file("a/step_0000010"), b = dir.file("b/step_0000010"), c = dir.file("c/step_0000010");
+  load_and_save(cfg, a, dir.file("b"), world, /*stage=*/2, /*moments_8bit=*/false);
+  load_and_save(cfg, b, dir.file("c"), world, /*stage=*/0, /*moments_8bit=*/true);
+  EXPECT_EQ(CheckpointManifest::read(a).optimizer_moments, "8bit");
+  EXPECT_EQ(CheckpointManifest::read(b).optimizer_moments, "fp32");
+  EXPECT_EQ(CheckpointManifest::read(c).optimizer_moments, "8bit");
+  if (world_rank() == 0) {
+    const parallel::RankEnv self(MPI_COMM_SELF);
+    std::unique_ptr<optim::MomentLayout> ml;
+    const auto sa = load_and_save(cfg, a, "", self, 0, true, &ml), sc = load_and_save(cfg, c, "", self, 0, true);
+    for (auto [name, x, y] : {std::tuple{"master", &sa.master, &sc.master},
+                              {"exp_avg_codes", &sa.exp_avg_codes, &sc.exp_avg_codes},
+                              {"exp_avg_sq_codes", &sa.exp_avg_sq_codes, &sc.exp_avg_sq_codes},
+                              {"exp_avg_absmax", &sa.exp_avg_absmax, &sc.exp_avg_absmax},
+                              {"exp_avg_sq_absmax", &sa.exp_avg_sq_absmax, &sc.exp_avg_sq_absmax},
+                              {"exp_avg (fp32 part)", &sa.exp_avg, &sc.exp_avg},
+                              {"exp_avg_sq (fp32 part)", &sa.exp_avg_sq, &sc.exp_avg_sq}}) {
+      EXPECT_TRUE(torch::equal(*x, *y)) << name << ": 8-bit -> fp32 -> 8-bit";
+    }
+    EXPECT_GT(sa.exp_avg_absmax.max().item<float>(), 0.0f) << "the moments were trained";
+    // The fp32 checkpoint holds the dequantized 8-bit moments of the first.
+    const int64_t n = sa.master.numel();  // the flat space, padded
+    const CheckpointManifest mb = CheckpointManifest::read(b);
+    auto m = torch::zeros({n}), v = torch::zeros({n});
+    optim::MomentBuffers buffers;
+    auto sa_copy = sa;
+    buffers.exp_avg_codes = sa_copy.exp_avg_codes.data_ptr<uint8_t>();
+    buffers.exp_avg_sq_codes = sa_copy.exp_avg_sq_codes.data_ptr<uint8_t>();
+    buffers.exp_avg_absmax = sa_copy.exp_avg_absmax.data_ptr<float>();
+    buffers.exp_avg_sq_absmax = sa_copy.exp_avg_sq_absmax.data_ptr<float>();
+    buffers.exp_avg = sa_copy.exp_avg.data_ptr<float>();
+    buffers.exp_avg_sq = sa_copy.exp_avg_sq.data_ptr<float>();
+    optim::dequantize_moments(*ml, 0, n, buffers, m.data_ptr<float>(), v.data_ptr<float>());
+    for (auto [name, want] : {std::pair{"exp_avg", &m}, {"exp_avg_sq", &v}}) {
+      auto got = torch::zeros({mb.flat_total});
+      read_flat_range(mb, name, 0, mb.flat_total, got.data_ptr<float>());
+      EXPECT_TRUE(torch::equal(got, want->narrow(0, 0, mb.flat_total))) << name << ": 8-bit -> fp32";
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// A scale of an 8-bit block that is not a finite non-negative number (here NaN, in a shard whose
+// checksum the manifest was made to agree with) is refused on every rank, naming the file, the
+// dataset, the index and the block's flat elements; nothing is loaded.
+TEST(Checkpoint, DamagedEightBitScaleIsRefusedOnEveryRankByName) {
+  SharedTokenFile data;
+  SharedDir dir;
+  const parallel::RankEnv world(MPI_COMM_WORLD);
+  quiet_logs(world);
+  auto cfg = eight_bit(tiny_config(data.path(), 2 * 16 * world_size(), 0.01));
+  cfg.train.max_steps = 4;
+  cfg.parallel.zero_stage = 1;
+  cfg.checkpoint.dir = dir.file("ckpt");
+  cfg.checkpoint.every = 4;
+  train(cfg, world);
+  const std::string ckpt = dir.file("ckpt/step_0000004");
+  const std::string shard = files::join(ckpt, "optim_r00001.h5");
+  if (world_rank() == 0) {
+    {
+      h5::H5Id file(H5Fopen(shard.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+      h5::H5Id dset(H5Dopen2(file.get(), "exp_avg_sq_absmax", H5P_DEFAULT), H5Dclose);
+      h5::H5Id space(H5Dget_space(dset.get()), H5Sclose);
+      const hsize_t start[1] = {3}, count[1] = {1};
+      H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start, nullptr, count, nullptr);
+      h5::H5Id mem(H5Screate_simple(1, count, nullptr), H5Sclose);
+      const float nan = std::nanf("");
+      ASSERT_GE(H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), H5P_DEFAULT, &nan), 0);
+    }
+    CheckpointManifest m = CheckpointManifest::read(ckpt);  // the checksum agrees: only the scale is wrong
+    for (auto& f : m.files) {
+      if (f.name == "optim_r00001.h5") f.crc32c = crc32c_hex(crc32c_file(shard, &f.bytes));
+    }
+    test::write_file(files::join(ckpt, "manifest.json"), json::dump(m.to_json()) + "\n");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  for (const char* moments : {"8bit", "fp32"}) {
+    SCOPED_TRACE(std::string("resumed with ") + moments + " moments");
+    auto c = cfg;
+    c.memory.optimizer_moments = moments;
+    c.checkpoint.every = 0;
+    c.checkpoint.resume = ckpt;
+    c.train.max_steps = 6;
+    const std::string err = test::user_error([&] { train(c, world); });
+    EXPECT_NE(err.find(shard + ": /exp_avg_sq_absmax[3], the scale of the 8-bit block of flat elements ["),
+              std::string::npos)
+        << err;
+    EXPECT_NE(err.find("is not a finite non-negative number"), std::string::npos) << err;
+    EXPECT_NE(err.find("nothing was loaded"), std::string::npos) << err;
+  }
 }
 
 }  // namespace

@@ -4,7 +4,8 @@ inspect names the step and world size, verify passes, and consolidate's weights 
 independent numpy reassembly of the shards' fp32 masters; file sizes and CRC-32Cs are checked
 against a pure-Python CRC-32C. gpt2-generate, gpt2-eval and export-hf give the same result from the
 checkpoint as from its consolidated model file, and a second identical run writes the same shard
-tensors. An old-style checkpoint (one that lists a model.h5, as writers before this one did) still
+tensors. A run with 8-bit moments writes shards whose datasets match block counts computed here,
+inspect shows the format, and verify names a bad scale. An old-style checkpoint (one that lists a model.h5, as writers before this one did) still
 verifies, loads, and has its model.h5 checked. Damage (a flipped byte, a truncation, a missing
 manifest, HDF5 contents that disagree with the manifest) must give exit 1 (2 when it is no
 checkpoint) naming the file, and consolidate must write nothing.
@@ -256,6 +257,50 @@ with tempfile.TemporaryDirectory() as tmp:
     mg["shards"][1]["begin"] += 8
     json.dump(mg, open(os.path.join(gap, "manifest.json"), "w"))
     expect_damage(gap, ["in no shard", "optim_r00001.h5: attribute begin"], "a gap between the shards")
+
+    # ---- 8-bit moments: inspect names the format, verify checks the datasets against block counts
+    # computed here from the manifest's parameters (the 2048-element grid cut at parameter
+    # boundaries; tensors under 4096 values keep fp32 moments), and a bad scale is damage.
+    root8 = os.path.join(tmp, "ckpt8")
+    args8 = [a for a in args if not a.startswith(("--checkpoint.dir", "--model.n_embd"))] + \
+        [f"--checkpoint.dir={root8}", "--model.n_embd=64", "--memory.optimizer_moments=8bit"]
+    p = subprocess.run(mpi + [TRAIN] + args8, capture_output=True, text=True, errors="replace", timeout=300, cwd=SRC)
+    d8 = os.path.join(root8, "step_0000005")
+    check(p.returncode == 0 and os.path.isdir(d8), f"2 ranks train 5 steps with 8-bit moments (rc={p.returncode})")
+    if p.returncode != 0: print((p.stdout + p.stderr)[-3000:])
+    rc, out = ckpt(["inspect", d8])
+    check(rc == 0 and "optimizer moments: 8bit" in out, f"inspect shows 'optimizer moments: 8bit' (rc={rc})")
+    rc, out = ckpt(["inspect", d])
+    check(rc == 0 and "optimizer moments: fp32" in out, "and 'optimizer moments: fp32' for the fp32 checkpoint")
+    rc, out = ckpt(["verify", d8])
+    check(rc == 0 and out.startswith("OK "), f"verify passes the 8-bit checkpoint (rc={rc}): {out.strip()[:300]}")
+    m8 = json.load(open(os.path.join(d8, "manifest.json")))
+    blocks = []  # (begin, quantized, length) in flat order
+    for q in sorted(m8["params"], key=lambda q: q["offset"]):
+        pos, stop = q["offset"], q["offset"] + q["numel"]
+        while pos < stop:
+            ln = min((pos // 2048 + 1) * 2048, stop) - pos
+            blocks.append((pos, q["numel"] >= 4096, ln))
+            pos += ln
+    sizes_ok = m8["optimizer_moments"] == "8bit"
+    for s in m8["shards"]:
+        inside = [b for b in blocks if s["begin"] <= b[0] < s["end"]]
+        with h5py.File(os.path.join(d8, s["file"]), "r") as f:
+            want = {"master": s["end"] - s["begin"], "exp_avg_codes": s["end"] - s["begin"],
+                    "exp_avg_absmax": sum(1 for b in inside if b[1]),
+                    "exp_avg_sq_fp32": sum(b[2] for b in inside if not b[1])}
+            got = {k: f[k].shape[0] for k in want}
+            sizes_ok = sizes_ok and got == want and f["exp_avg_codes"].dtype == np.uint8 and s["begin"] % 2048 == 0
+            sizes_ok = sizes_ok and bool((f["exp_avg_sq_absmax"][...] >= 0).all()) and want["exp_avg_absmax"] > 0
+    check(sizes_ok, "each 8-bit shard holds codes per element, an absmax per 8-bit block and fp32 moments per "
+          "small-tensor element, as computed from the manifest")
+    bad_scale = os.path.join(tmp, "bad_scale")
+    shutil.copytree(d8, bad_scale)
+    with h5py.File(os.path.join(bad_scale, "optim_r00001.h5"), "r+") as f:
+        f["exp_avg_absmax"][1] = -1.0
+    reseal(bad_scale, "optim_r00001.h5")
+    expect_damage(bad_scale, ["optim_r00001.h5: /exp_avg_absmax[1] = -1, the scale of the 8-bit block of flat elements",
+                              "is not a finite non-negative number"], "a negative 8-bit scale")
 
     # ---- usage errors: exit 2 naming the argument
     for a, needle in [([], "no command"), (["frobnicate", d], "frobnicate"), (["verify"], "PATH"),
