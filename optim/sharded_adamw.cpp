@@ -26,6 +26,18 @@ std::vector<MomentLayout::Param> moment_params(const std::vector<torch::Tensor>&
   return out;
 }
 
+MomentBuffers buffers_of(const at::Tensor& m_codes, const at::Tensor& v_codes, const at::Tensor& m_absmax,
+                         const at::Tensor& v_absmax, const at::Tensor& m32, const at::Tensor& v32) {
+  MomentBuffers mb;
+  mb.exp_avg_codes = m_codes.data_ptr<uint8_t>();
+  mb.exp_avg_sq_codes = v_codes.data_ptr<uint8_t>();
+  mb.exp_avg_absmax = m_absmax.data_ptr<float>();
+  mb.exp_avg_sq_absmax = v_absmax.data_ptr<float>();
+  mb.exp_avg = m32.data_ptr<float>();
+  mb.exp_avg_sq = v32.data_ptr<float>();
+  return mb;
+}
+
 HostGradType host_grad_type(at::ScalarType t) {
   return t == at::kFloat ? HostGradType::kFloat32 : HostGradType::kBFloat16;
 }
@@ -167,14 +179,11 @@ CpuAdamWStep ShardedAdamW::host_step(double lr) const {
 }
 
 MomentBuffers ShardedAdamW::moment_buffers() const {
-  MomentBuffers mb;
-  mb.exp_avg_codes = codes_m_.data_ptr<uint8_t>();
-  mb.exp_avg_sq_codes = codes_v_.data_ptr<uint8_t>();
-  mb.exp_avg_absmax = absmax_m_.data_ptr<float>();
-  mb.exp_avg_sq_absmax = absmax_v_.data_ptr<float>();
-  mb.exp_avg = m32_.data_ptr<float>();
-  mb.exp_avg_sq = v32_.data_ptr<float>();
-  return mb;
+  return buffers_of(codes_m_, codes_v_, absmax_m_, absmax_v_, m32_, v32_);
+}
+
+MomentBuffers ShardedAdamW::ShardState::moment_buffers() const {
+  return buffers_of(exp_avg_codes, exp_avg_sq_codes, exp_avg_absmax, exp_avg_sq_absmax, exp_avg, exp_avg_sq);
 }
 
 // 8-bit moments on the parameters' device: one pass over the shard's blocks that reads the

@@ -78,6 +78,7 @@ class ShardedAdamW {
     torch::Tensor master, exp_avg, exp_avg_sq;
     torch::Tensor exp_avg_codes, exp_avg_sq_codes, exp_avg_absmax, exp_avg_sq_absmax;  // 8-bit only
     int64_t adam_step = 0;
+    MomentBuffers moment_buffers() const;  // 8-bit: pointers into the tensors above (CPU)
   };
   ShardState state() const;
   // The state of the flat range [begin, end) inside this rank's (on the kQuantBlock grid with 8-bit

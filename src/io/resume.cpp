@@ -212,17 +212,6 @@ void read_8bit_moments(const CheckpointManifest& m, const optim::MomentLayout& m
                   "), is not a finite non-negative number");
 }
 
-optim::MomentBuffers buffers_of(const optim::ShardedAdamW::ShardState& s) {
-  optim::MomentBuffers b;
-  b.exp_avg_codes = s.exp_avg_codes.data_ptr<uint8_t>();
-  b.exp_avg_sq_codes = s.exp_avg_sq_codes.data_ptr<uint8_t>();
-  b.exp_avg_absmax = s.exp_avg_absmax.data_ptr<float>();
-  b.exp_avg_sq_absmax = s.exp_avg_sq_absmax.data_ptr<float>();
-  b.exp_avg = s.exp_avg.data_ptr<float>();
-  b.exp_avg_sq = s.exp_avg_sq.data_ptr<float>();
-  return b;
-}
-
 // This rank's range [begin, end) of the checkpoint's state, in the optimizer's moment format:
 // read as saved, or converted (fp32 moments quantized, 8-bit ones dequantized) with a logged line.
 optim::ShardedAdamW::ShardState read_shard_state(const CheckpointManifest& m, const optim::ShardedAdamW& optimizer,
@@ -265,7 +254,7 @@ optim::ShardedAdamW::ShardState read_shard_state(const CheckpointManifest& m, co
     s.exp_avg_sq_absmax = torch::zeros({a}, torch::kFloat);
     s.exp_avg = torch::zeros({f}, torch::kFloat);
     s.exp_avg_sq = torch::zeros({f}, torch::kFloat);
-    optim::quantize_moments(ml, begin, end, exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), buffers_of(s));
+    optim::quantize_moments(ml, begin, end, exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), s.moment_buffers());
   } else {  // 8-bit checkpoint, fp32 run: the blocks around this rank's range, dequantized
     log::info("checkpoint ", m.dir, " has 8-bit optimizer moments: dequantizing them to fp32 moments");
     const int64_t g0 = begin / optim::kQuantBlock * optim::kQuantBlock;
@@ -274,7 +263,7 @@ optim::ShardedAdamW::ShardState read_shard_state(const CheckpointManifest& m, co
     optim::ShardedAdamW::ShardState q;
     read_8bit_moments(m, ml, g0, g1, env, &q);
     auto exp_avg = torch::zeros({g1 - g0}, torch::kFloat), exp_avg_sq = torch::zeros({g1 - g0}, torch::kFloat);
-    optim::dequantize_moments(ml, g0, g1, buffers_of(q), exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>());
+    optim::dequantize_moments(ml, g0, g1, q.moment_buffers(), exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>());
     s.exp_avg = torch::zeros({end - begin}, torch::kFloat);
     s.exp_avg_sq = torch::zeros({end - begin}, torch::kFloat);
     s.exp_avg.narrow(0, 0, real_end - begin).copy_(exp_avg.narrow(0, begin - g0, real_end - begin));

@@ -1,5 +1,6 @@
 // Checkpoints under mpiexec (CPU ranks, fp32): a run resumed from step 10 continues exactly as the
-// run that saved it (bitwise, for ZeRO 0/1/2 and offload); a 2-rank checkpoint resumes on 3 ranks
+// run that saved it (bitwise, for ZeRO 0/1/2 and offload, with fp32 and with 8-bit moments); 8-bit
+// and fp32 moments convert into each other on load, and a bad 8-bit scale is a named error; a 2-rank checkpoint resumes on 3 ranks
 // and on 1 (losses and parameters within 1e-5 of the straight run); a damaged file is refused on
 // every rank with an error that names it; a checkpoint is the manifest and the shards, and loads
 // as the trained model; an async save writes the state of its step; resume names the parameter
@@ -52,6 +53,14 @@ Config run_to_a_checkpoint(const SharedTokenFile& data, const SharedDir& dir, co
   return cfg;
 }
 
+// memory.optimizer_moments = 8bit on a model wide enough that most tensors have 8-bit moments.
+Config eight_bit(Config cfg) {
+  cfg.model.n_embd = 64;  // most tensors over 4096 values: 8-bit moments
+  cfg.memory.optimizer_moments = "8bit";
+  cfg.validate();
+  return cfg;
+}
+
 void expect_params_bitwise_equal(GPT2& got, GPT2& want) {
   auto a = got->named_parameters(), b = want->named_parameters();
   ASSERT_EQ(a.size(), b.size());
@@ -66,12 +75,16 @@ TEST(Checkpoint, ResumeIsBitwiseForEveryZeroStageAndOffload) {
     int64_t zero;
     const char* offload;
     bool async;  // files written on a background thread while training goes on
-  } modes[] = {{0, "none", false}, {1, "none", false}, {2, "none", false}, {0, "optimizer", false},
-               {2, "optimizer", false}, {1, "none", true}};
+    bool moments_8bit;
+  } modes[] = {{0, "none", false, false},     {1, "none", false, false},     {2, "none", false, false},
+               {0, "optimizer", false, false}, {2, "optimizer", false, false}, {1, "none", true, false},
+               {0, "none", false, true},      {2, "none", false, true},      {1, "optimizer", false, true}};
   for (const auto& mode : modes) {
-    SCOPED_TRACE("ZeRO " + std::to_string(mode.zero) + ", offload " + mode.offload + (mode.async ? ", async" : ""));
+    SCOPED_TRACE("ZeRO " + std::to_string(mode.zero) + ", offload " + mode.offload + (mode.async ? ", async" : "") +
+                 (mode.moments_8bit ? ", 8-bit moments" : ""));
     SharedDir dir;
     auto cfg = tiny_config(data.path(), 2 * 2 * 16 * world_size(), 0.01);  // 2 micro-steps per step
+    if (mode.moments_8bit) cfg = eight_bit(cfg);
     cfg.parallel.zero_stage = mode.zero;
     cfg.parallel.offload = mode.offload;
     cfg.parallel.offload_threads = 2;
@@ -360,10 +373,16 @@ TEST(Checkpoint, DamagedFilesAreRefusedOnEveryRankByName) {
 
 // ---- 8-bit moments (memory.optimizer_moments = 8bit) --------------------------------------------
 
-Config eight_bit(Config cfg) {
-  cfg.model.n_embd = 64;  // most tensors over 4096 values: 8-bit moments
-  cfg.memory.optimizer_moments = "8bit";
-  cfg.validate();
+// The tiny config with 8-bit moments trained `steps` steps on every rank with ZeRO 1, saving a
+// checkpoint of the last one under `root`.
+Config eight_bit_checkpoint(const SharedTokenFile& data, const parallel::RankEnv& world, int64_t steps,
+                            const std::string& root) {
+  auto cfg = eight_bit(tiny_config(data.path(), 2 * 16 * world_size(), 0.01));
+  cfg.train.max_steps = steps;
+  cfg.parallel.zero_stage = 1;
+  cfg.checkpoint.dir = root;
+  cfg.checkpoint.every = steps;
+  train(cfg, world);
   return cfg;
 }
 
@@ -397,35 +416,6 @@ optim::ShardedAdamW::ShardState load_and_save(const Config& cfg, const std::stri
   return env.world_size() == 1 ? optimizer.state() : optim::ShardedAdamW::ShardState{};
 }
 
-TEST(Checkpoint, EightBitResumeIsBitwiseForZeroStagesAndOffload) {
-  SharedTokenFile data;
-  const parallel::RankEnv world(MPI_COMM_WORLD);
-  quiet_logs(world);
-  const struct {
-    int64_t zero;
-    const char* offload;
-  } modes[] = {{0, "none"}, {2, "none"}, {1, "optimizer"}};
-  for (const auto& mode : modes) {
-    SCOPED_TRACE("8-bit moments, ZeRO " + std::to_string(mode.zero) + ", offload " + mode.offload);
-    SharedDir dir;
-    auto cfg = eight_bit(tiny_config(data.path(), 2 * 2 * 16 * world_size(), 0.01));
-    cfg.parallel.zero_stage = mode.zero;
-    cfg.parallel.offload = mode.offload;
-    cfg.parallel.offload_threads = 2;
-    cfg.checkpoint.dir = dir.file("ckpt");
-    cfg.checkpoint.every = 10;
-    TrainResult straight = train(cfg, world);
-    auto resumed_cfg = cfg;
-    resumed_cfg.checkpoint.every = 0;
-    resumed_cfg.checkpoint.resume = dir.file("ckpt/step_0000010");
-    TrainResult resumed = train(resumed_cfg, world);
-    ASSERT_EQ(resumed.start_step, 10);
-    ASSERT_EQ(resumed.losses.size(), 20u);
-    for (size_t s = 10; s < 20; ++s) EXPECT_EQ(resumed.losses[s], straight.losses[s]) << "step " << s;
-    expect_params_bitwise_equal(resumed.model, straight.model);
-  }
-}
-
 // An 8-bit checkpoint (2+ ranks, ZeRO 1) resumed with fp32 moments (ZeRO 2; on 3 ranks the shards
 // are not on the quantization grid) holds the dequantized moments; that fp32 checkpoint resumed with
 // 8-bit moments again gives back the first one's codes and scales exactly (a dequantized block
@@ -435,12 +425,7 @@ TEST(Checkpoint, MomentFormatsConvertBothWaysOnAnyWorldSize) {
   SharedDir dir;
   const parallel::RankEnv world(MPI_COMM_WORLD);
   quiet_logs(world);
-  auto cfg = eight_bit(tiny_config(data.path(), 2 * 16 * world_size(), 0.01));
-  cfg.train.max_steps = 10;
-  cfg.parallel.zero_stage = 1;
-  cfg.checkpoint.dir = dir.file("a");
-  cfg.checkpoint.every = 10;
-  train(cfg, world);
+  const Config cfg = eight_bit_checkpoint(data, world, 10, dir.file("a"));
   const std::string a = dir.file("a/step_0000010"), b = dir.file("b/step_0000010"), c = dir.file("c/step_0000010");
   load_and_save(cfg, a, dir.file("b"), world, /*stage=*/2, /*moments_8bit=*/false);
   load_and_save(cfg, b, dir.file("c"), world, /*stage=*/0, /*moments_8bit=*/true);
@@ -465,15 +450,7 @@ TEST(Checkpoint, MomentFormatsConvertBothWaysOnAnyWorldSize) {
     const int64_t n = sa.master.numel();  // the flat space, padded
     const CheckpointManifest mb = CheckpointManifest::read(b);
     auto m = torch::zeros({n}), v = torch::zeros({n});
-    optim::MomentBuffers buffers;
-    auto sa_copy = sa;
-    buffers.exp_avg_codes = sa_copy.exp_avg_codes.data_ptr<uint8_t>();
-    buffers.exp_avg_sq_codes = sa_copy.exp_avg_sq_codes.data_ptr<uint8_t>();
-    buffers.exp_avg_absmax = sa_copy.exp_avg_absmax.data_ptr<float>();
-    buffers.exp_avg_sq_absmax = sa_copy.exp_avg_sq_absmax.data_ptr<float>();
-    buffers.exp_avg = sa_copy.exp_avg.data_ptr<float>();
-    buffers.exp_avg_sq = sa_copy.exp_avg_sq.data_ptr<float>();
-    optim::dequantize_moments(*ml, 0, n, buffers, m.data_ptr<float>(), v.data_ptr<float>());
+    optim::dequantize_moments(*ml, 0, n, sa.moment_buffers(), m.data_ptr<float>(), v.data_ptr<float>());
     for (auto [name, want] : {std::pair{"exp_avg", &m}, {"exp_avg_sq", &v}}) {
       auto got = torch::zeros({mb.flat_total});
       read_flat_range(mb, name, 0, mb.flat_total, got.data_ptr<float>());
@@ -491,12 +468,7 @@ TEST(Checkpoint, DamagedEightBitScaleIsRefusedOnEveryRankByName) {
   SharedDir dir;
   const parallel::RankEnv world(MPI_COMM_WORLD);
   quiet_logs(world);
-  auto cfg = eight_bit(tiny_config(data.path(), 2 * 16 * world_size(), 0.01));
-  cfg.train.max_steps = 4;
-  cfg.parallel.zero_stage = 1;
-  cfg.checkpoint.dir = dir.file("ckpt");
-  cfg.checkpoint.every = 4;
-  train(cfg, world);
+  const Config cfg = eight_bit_checkpoint(data, world, 4, dir.file("ckpt"));
   const std::string ckpt = dir.file("ckpt/step_0000004");
   const std::string shard = files::join(ckpt, "optim_r00001.h5");
   if (world_rank() == 0) {
