@@ -135,12 +135,13 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const KVS
   std::optional<at::Tensor> mask;
   if (slot != nullptr && slot->rows_at.defined()) {
     // Slot decoding (Note [Slot decoding]): row b's one key/value goes to its own position; the
-    // query attends over the whole capacity, the mask keeping positions <= rows_at[b].
+    // query attends over the first L cached positions, the mask (B, 1, 1, L) keeping those <= rows_at[b].
     const auto at = slot->rows_at.view({B, 1, 1, 1}).expand({B, n_head_, 1, hs});  // (B, nh, 1, hs)
     slot->keys.scatter_(2, at, k);
     slot->values.scatter_(2, at, v);
-    k = slot->keys;                                                  // (B, nh, capacity, hs)
-    v = slot->values;
+    const int64_t L = slot->mask.size(3);
+    k = slot->keys.narrow(2, 0, L);                                  // (B, nh, L, hs)
+    v = slot->values.narrow(2, 0, L);
     mask = slot->mask;
     causal = false;
   } else if (slot != nullptr) {
@@ -245,18 +246,25 @@ torch::Tensor GPT2Impl::forward_cached(const torch::Tensor& idx, KVCache& cache)
 // The server (src/serve/scheduler.h) keeps one KVCache of max_batch rows ("slots") x block_size and
 // runs every active sequence one token a step in one forward. Rows join and leave between steps, so
 // each row has its own length: its new token's key/value is scattered to its own position and its
-// query attends to the full capacity under a mask of positions <= its own. Inactive rows run too
-// (any id at position 0; their logits are ignored and their position 0 is rewritten by the next
-// prefill). Every shape is fixed by (max_batch, capacity), which keeps a row's arithmetic
-// independent of how many others are active (no kernel chooses another split) and would let the
-// step be captured as a CUDA graph. Prefill is forward_cached on a one-row view of the slot's rows.
-torch::Tensor GPT2Impl::forward_slots(const torch::Tensor& ids, const torch::Tensor& positions, KVCache& cache) {
+// query attends to the first `attend` cached positions under a mask of positions <= its own.
+// Inactive rows run too (any id at position 0; their logits are ignored and their position 0 is
+// rewritten by the next prefill). The rows are always max_batch, so the matrix products never
+// change shape with the number of active sequences; `attend` is the caller's (the scheduler rounds
+// the longest row up to a multiple of 128, so short sequences do not read the whole cache): a
+// handful of shapes in all, each of which could be captured as a CUDA graph. With one `attend`, a
+// row's logits are the same bits whatever the other rows hold; across `attend`s only the masked
+// tail of the softmax differs, which adds exact zeros in the kernels we use. Prefill is
+// forward_cached on a one-row view of the slot's rows.
+torch::Tensor GPT2Impl::forward_slots(const torch::Tensor& ids, const torch::Tensor& positions, KVCache& cache,
+                                      int64_t attend) {
   TORCH_CHECK(ids.dim() == 2 && ids.size(1) == 1 && ids.scalar_type() == torch::kLong &&
                   ids.size(0) == static_cast<int64_t>(cache.pad.size()),
               "GPT2::forward_slots expects (B, 1) int64 ids with B = the cache's rows, got ", ids.sizes());
   TORCH_CHECK(positions.dim() == 1 && positions.size(0) == ids.size(0) && positions.scalar_type() == torch::kLong,
               "GPT2::forward_slots expects (B) int64 positions, got ", positions.sizes());
-  return head(hidden(ids, &cache, positions).select(1, 0));  // (B, V)
+  if (attend <= 0) attend = cache.capacity();
+  TORCH_CHECK(attend <= cache.capacity(), "GPT2::forward_slots: attend ", attend, " exceeds the capacity ", cache.capacity());
+  return head(hidden(ids, &cache, positions, attend).select(1, 0));  // (B, V)
 }
 
 KVCache GPT2Impl::make_kv_cache(int64_t capacity, const std::vector<int64_t>& pad) {
@@ -276,12 +284,13 @@ KVCache GPT2Impl::make_kv_cache(int64_t capacity, const std::vector<int64_t>& pa
   return cache;
 }
 
-torch::Tensor GPT2Impl::hidden(const torch::Tensor& idx, KVCache* cache, const torch::Tensor& slot_positions) {
+torch::Tensor GPT2Impl::hidden(const torch::Tensor& idx, KVCache* cache, const torch::Tensor& slot_positions,
+                               int64_t attend) {
   torch::Tensor pos, mask;  // (T), or (B, T) and the attention mask when decoding (cached_positions)
   if (slot_positions.defined()) {
     pos = slot_positions.view({-1, 1});                                                       // (B, 1)
-    const auto keys = torch::arange(cache->capacity(), slot_positions.options());             // (capacity)
-    mask = keys.view({1, 1, 1, -1}) <= slot_positions.view({-1, 1, 1, 1});                   // (B, 1, 1, capacity)
+    const auto keys = torch::arange(attend, slot_positions.options());                        // (L)
+    mask = keys.view({1, 1, 1, -1}) <= slot_positions.view({-1, 1, 1, 1});                   // (B, 1, 1, L)
   } else if (cache == nullptr) {
     TORCH_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong,
                 "GPT2::forward expects (B, T) int64 token ids, got ", idx.sizes(), " ", idx.scalar_type());

@@ -73,24 +73,26 @@ struct Server::Impl {
   void on_signal();
   void poll_drain();
 
+  // What connections use comes first: members are destroyed in reverse order, and connections
+  // still held by pending handlers are destroyed with ioc.
   ServerOptions options;
   Scheduler& scheduler;
   const data::Gpt2Tokenizer& tokenizer;
   CompletionLimits limits;
   Metrics& metrics;
+  std::atomic<bool> draining{false};
+  std::atomic<int64_t> in_flight{0};  // completions accepted and not yet answered in full
+  std::atomic<uint64_t> next_id{0};
+  std::mutex seeds_mu;
+  std::mt19937_64 seeds{std::random_device{}()};  // seeds for requests that give none (under seeds_mu)
+  std::chrono::steady_clock::time_point drain_deadline;  // control strand
+  bool cancelled_all = false;                             // control strand
 
   net::io_context ioc;
   net::strand<net::io_context::executor_type> control{net::make_strand(ioc)};  // acceptor, signals, drain
   tcp::acceptor acceptor{control};
   net::steady_timer timer{control};
   net::signal_set signals{control, SIGINT, SIGTERM};
-  std::atomic<bool> draining{false};
-  std::atomic<int64_t> in_flight{0};  // completions accepted and not yet answered in full
-  std::atomic<uint64_t> next_id{0};
-  std::chrono::steady_clock::time_point drain_deadline;
-  bool cancelled_all = false;
-  std::mt19937_64 seeds{std::random_device{}()};  // seeds for requests that give none (control strand)
-  std::mutex seeds_mu;
 };
 
 namespace {

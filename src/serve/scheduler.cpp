@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "data/bpe_tokenizer.h"
 #include "src/base/errors.h"
 #include "src/base/log.h"
@@ -43,6 +45,10 @@ struct Scheduler::Slot {
 };
 
 namespace {
+
+// Decode steps attend over the cache's first positions rounded up to this (Note [Slot decoding]):
+// few shapes, and short sequences do not read the whole block_size of keys of every row.
+constexpr int64_t kAttendBlock = 128;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -194,16 +200,19 @@ void Scheduler::decode_step() {
   const auto t0 = Clock::now();
   const int64_t S = options_.max_batch;
   std::vector<int64_t> ids(S, 0), positions(S, 0), sampled_rows;
+  int64_t longest = 0;
   for (int64_t s = 0; s < S; ++s) {
     const Slot& slot = slots_[s];
     if (!slot.sequence) continue;  // inactive rows run too (fixed shapes), at position 0
     ids[s] = slot.last;
     positions[s] = slot.position;
+    longest = std::max(longest, slot.position + 1);
     if (slot.sequence->spec.sampling.temperature != 0.0) sampled_rows.push_back(s);
   }
   const auto ids_t = torch::tensor(ids, torch::kLong).view({S, 1}).to(device_);
   const auto positions_t = torch::tensor(positions, torch::kLong).to(device_);
-  const auto logits = model_->forward_slots(ids_t, positions_t, cache_);  // (S, V)
+  const int64_t attend = std::min(cache_.capacity(), (longest + kAttendBlock - 1) / kAttendBlock * kAttendBlock);
+  const auto logits = model_->forward_slots(ids_t, positions_t, cache_, attend);  // (S, V)
   // Greedy rows need one id each: argmax on the device, S ids back. Rows that sample bring their
   // logits to the host (sample_next, as gpt2-generate does).
   const auto greedy = logits.argmax(1).to(torch::kCPU);  // (S); the wait for the device is here

@@ -2,7 +2,7 @@
 // Continuous batching: one thread owns the model and a slot KV cache of max_batch rows x
 // block_size (Note [Slot decoding] in src/model/gpt2_model.h). Each iteration admits waiting
 // sequences into free slots (a one-row prefill each, which also samples their first token), then
-// decodes one token for every active slot in one forward of fixed shape. A sequence that finishes
+// decodes one token for every active slot in one forward over all max_batch rows. A sequence that finishes
 // or is cancelled frees its slot before the next iteration.
 // Contract: submit(), cancel() and the getters are thread safe and never wait for the model. A
 // sequence's events come on the scheduler thread, in order, the last with `finished` set (also
