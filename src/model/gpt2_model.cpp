@@ -248,13 +248,14 @@ torch::Tensor GPT2Impl::forward_cached(const torch::Tensor& idx, KVCache& cache)
 // each row has its own length: its new token's key/value is scattered to its own position and its
 // query attends to the first `attend` cached positions under a mask of positions <= its own.
 // Inactive rows run too (any id at position 0; their logits are ignored and their position 0 is
-// rewritten by the next prefill). The rows are always max_batch, so the matrix products never
-// change shape with the number of active sequences; `attend` is the caller's (the scheduler rounds
-// the longest row up to a multiple of 128, so short sequences do not read the whole cache): a
-// handful of shapes in all, each of which could be captured as a CUDA graph. With one `attend`, a
-// row's logits are the same bits whatever the other rows hold; across `attend`s only the masked
-// tail of the softmax differs, which adds exact zeros in the kernels we use. Prefill is
-// forward_cached on a one-row view of the slot's rows.
+// rewritten by the next prefill). The rows are always max_batch, so no matrix product changes
+// shape with the number of active sequences, and for one `attend` a row's logits are the same
+// bits whatever the other rows hold (tests/model/model_test.cpp, SlotDecoding...): a request's
+// greedy ids do not depend on its company. `attend` is the caller's: the whole capacity by default
+// (one shape: what a CUDA graph would capture), or (gpt2-serve --attend_block) the longest active
+// row rounded up, which spares short sequences reading every row's whole cache but makes the
+// softmax reduce over another length when a longer row is present (1e-7 relative on CPU in fp32).
+// Prefill is forward_cached on a one-row view of the slot's rows.
 torch::Tensor GPT2Impl::forward_slots(const torch::Tensor& ids, const torch::Tensor& positions, KVCache& cache,
                                       int64_t attend) {
   TORCH_CHECK(ids.dim() == 2 && ids.size(1) == 1 && ids.scalar_type() == torch::kLong &&

@@ -553,9 +553,20 @@ void Server::run() {
     if (!ec) s.on_signal();
   });
   net::dispatch(s.control, [&s] { s.accept(); });
+  // A handler that throws (out of memory, a bug) loses its connection, not the server: log, run on.
+  auto serve = [&s] {
+    for (;;) {
+      try {
+        s.ioc.run();
+        return;
+      } catch (const std::exception& e) {
+        log::error("gpt2-serve: a connection handler failed: ", e.what());
+      }
+    }
+  };
   std::vector<std::thread> threads;
-  for (int i = 1; i < s.options.io_threads; ++i) threads.push_back(start_helper_thread([&s] { s.ioc.run(); }));
-  s.ioc.run();  // this thread takes the signals (the helpers block them)
+  for (int i = 1; i < s.options.io_threads; ++i) threads.push_back(start_helper_thread(serve));
+  serve();  // this thread takes the signals (the helpers block them)
   for (auto& t : threads) t.join();
 }
 

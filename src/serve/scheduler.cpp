@@ -46,10 +46,6 @@ struct Scheduler::Slot {
 
 namespace {
 
-// Decode steps attend over the cache's first positions rounded up to this (Note [Slot decoding]):
-// few shapes, and short sequences do not read the whole block_size of keys of every row.
-constexpr int64_t kAttendBlock = 128;
-
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 }  // namespace
@@ -58,6 +54,7 @@ Scheduler::Scheduler(GPT2 model, const data::Gpt2Tokenizer& tokenizer, Scheduler
     : model_(std::move(model)), tokenizer_(tokenizer), options_(options), metrics_(metrics) {
   if (options_.max_batch < 1) throw UserError("--max_batch must be >= 1, got " + std::to_string(options_.max_batch));
   if (options_.max_queue < 0) throw UserError("--max_queue must be >= 0, got " + std::to_string(options_.max_queue));
+  if (options_.attend_block < 0) throw UserError("--attend_block must be >= 0, got " + std::to_string(options_.attend_block));
   device_ = model_->parameters().front().device();
   slots_.resize(options_.max_batch);
   {
@@ -211,7 +208,9 @@ void Scheduler::decode_step() {
   }
   const auto ids_t = torch::tensor(ids, torch::kLong).view({S, 1}).to(device_);
   const auto positions_t = torch::tensor(positions, torch::kLong).to(device_);
-  const int64_t attend = std::min(cache_.capacity(), (longest + kAttendBlock - 1) / kAttendBlock * kAttendBlock);
+  // Note [Slot decoding]: the whole context (exact batch invariance), or the longest row rounded up.
+  const int64_t block = options_.attend_block;
+  const int64_t attend = block > 0 ? std::min(cache_.capacity(), (longest + block - 1) / block * block) : cache_.capacity();
   const auto logits = model_->forward_slots(ids_t, positions_t, cache_, attend);  // (S, V)
   // Greedy rows need one id each: argmax on the device, S ids back. Rows that sample bring their
   // logits to the host (sample_next, as gpt2-generate does).

@@ -6,8 +6,9 @@
 // or is cancelled frees its slot before the next iteration.
 // Contract: submit(), cancel() and the getters are thread safe and never wait for the model. A
 // sequence's events come on the scheduler thread, in order, the last with `finished` set (also
-// for a cancelled one). Greedy ids equal gpt2-generate's for the same prompt (the same prefill, and
-// a decode step whose arithmetic for a row does not depend on the other rows).
+// for a cancelled one). Greedy ids equal gpt2-generate's for the same prompt up to near-ties (the
+// same prefill; a decode step of other shapes), and are the same alone or in a full batch (with
+// attend_block 0, bit for bit: a row's arithmetic does not depend on the other rows).
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -58,6 +59,10 @@ class Sequence;
 struct SchedulerOptions {
   int64_t max_batch = 32;   // slots: sequences decoded together
   int64_t max_queue = 256;  // sequences waiting for a slot before submit() refuses
+  // 0: decode steps attend over the whole context, and a sequence's logits are the same bits in
+  // any company; N: over the longest active sequence rounded up to N positions (less to read for
+  // short sequences; last-bit differences with the company). Note [Slot decoding].
+  int64_t attend_block = 0;
 };
 
 class Scheduler {

@@ -13,6 +13,9 @@ TextStream::TextStream(const data::Gpt2Tokenizer& tokenizer, std::vector<std::st
 
 std::string TextStream::push(int64_t id) {
   if (stopped_) return {};
+  // A model may have more rows than the tokenizer has tokens (a padded vocabulary): those ids have
+  // no text.
+  if (id < 0 || id >= tokenizer_.vocab_size()) return {};
   pending_ += tokenizer_.decode({static_cast<int32_t>(id)});
   // Returned text never ends inside a stop string's prefix (held back below), so a stop string
   // can only lie wholly inside pending_.

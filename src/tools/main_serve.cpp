@@ -61,6 +61,9 @@ std::optional<Options> parse_options(int argc, char** argv) {
       ("dtype", po::value(&o.dtype)->default_value(o.dtype), "auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16")
       ("max_batch", po::value(&o.scheduler.max_batch)->default_value(o.scheduler.max_batch), "batch slots: sequences decoded together")
       ("max_queue", po::value(&o.scheduler.max_queue)->default_value(o.scheduler.max_queue), "sequences waiting for a slot before 503")
+      ("attend_block", po::value(&o.scheduler.attend_block)->default_value(o.scheduler.attend_block),
+       "0: decode steps attend over the whole context (a request's logits are the same bits in any batch); "
+       "N: over the longest active sequence rounded up to N (faster for short sequences, last-bit differences)")
       ("api_key", po::value(&s.api_key), "require 'Authorization: Bearer KEY' (default: $GPT2_SERVE_API_KEY)")
       ("model_name", po::value(&o.model_name), "the model's name in the API (default: MODEL's last path component)")
       ("tokenizer_dir", po::value(&o.tokenizer_dir), "encoder.json + vocab.bpe (default: data/tokenizer/gpt2)")
@@ -122,7 +125,8 @@ int run(int argc, char** argv) {
   gpt2::log::info("gpt2-serve: ", loaded.source.describe(), " as '", o.model_name, "', ",
                   loaded.model->num_parameters() / 1e6, "M parameters, ", loaded.device.str(), " ", loaded.dtype,
                   ", context ", cfg.block_size, ", max_batch ", o.scheduler.max_batch, ", max_queue ",
-                  o.scheduler.max_queue, o.server.api_key.empty() ? ", no API key" : ", API key required");
+                  o.scheduler.max_queue, ", attend_block ", o.scheduler.attend_block,
+                  o.server.api_key.empty() ? ", no API key" : ", API key required");
   gpt2::log::info("gpt2-serve: listening on http://", o.server.host, ":", port);
   gpt2::log::flush();
   server.run();

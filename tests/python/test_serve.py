@@ -511,7 +511,7 @@ class Guarded(ServerTest):
 
 
 class Load(ServerTest):
-    server_args = ("--max_batch", "16", "--max_queue", "128")
+    server_args = ("--max_batch", "16", "--max_queue", "128", "--attend_block", "64")  # the other attention path
 
     def test_2000_requests_from_64_clients(self):
         total, clients = 2000, 64
