@@ -268,6 +268,17 @@ torch::Tensor GPT2Impl::forward_slots(const torch::Tensor& ids, const torch::Ten
   return head(hidden(ids, &cache, positions, attend).select(1, 0));  // (B, V)
 }
 
+KVCache KVCache::row_view(int64_t row) const {
+  KVCache view;
+  for (size_t l = 0; l < keys.size(); ++l) {
+    view.keys.push_back(keys[l].narrow(0, row, 1));  // (1, n_head, capacity, head_size)
+    view.values.push_back(values[l].narrow(0, row, 1));
+  }
+  view.pad = {0};
+  view.pad_tensor = torch::zeros({1}, pad_tensor.options());
+  return view;
+}
+
 KVCache GPT2Impl::make_kv_cache(int64_t capacity, const std::vector<int64_t>& pad) {
   if (capacity < 1 || capacity > cfg_.block_size) {
     throw UserError("KV cache capacity " + std::to_string(capacity) + " must be in [1, model.block_size = " +

@@ -50,6 +50,9 @@ struct KVCache {
   torch::Tensor pad_tensor;                 // the same, (B) int64 on the model's device
   int64_t length = 0;                       // positions filled, padding included
   int64_t capacity() const { return keys.empty() ? 0 : keys.front().size(2); }
+  // Row `row` alone, unpadded and empty, sharing this cache's storage: where the server prefills
+  // one sequence into its slot with forward_cached (Note [Slot decoding]).
+  KVCache row_view(int64_t row) const;
 };
 
 // One layer's part of a KVCache for one decoding step of t positions [start, start + t): the

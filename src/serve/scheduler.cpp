@@ -174,15 +174,8 @@ void Scheduler::admit(Slot& slot, const std::shared_ptr<Sequence>& sequence) {
   Sequence& seq = *slot.sequence;
   const auto t0 = Clock::now();
   const int64_t T = static_cast<int64_t>(seq.spec.prompt.size());
-  const int64_t row = &slot - slots_.data();
   // The prefill gpt2-generate runs for one prompt, into a one-row view of this slot's cache rows.
-  KVCache view;
-  for (size_t l = 0; l < cache_.keys.size(); ++l) {
-    view.keys.push_back(cache_.keys[l].narrow(0, row, 1));      // (1, nh, block_size, hs), shares storage
-    view.values.push_back(cache_.values[l].narrow(0, row, 1));
-  }
-  view.pad = {0};
-  view.pad_tensor = torch::zeros({1}, torch::TensorOptions().dtype(torch::kLong).device(device_));
+  KVCache view = cache_.row_view(&slot - slots_.data());
   const auto ids = torch::tensor(seq.spec.prompt, torch::kLong).view({1, T}).to(device_);
   const auto logits = model_->forward_cached(ids, view).select(0, 0);  // (V)
   const auto& o = seq.spec.sampling;

@@ -427,13 +427,7 @@ TEST(ModelGenerate, SlotDecodingRowsAreIndependentSequences) {
   const int64_t S = 3;
   auto cache = model->make_kv_cache(16, std::vector<int64_t>(S, 0));
   auto prefill = [&](int64_t row, const std::vector<int64_t>& ids) {
-    KVCache view;
-    for (size_t l = 0; l < cache.keys.size(); ++l) {
-      view.keys.push_back(cache.keys[l].narrow(0, row, 1));
-      view.values.push_back(cache.values[l].narrow(0, row, 1));
-    }
-    view.pad = {0};
-    view.pad_tensor = torch::zeros({1}, torch::kLong);
+    KVCache view = cache.row_view(row);
     return model->forward_cached(torch::tensor(ids).view({1, -1}), view)[0];
   };
   auto step = [&](const std::vector<int64_t>& ids, const std::vector<int64_t>& pos, int64_t attend) {
@@ -469,6 +463,12 @@ TEST(ModelGenerate, SlotDecodingRowsAreIndependentSequences) {
   EXPECT_TRUE(close(s2b[0], ref(a)));
   EXPECT_TRUE(close(s2b[1], ref(b12)));
   EXPECT_TRUE(close(s2b[2], ref(c)));
+  // Row 0's sequence alone in another row of a fresh cache (the server takes any free slot), each
+  // step at the `attend` it had: the same bits.
+  cache = model->make_kv_cache(16, std::vector<int64_t>(S, 0));
+  prefill(1, {4, 5, 6, 7, 8});
+  step({0, 9, 0}, {0, 5, 0}, 8);
+  EXPECT_TRUE(torch::equal(step({0, 10, 0}, {0, 6, 0}, 16)[1], s2b[0]));
 }
 
 TEST(ModelGenerate, TopPKeepsTheNucleusAndStopTokenEndsARow) {
