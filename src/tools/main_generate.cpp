@@ -209,14 +209,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const gpt2::UserError& e) {
-    std::cerr << "gpt2-generate: " << e.what() << "\n";
-    return gpt2::kExitUsage;
-  } catch (const std::exception& e) {
-    std::cerr << "gpt2-generate failed: " << e.what() << "\n";
-    return gpt2::kExitFailure;
-  }
-}
+int main(int argc, char** argv) { return gpt2::tools::run_main("gpt2-generate", argc, argv, run); }

@@ -138,14 +138,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const gpt2::UserError& e) {
-    std::cerr << "gpt2-serve: " << e.what() << "\n";
-    return gpt2::kExitUsage;
-  } catch (const std::exception& e) {
-    std::cerr << "gpt2-serve failed: " << e.what() << "\n";
-    return gpt2::kExitFailure;
-  }
-}
+int main(int argc, char** argv) { return gpt2::tools::run_main("gpt2-serve", argc, argv, run); }

@@ -392,6 +392,21 @@ class Serve(ServerTest):
         m = self.server.metrics()
         self.assertGreaterEqual(m['gpt2_serve_http_responses_total{code="400"}'], 25)
 
+    def test_bad_command_lines_exit_2_naming_the_option(self):
+        def serve(*args):
+            p = subprocess.run([SERVE, *args], capture_output=True, text=True, cwd=SRC, timeout=120)
+            return p.returncode, p.stderr
+        cases = [([self.dir, "--port", str(self.server.port)], "--port"),  # taken by the running server
+                 ([self.dir, "--port", "0", "--host", "localhost:1"], "--host"),
+                 ([self.dir, "--port", "70000"], "--port"),
+                 ([self.dir, "--port", "0", "--max_batch", "0"], "--max_batch"),
+                 ([os.path.join(self.tmp.name, "missing")], "missing"),
+                 ([], "no MODEL")]
+        for args, needle in cases:
+            rc, err = serve(*args)
+            self.assertEqual(rc, 2, f"{args}: {err}")
+            self.assertIn(needle, err, args)
+
     def test_health_models_metrics(self):
         status, headers, data = self.server.request("GET", "/health")
         self.assertEqual((status, json.loads(data)), (200, {"status": "ok"}))
