@@ -82,6 +82,7 @@ struct Server::Impl {
   Metrics& metrics;
   std::atomic<bool> draining{false};
   std::atomic<int64_t> in_flight{0};  // completions accepted and not yet answered in full
+  std::atomic<int64_t> connections{0};
   std::atomic<uint64_t> next_id{0};
   std::mutex seeds_mu;
   std::mt19937_64 seeds{std::random_device{}()};  // seeds for requests that give none (under seeds_mu)
@@ -102,10 +103,12 @@ namespace {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, Server::Impl& server) : stream_(std::move(socket)), server_(server) {
+    ++server_.connections;
     server_.metrics.connection_opened();
   }
   ~Session() {
     release_completion();
+    --server_.connections;
     server_.metrics.connection_closed();
   }
 
@@ -139,6 +142,26 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->header_limit(kHeaderLimit);
     // One deadline for the whole request: idle keep-alive, slow headers and slow bodies alike.
     stream_.expires_after(millis(server_.options.read_timeout_s));
+    http::async_read_header(stream_, buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+  }
+
+  // A client that sends `Expect: 100-continue` (curl, for bodies over 1 KiB) waits for our go-ahead
+  // before the body; without it curl waits a second.
+  void on_header(beast::error_code ec) {
+    if (ec) return on_read(ec);
+    const auto expect = parser_->get()[http::field::expect];
+    if (!parser_->is_done() && beast::iequals(expect, "100-continue")) {
+      static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      return net::async_write(stream_, net::buffer(kContinue), [self = shared_from_this()](beast::error_code ec, size_t) {
+        if (ec) return self->close();
+        self->read_body();
+      });
+    }
+    read_body();
+  }
+
+  void read_body() {
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
@@ -486,8 +509,22 @@ void Server::Impl::accept() {
       timer.async_wait([this](beast::error_code) { accept(); });
       return;
     }
-    beast::error_code nodelay_ec;
-    socket.set_option(tcp::no_delay(true), nodelay_ec);  // stream chunks go out as they come
+    beast::error_code ignored;  // a client gone already: nothing to do about it
+    if (connections >= options.max_connections) {
+      // Too many open: say so without a session (the answer fits any socket buffer), and close.
+      static const std::string kBusy = [] {
+        const std::string body = error_body(503, "", "too many connections (--max_connections); retry later");
+        return "HTTP/1.1 503 Service Unavailable\r\nServer: gpt2-serve\r\nContent-Type: application/json\r\n"
+               "Retry-After: 1\r\nConnection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+      }();
+      socket.non_blocking(true, ignored);
+      socket.send(net::buffer(kBusy), 0, ignored);
+      socket.shutdown(tcp::socket::shutdown_send, ignored);
+      socket.close(ignored);
+      metrics.request_answered(503);
+      return accept();
+    }
+    socket.set_option(tcp::no_delay(true), ignored);  // stream chunks go out as they come
     std::make_shared<Session>(std::move(socket), *this)->start();
     accept();
   });

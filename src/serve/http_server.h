@@ -8,7 +8,8 @@
 // or drops the connection, and the server goes on: bodies over max_body_bytes get 413, headers
 // over 16 KiB 431, a request not read in full within read_timeout_s (slow or half-open clients,
 // idle keep-alive) is dropped, a response a client does not read within write_timeout_s is
-// dropped, a client that leaves cancels its sequences (their slots free at the next iteration).
+// dropped, a client that leaves cancels its sequences (their slots free at the next iteration),
+// connections past max_connections get 503 and are closed.
 // With an API key, every request lacking `Authorization: Bearer <key>` gets 401. run() returns
 // after SIGTERM/SIGINT: stop accepting, answer what is in flight (up to shutdown_timeout_s,
 // then cancel it), close.
@@ -35,6 +36,7 @@ struct ServerOptions {
   double write_timeout_s = 30;          // each write of a response or stream chunk
   double shutdown_timeout_s = 30;       // SIGTERM: how long requests in flight may go on
   int io_threads = 2;
+  int64_t max_connections = 1000;       // more are answered 503 and closed at once (descriptors are finite)
 };
 
 class Server {

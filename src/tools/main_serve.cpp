@@ -8,6 +8,8 @@
 #include <boost/program_options.hpp>
 #include <torch/torch.h>
 
+#include <sys/resource.h>
+
 #include <cstdlib>
 #include <iostream>
 #include <optional>
@@ -75,7 +77,9 @@ std::optional<Options> parse_options(int argc, char** argv) {
        "a client must take each write within this")
       ("shutdown_timeout_s", po::value(&s.shutdown_timeout_s)->default_value(s.shutdown_timeout_s, gpt2::decimal(s.shutdown_timeout_s)),
        "SIGTERM: how long requests in flight may go on")
-      ("io_threads", po::value(&s.io_threads)->default_value(s.io_threads), "threads serving connections");
+      ("io_threads", po::value(&s.io_threads)->default_value(s.io_threads), "threads serving connections")
+      ("max_connections", po::value(&s.max_connections)->default_value(s.max_connections),
+       "open connections; more get 503 (the descriptor limit is raised to allow them)");
   po::positional_options_description positional;
   positional.add("model", 1);
   po::variables_map vm;
@@ -89,6 +93,7 @@ std::optional<Options> parse_options(int argc, char** argv) {
   if (s.max_body_bytes < 1) throw gpt2::UserError("--max_body_bytes must be >= 1");
   if (o.max_prompts < 1) throw gpt2::UserError("--max_prompts must be >= 1");
   if (s.io_threads < 1) throw gpt2::UserError("--io_threads must be >= 1");
+  if (s.max_connections < 1) throw gpt2::UserError("--max_connections must be >= 1");
   for (auto [value, key] : {std::pair{s.read_timeout_s, "--read_timeout_s"}, std::pair{s.write_timeout_s, "--write_timeout_s"},
                             std::pair{s.shutdown_timeout_s, "--shutdown_timeout_s"}}) {
     if (!(value > 0)) throw gpt2::UserError(std::string(key) + " must be > 0");
@@ -101,10 +106,27 @@ std::optional<Options> parse_options(int argc, char** argv) {
   return o;
 }
 
+// Every connection holds a descriptor: raise the soft limit (often 1024) to the hard one, and say
+// when that still falls short of --max_connections.
+void raise_descriptor_limit(int64_t connections) {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  if (lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);  // best effort: the check below tells what we have
+    getrlimit(RLIMIT_NOFILE, &lim);
+  }
+  if (lim.rlim_cur != RLIM_INFINITY && static_cast<int64_t>(lim.rlim_cur) < connections + 64) {
+    gpt2::log::warn("gpt2-serve: the descriptor limit is ", lim.rlim_cur, ", below --max_connections (",
+                    connections, ") + 64: accepting may fail before the limit answers 503");
+  }
+}
+
 int run(int argc, char** argv) {
   const auto parsed = parse_options(argc, argv);
   if (!parsed) return gpt2::kExitOk;
   const Options& o = *parsed;
+  raise_descriptor_limit(o.server.max_connections);
 
   gpt2::InferenceModel loaded = gpt2::load_model_to_run(o.model, o.device, o.dtype);
   const auto tokenizer = gpt2::data::Gpt2Tokenizer::load(

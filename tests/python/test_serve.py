@@ -289,6 +289,17 @@ class Serve(ServerTest):
             status, _, raw = read_http_response(s)
             self.assertEqual((status, raw), ("HTTP/1.1 200 OK", b'{"status":"ok"}\n'))
 
+    def test_expect_100_continue(self):
+        body = json.dumps({"prompt": [464], "max_tokens": 2, "temperature": 0}).encode()
+        with socket.create_connection(("127.0.0.1", self.server.port), timeout=10) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body))
+            self.assertEqual(s.recv(100), b"HTTP/1.1 100 Continue\r\n\r\n")  # before we send the body
+            s.sendall(body)
+            status, _, raw = read_http_response(s)
+            self.assertEqual(status, "HTTP/1.1 200 OK")
+            self.assertEqual(json.loads(raw)["usage"]["completion_tokens"], 2)
+
     def test_stop_strings_and_end_of_text(self):
         n = 24
         status, full = self.server.complete({"prompt": "The quick brown fox", "max_tokens": n, "temperature": 0,
@@ -435,10 +446,29 @@ class Serve(ServerTest):
 class Guarded(ServerTest):
     """An API key from the environment, one slot and a queue of one; a model with a context of 1024,
     so that a long request runs for seconds (the time to queue another, or to leave mid-stream)."""
-    server_args = ("--max_batch", "1", "--max_queue", "1", "--shutdown_timeout_s", "60")
+    server_args = ("--max_batch", "1", "--max_queue", "1", "--shutdown_timeout_s", "60", "--max_connections", "6")
     server_env = {"GPT2_SERVE_API_KEY": "sekrit"}
     sizes = dict(n_positions=1024, n_layer=4, n_embd=128)
     auth = {"Authorization": "Bearer sekrit"}
+
+    def test_connections_past_the_limit_get_503(self):
+        held = [socket.create_connection(("127.0.0.1", self.server.port), timeout=10) for _ in range(6)]
+        try:
+            time.sleep(0.3)  # the server accepts them in the background (metrics would need a 7th)
+            got = raw_exchange(self.server.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            self.assertTrue(got == b"" or got.startswith(b"HTTP/1.1 503"), got)
+        finally:
+            for s in held:
+                s.close()
+        deadline = time.time() + 10  # the held ones close; new connections are served again
+        while time.time() < deadline:
+            try:
+                if self.server.request("GET", "/health", headers=self.auth)[0] == 200:
+                    break
+            except (ConnectionError, http.client.HTTPException):
+                pass
+            time.sleep(0.05)
+        self.assertEqual(self.server.request("GET", "/health", headers=self.auth)[0], 200)
 
     def test_z_api_key_full_queue_and_sigterm_drain(self):  # last: it stops the server
         ok = {"prompt": [464], "max_tokens": 2}
