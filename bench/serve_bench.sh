@@ -70,7 +70,7 @@ if ! "$py" -c "import fastapi, uvicorn" 2>/dev/null; then
 fi
 
 # --- a random GPT-2 of the measured shape, as a Hugging Face directory both servers read ---
-model="$out/model"
+model="${GPT2_SERVE_BENCH_MODEL:-/tmp/serve_bench_model}"  # not under $OUT: 500 MB that need not come back
 "$py" - "$model" <<PY || exit 1
 import sys, torch
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -78,6 +78,9 @@ torch.manual_seed(0)
 GPT2LMHeadModel(GPT2Config(vocab_size=50257, $sizes)).save_pretrained(sys.argv[1])
 PY
 stamp "model written"
+
+# http_get URL: the body, or a failure (Python's urllib: the GPU machine may lack curl).
+http_get() { "$py" -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())" "$1" 2>/dev/null; }
 
 # wait_port LOG: the port a server logs when it listens (gpt2-serve's line), or "" after 120 s.
 wait_port() {
@@ -101,7 +104,7 @@ for attend in 0 128; do
   stamp "$label on port $port"
   "$py" bench/serve_load.py --port "$port" --clients "$clients" --requests "$requests" --prompt_tokens "$prompt" \
     --new_tokens "$new" --label "$label" --json "$results" | tee "$out/$label.txt"
-  curl -s "http://127.0.0.1:$port/metrics" >"$out/$label-metrics.txt" 2>/dev/null || true
+  http_get "http://127.0.0.1:$port/metrics" >"$out/$label-metrics.txt" || true
   kill -TERM $server; wait $server; echo "$label exit status after SIGTERM: $?"
   stamp "$label done"
 done
@@ -112,11 +115,11 @@ peer_port=$(( port + 1 ))
   --name peer >"$out/peer.log" 2>&1 &
 peer=$!
 for _ in $(seq 1200); do
-  curl -sf "http://127.0.0.1:$peer_port/v1/models" >/dev/null 2>&1 && break
+  http_get "http://127.0.0.1:$peer_port/v1/models" >/dev/null && break
   kill -0 $peer 2>/dev/null || break
   sleep 0.1
 done
-if curl -sf "http://127.0.0.1:$peer_port/v1/models" >/dev/null 2>&1; then
+if http_get "http://127.0.0.1:$peer_port/v1/models" >/dev/null; then
   "$py" bench/serve_load.py --port "$peer_port" --clients 1 --requests 1 --warmup 1 --prompt_tokens "$prompt" \
     --new_tokens "$new" --label warmup >/dev/null
   "$py" bench/serve_load.py --port "$peer_port" --clients "$peer_clients" --requests 1 --warmup 0 \
