@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <map>
 
 #include "data/bpe_tokenizer.h"
 #include "src/base/errors.h"
@@ -55,6 +56,7 @@ Scheduler::Scheduler(GPT2 model, const data::Gpt2Tokenizer& tokenizer, Scheduler
   if (options_.max_batch < 1) throw UserError("--max_batch must be >= 1, got " + std::to_string(options_.max_batch));
   if (options_.max_queue < 0) throw UserError("--max_queue must be >= 0, got " + std::to_string(options_.max_queue));
   if (options_.attend_block < 0) throw UserError("--attend_block must be >= 0, got " + std::to_string(options_.attend_block));
+  if (options_.prefill_batch < 1) throw UserError("--prefill_batch must be >= 1, got " + std::to_string(options_.prefill_batch));
   device_ = model_->parameters().front().device();
   slots_.resize(options_.max_batch);
   {
@@ -126,24 +128,22 @@ void Scheduler::run() {
         if (slot.sequence) slot.sequence->cancelled = true;
       }
     }
-    // A failing forward (e.g. out of device memory) ends the sequences it held, not the server.
+    // Each admitted sequence takes a free slot, then the prompts are prefilled (prefill()).
+    std::vector<Slot*> taken;
     size_t next_free = 0;
     for (const auto& sequence : admitted) {
-      while (slots_[next_free].sequence) ++next_free;
-      Slot& slot = slots_[next_free];
-      try {
-        admit(slot, sequence);
-      } catch (const std::exception& e) {
-        log::error("gpt2-serve: prefill failed: ", e.what());
-        if (slot.sequence) {
-          finish(slot, FinishReason::kError);
-        } else {
-          SequenceEvent event;
-          event.finished = FinishReason::kError;
-          sequence->spec.on_event(std::move(event));
-        }
+      if (sequence->cancelled) {  // its client left while it waited
+        SequenceEvent event;
+        event.finished = FinishReason::kCancelled;
+        sequence->spec.on_event(std::move(event));
+        continue;
       }
+      while (slots_[next_free].sequence) ++next_free;
+      slots_[next_free].sequence = sequence;
+      ++active_;
+      taken.push_back(&slots_[next_free]);
     }
+    prefill(taken);
     for (auto& slot : slots_) {
       if (slot.sequence && slot.sequence->cancelled) finish(slot, FinishReason::kCancelled);
     }
@@ -162,28 +162,64 @@ void Scheduler::run() {
   }
 }
 
-void Scheduler::admit(Slot& slot, const std::shared_ptr<Sequence>& sequence) {
-  if (sequence->cancelled) {
-    SequenceEvent event;
-    event.finished = FinishReason::kCancelled;
-    sequence->spec.on_event(std::move(event));
-    return;
+void Scheduler::prefill(const std::vector<Slot*>& taken) {
+  // Prompts of one length go together (no padding), up to prefill_batch per forward.
+  std::map<int64_t, std::vector<Slot*>> by_length;
+  for (Slot* slot : taken) by_length[static_cast<int64_t>(slot->sequence->spec.prompt.size())].push_back(slot);
+  for (const auto& [length, slots] : by_length) {
+    for (size_t begin = 0; begin < slots.size(); begin += static_cast<size_t>(options_.prefill_batch)) {
+      const size_t end = std::min(slots.size(), begin + static_cast<size_t>(options_.prefill_batch));
+      const std::vector<Slot*> group(slots.begin() + static_cast<std::ptrdiff_t>(begin),
+                                     slots.begin() + static_cast<std::ptrdiff_t>(end));
+      // A failing forward (e.g. out of device memory) ends the sequences it held, not the server.
+      try {
+        prefill_group(group);
+      } catch (const std::exception& e) {
+        log::error("gpt2-serve: prefill failed: ", e.what());
+        for (Slot* slot : group) {
+          if (slot->sequence) finish(*slot, FinishReason::kError);
+        }
+      }
+    }
   }
-  slot.sequence = sequence;
-  ++active_;
-  Sequence& seq = *slot.sequence;
+}
+
+void Scheduler::prefill_group(const std::vector<Slot*>& group) {
   const auto t0 = Clock::now();
-  const int64_t T = static_cast<int64_t>(seq.spec.prompt.size());
-  // The prefill gpt2-generate runs for one prompt, into a one-row view of this slot's cache rows.
-  KVCache view = cache_.row_view(&slot - slots_.data());
-  const auto ids = torch::tensor(seq.spec.prompt, torch::kLong).view({1, T}).to(device_);
-  const auto logits = model_->forward_cached(ids, view).select(0, 0);  // (V)
-  const auto& o = seq.spec.sampling;
-  const int64_t id = o.temperature == 0.0 ? logits.argmax().item<int64_t>()
-                                          : sample_next(logits.to(torch::kCPU, torch::kFloat), o, seq.generator);
-  metrics_.prefill(T, seconds_since(t0));
-  slot.position = T;
-  accept_token(slot, id);
+  const auto n = static_cast<int64_t>(group.size());
+  const auto T = static_cast<int64_t>(group.front()->sequence->spec.prompt.size());
+  std::vector<int64_t> ids, rows;
+  for (const Slot* slot : group) {
+    ids.insert(ids.end(), slot->sequence->spec.prompt.begin(), slot->sequence->spec.prompt.end());
+    rows.push_back(slot - slots_.data());
+  }
+  const auto ids_t = torch::tensor(ids, torch::kLong).view({n, T}).to(device_);
+  torch::Tensor logits;  // (n, V)
+  if (n == 1) {
+    // The prefill gpt2-generate runs for one prompt, straight into a one-row view of the slot.
+    KVCache view = cache_.row_view(rows[0]);
+    logits = model_->forward_cached(ids_t, view);
+  } else {
+    // n prompts in one forward into a cache of their own, then their keys and values into the slots.
+    KVCache fresh = model_->make_kv_cache(T, std::vector<int64_t>(n, 0));
+    logits = model_->forward_cached(ids_t, fresh);
+    const auto rows_t = torch::tensor(rows, torch::kLong).to(device_);
+    for (size_t l = 0; l < cache_.keys.size(); ++l) {
+      cache_.keys[l].narrow(2, 0, T).index_copy_(0, rows_t, fresh.keys[l]);  // (n, nh, T, hs) into their rows
+      cache_.values[l].narrow(2, 0, T).index_copy_(0, rows_t, fresh.values[l]);
+    }
+  }
+  const auto greedy = logits.argmax(1).to(torch::kCPU);  // (n)
+  for (int64_t i = 0; i < n; ++i) {
+    Slot& slot = *group[i];
+    Sequence& seq = *slot.sequence;
+    const auto& o = seq.spec.sampling;
+    const int64_t id = o.temperature == 0.0 ? greedy[i].item<int64_t>()
+                                            : sample_next(logits[i].to(torch::kCPU, torch::kFloat), o, seq.generator);
+    slot.position = T;
+    accept_token(slot, id);
+  }
+  metrics_.prefill(n * T, seconds_since(t0));
 }
 
 void Scheduler::decode_step() {

@@ -1,7 +1,8 @@
 #pragma once
 // Continuous batching: one thread owns the model and a slot KV cache of max_batch rows x
 // block_size (Note [Slot decoding] in src/model/gpt2_model.h). Each iteration admits waiting
-// sequences into free slots (a one-row prefill each, which also samples their first token), then
+// sequences into free slots (a one-row prefill each, or prefill_batch prompts of one length
+// together; the prefill samples their first token), then
 // decodes one token for every active slot in one forward over all max_batch rows. A sequence that finishes
 // or is cancelled frees its slot before the next iteration.
 // Contract: submit(), cancel() and the getters are thread safe and never wait for the model. A
@@ -63,6 +64,10 @@ struct SchedulerOptions {
   // any company; N: over the longest active sequence rounded up to N positions (less to read for
   // short sequences; last-bit differences with the company). Note [Slot decoding].
   int64_t attend_block = 0;
+  // 1: each prompt prefilled alone, exactly gpt2-generate's prefill; N: prompts of equal length
+  // that arrive together are prefilled N at a time in one forward (a burst's time to first token
+  // falls; the first token's logits may then differ in the last bits with the company).
+  int64_t prefill_batch = 1;
 };
 
 class Scheduler {
@@ -89,7 +94,10 @@ class Scheduler {
  private:
   struct Slot;
   void run();
-  void admit(Slot& slot, const std::shared_ptr<Sequence>& sequence);
+  // The prompts of newly taken slots, grouped by length, up to prefill_batch per forward; each
+  // gets its first token. A group whose forward fails ends with kError.
+  void prefill(const std::vector<Slot*>& taken);
+  void prefill_group(const std::vector<Slot*>& group);
   void decode_step();
   // Appends one sampled id to the slot's sequence, sends its event, frees the slot when done.
   void accept_token(Slot& slot, int64_t id);

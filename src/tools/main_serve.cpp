@@ -66,6 +66,9 @@ std::optional<Options> parse_options(int argc, char** argv) {
       ("attend_block", po::value(&o.scheduler.attend_block)->default_value(o.scheduler.attend_block),
        "0: decode steps attend over the whole context (a request's logits are the same bits in any batch); "
        "N: over the longest active sequence rounded up to N (faster for short sequences, last-bit differences)")
+      ("prefill_batch", po::value(&o.scheduler.prefill_batch)->default_value(o.scheduler.prefill_batch),
+       "1: each prompt prefilled alone (exactly gpt2-generate's prefill); N: up to N prompts of one length per "
+       "forward (faster bursts, last-bit differences)")
       ("api_key", po::value(&s.api_key), "require 'Authorization: Bearer KEY' (default: $GPT2_SERVE_API_KEY)")
       ("model_name", po::value(&o.model_name), "the model's name in the API (default: MODEL's last path component)")
       ("tokenizer_dir", po::value(&o.tokenizer_dir), "encoder.json + vocab.bpe (default: data/tokenizer/gpt2)")
@@ -147,7 +150,8 @@ int run(int argc, char** argv) {
   gpt2::log::info("gpt2-serve: ", loaded.source.describe(), " as '", o.model_name, "', ",
                   loaded.model->num_parameters() / 1e6, "M parameters, ", loaded.device.str(), " ", loaded.dtype,
                   ", context ", cfg.block_size, ", max_batch ", o.scheduler.max_batch, ", max_queue ",
-                  o.scheduler.max_queue, ", attend_block ", o.scheduler.attend_block,
+                  o.scheduler.max_queue, ", attend_block ", o.scheduler.attend_block, ", prefill_batch ",
+                  o.scheduler.prefill_batch,
                   o.server.api_key.empty() ? ", no API key" : ", API key required");
   gpt2::log::info("gpt2-serve: listening on http://", o.server.host, ":", port);
   gpt2::log::flush();

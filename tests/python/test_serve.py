@@ -556,7 +556,8 @@ class Guarded(ServerTest):
 
 
 class Load(ServerTest):
-    server_args = ("--max_batch", "16", "--max_queue", "128", "--attend_block", "64")  # the other attention path
+    # The other paths: attention over the longest row rounded up, prompts prefilled together.
+    server_args = ("--max_batch", "16", "--max_queue", "128", "--attend_block", "64", "--prefill_batch", "8")
 
     def test_2000_requests_from_64_clients(self):
         total, clients = 2000, 64
@@ -595,6 +596,7 @@ class Load(ServerTest):
             list(pool.map(client, range(clients)))
         seconds = time.time() - t0
         m = self.server.metrics()
+        self.assertLess(m["gpt2_serve_prefills_total"], total, "no prompts were prefilled together")
         print(f"[ measured ] {total} requests from {clients} clients in {seconds:.1f} s "
               f"({total / seconds:.0f} requests/s, {m['gpt2_serve_generation_tokens_total'] / seconds:.0f} tokens/s)")
         self.assertEqual(answered[0], total)
