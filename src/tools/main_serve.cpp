@@ -143,6 +143,9 @@ int run(int argc, char** argv) {
   limits.max_prompts = o.max_prompts;
   limits.model_name = o.model_name;
 
+  // Keys and values of every layer for max_batch x block_size positions (the scheduler's slots).
+  const double kv_mib = 2.0 * static_cast<double>(cfg.n_layer * o.scheduler.max_batch * cfg.block_size * cfg.n_embd) *
+                        static_cast<double>(loaded.model->parameters().front().element_size()) / (1 << 20);
   serve::Metrics metrics(o.scheduler.max_batch);
   serve::Scheduler scheduler(loaded.model, tokenizer, o.scheduler, metrics);
   serve::Server server(o.server, scheduler, tokenizer, limits, metrics);
@@ -151,7 +154,7 @@ int run(int argc, char** argv) {
                   loaded.model->num_parameters() / 1e6, "M parameters, ", loaded.device.str(), " ", loaded.dtype,
                   ", context ", cfg.block_size, ", max_batch ", o.scheduler.max_batch, ", max_queue ",
                   o.scheduler.max_queue, ", attend_block ", o.scheduler.attend_block, ", prefill_batch ",
-                  o.scheduler.prefill_batch,
+                  o.scheduler.prefill_batch, ", KV cache ", gpt2::log::format("%.0f", kv_mib), " MiB",
                   o.server.api_key.empty() ? ", no API key" : ", API key required");
   gpt2::log::info("gpt2-serve: listening on http://", o.server.host, ":", port);
   gpt2::log::flush();
