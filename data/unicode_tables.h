@@ -69,6 +69,18 @@ inline size_t find_invalid_utf8(const unsigned char* s, size_t n) {
   return n;
 }
 
+// Bytes of `s` up to the last complete UTF-8 character: a token may end inside a character, whose
+// remaining bytes come with the next token.
+inline size_t complete_utf8_prefix(std::string_view s) {
+  for (size_t back = 1; back <= 3 && back <= s.size(); ++back) {
+    const auto c = static_cast<unsigned char>(s[s.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: look further back
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return need > back ? s.size() - back : s.size();
+  }
+  return s.size();
+}
+
 // `s` with every invalid UTF-8 sequence replaced by U+FFFD (for printing decoded samples, whose
 // last token may end inside a multi-byte character).
 inline std::string to_valid_utf8(std::string_view s) {

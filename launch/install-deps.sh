@@ -13,9 +13,9 @@ cd "$root"
 TORCH_VERSION=2.11.0
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config git
   libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools libboost-program-options-dev
-  libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev fortunes fortunes-min python3-venv
+  libspdlog-dev libfmt-dev nlohmann-json3-dev libboost-dev libgtest-dev libgmock-dev fortunes fortunes-min python3-venv
   clang libclang-rt-14-dev slurmctld slurmd slurm-client munge jq gnuplot-nox)
-PY_PACKAGES=("torch==${TORCH_VERSION}" numpy transformers tiktoken h5py safetensors tensorboard)
+PY_PACKAGES=("torch==${TORCH_VERSION}" numpy transformers tiktoken h5py safetensors tensorboard openai)
 
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 

@@ -35,7 +35,8 @@ void validate(const GPT2Config& cfg, const std::vector<std::vector<int64_t>>& pr
   if (!(o.top_p > 0.0 && o.top_p <= 1.0)) throw UserError("generate: top_p must be in (0, 1], got " + std::to_string(o.top_p));
 }
 
-// One id from a row of fp32 CPU logits (V).
+}  // namespace
+
 int64_t sample_next(torch::Tensor logits, const SamplingOptions& o, at::Generator& gen) {
   if (o.temperature == 0.0) return logits.argmax().item<int64_t>();
   logits = logits / o.temperature;
@@ -54,21 +55,12 @@ int64_t sample_next(torch::Tensor logits, const SamplingOptions& o, at::Generato
   return probs.multinomial(1, /*replacement=*/false, gen).item<int64_t>();  // multinomial renormalises
 }
 
-// cuDNN's attention builds an execution plan for every new sequence length, and decoding meets a
-// new length every token: ~95 ms a step for gpt2-124m in bf16 on an H200 instead of ~3 ms. The
-// flash and memory-efficient kernels need no plan. Restores the setting (training uses cuDNN).
-class NoCudnnAttention {
- public:
-  NoCudnnAttention() : was_(at::globalContext().userEnabledCuDNNSDP()) { at::globalContext().setSDPUseCuDNN(false); }
-  ~NoCudnnAttention() { at::globalContext().setSDPUseCuDNN(was_); }
-  NoCudnnAttention(const NoCudnnAttention&) = delete;
-  NoCudnnAttention& operator=(const NoCudnnAttention&) = delete;
+at::Generator make_sampling_generator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
 
- private:
-  bool was_;
-};
-
-}  // namespace
+NoCudnnAttention::NoCudnnAttention() : was_(at::globalContext().userEnabledCuDNNSDP()) {
+  at::globalContext().setSDPUseCuDNN(false);
+}
+NoCudnnAttention::~NoCudnnAttention() { at::globalContext().setSDPUseCuDNN(was_); }
 
 std::vector<std::vector<int64_t>> generate(GPT2& model, const std::vector<std::vector<int64_t>>& prompts,
                                            const SamplingOptions& options, const TokenCallback& on_tokens,
@@ -86,7 +78,7 @@ std::vector<std::vector<int64_t>> generate(GPT2& model, const std::vector<std::v
   torch::NoGradGuard no_grad;
   NoCudnnAttention no_cudnn_attention;
   const torch::Device device = model->parameters().front().device();
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(options.seed);
+  auto gen = make_sampling_generator(options.seed);
   const int64_t window = cfg.block_size, restart = std::max<int64_t>(1, cfg.block_size / 2);
 
   std::vector<std::vector<int64_t>> tokens = prompts;  // every row's whole sequence so far

@@ -133,7 +133,18 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const KVS
   auto v = qkv[2].view({B, T, n_head_, hs}).transpose(1, 2);         // (B, nh, T, hs)
   bool causal = true;
   std::optional<at::Tensor> mask;
-  if (slot != nullptr) {
+  if (slot != nullptr && slot->rows_at.defined()) {
+    // Slot decoding (Note [Slot decoding]): row b's one key/value goes to its own position; the
+    // query attends over the first L cached positions, the mask (B, 1, 1, L) keeping those <= rows_at[b].
+    const auto at = slot->rows_at.view({B, 1, 1, 1}).expand({B, n_head_, 1, hs});  // (B, nh, 1, hs)
+    slot->keys.scatter_(2, at, k);
+    slot->values.scatter_(2, at, v);
+    const int64_t L = slot->mask.size(3);
+    k = slot->keys.narrow(2, 0, L);                                  // (B, nh, L, hs)
+    v = slot->values.narrow(2, 0, L);
+    mask = slot->mask;
+    causal = false;
+  } else if (slot != nullptr) {
     // Decoding: store this step's keys and values, attend over everything cached so far.
     const int64_t end = slot->start + T;
     slot->keys.narrow(2, slot->start, T).copy_(k);
@@ -231,6 +242,43 @@ torch::Tensor GPT2Impl::forward_cached(const torch::Tensor& idx, KVCache& cache)
   return head(h.select(1, t - 1));     // (B, V)
 }
 
+// Note [Slot decoding]
+// The server (src/serve/scheduler.h) keeps one KVCache of max_batch rows ("slots") x block_size and
+// runs every active sequence one token a step in one forward. Rows join and leave between steps, so
+// each row has its own length: its new token's key/value is scattered to its own position and its
+// query attends to the first `attend` cached positions under a mask of positions <= its own.
+// Inactive rows run too (any id at position 0; their logits are ignored and their position 0 is
+// rewritten by the next prefill). The rows are always max_batch, so no matrix product changes
+// shape with the number of active sequences, and for one `attend` a row's logits are the same
+// bits whatever the other rows hold (tests/model/model_test.cpp, SlotDecoding...): a request's
+// greedy ids do not depend on its company. `attend` is the caller's: the whole capacity by default
+// (one shape: what a CUDA graph would capture), or (gpt2-serve --attend_block) the longest active
+// row rounded up, which spares short sequences reading every row's whole cache but makes the
+// softmax reduce over another length when a longer row is present (1e-7 relative on CPU in fp32).
+// Prefill is forward_cached on a one-row view of the slot's rows.
+torch::Tensor GPT2Impl::forward_slots(const torch::Tensor& ids, const torch::Tensor& positions, KVCache& cache,
+                                      int64_t attend) {
+  TORCH_CHECK(ids.dim() == 2 && ids.size(1) == 1 && ids.scalar_type() == torch::kLong &&
+                  ids.size(0) == static_cast<int64_t>(cache.pad.size()),
+              "GPT2::forward_slots expects (B, 1) int64 ids with B = the cache's rows, got ", ids.sizes());
+  TORCH_CHECK(positions.dim() == 1 && positions.size(0) == ids.size(0) && positions.scalar_type() == torch::kLong,
+              "GPT2::forward_slots expects (B) int64 positions, got ", positions.sizes());
+  if (attend <= 0) attend = cache.capacity();
+  TORCH_CHECK(attend <= cache.capacity(), "GPT2::forward_slots: attend ", attend, " exceeds the capacity ", cache.capacity());
+  return head(hidden(ids, &cache, positions, attend).select(1, 0));  // (B, V)
+}
+
+KVCache KVCache::row_view(int64_t row) const {
+  KVCache view;
+  for (size_t l = 0; l < keys.size(); ++l) {
+    view.keys.push_back(keys[l].narrow(0, row, 1));  // (1, n_head, capacity, head_size)
+    view.values.push_back(values[l].narrow(0, row, 1));
+  }
+  view.pad = {0};
+  view.pad_tensor = torch::zeros({1}, pad_tensor.options());
+  return view;
+}
+
 KVCache GPT2Impl::make_kv_cache(int64_t capacity, const std::vector<int64_t>& pad) {
   if (capacity < 1 || capacity > cfg_.block_size) {
     throw UserError("KV cache capacity " + std::to_string(capacity) + " must be in [1, model.block_size = " +
@@ -248,9 +296,14 @@ KVCache GPT2Impl::make_kv_cache(int64_t capacity, const std::vector<int64_t>& pa
   return cache;
 }
 
-torch::Tensor GPT2Impl::hidden(const torch::Tensor& idx, KVCache* cache) {
+torch::Tensor GPT2Impl::hidden(const torch::Tensor& idx, KVCache* cache, const torch::Tensor& slot_positions,
+                               int64_t attend) {
   torch::Tensor pos, mask;  // (T), or (B, T) and the attention mask when decoding (cached_positions)
-  if (cache == nullptr) {
+  if (slot_positions.defined()) {
+    pos = slot_positions.view({-1, 1});                                                       // (B, 1)
+    const auto keys = torch::arange(attend, slot_positions.options());                        // (L)
+    mask = keys.view({1, 1, 1, -1}) <= slot_positions.view({-1, 1, 1, 1});                   // (B, 1, 1, L)
+  } else if (cache == nullptr) {
     TORCH_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong,
                 "GPT2::forward expects (B, T) int64 token ids, got ", idx.sizes(), " ", idx.scalar_type());
     const int64_t T = idx.size(1);
@@ -268,7 +321,7 @@ torch::Tensor GPT2Impl::hidden(const torch::Tensor& idx, KVCache* cache) {
   for (size_t i = 0; i < tr.blocks.size(); ++i) {
     std::shared_ptr<BlockImpl> block = tr.blocks[i].ptr();  // the lambda keeps it for the recompute
     if (cache != nullptr) {
-      const KVSlot slot{cache->keys[i], cache->values[i], cache->length, mask};
+      const KVSlot slot{cache->keys[i], cache->values[i], cache->length, mask, slot_positions};
       std::tie(x, pending) = block->forward_pair(x, pending, &slot);
     } else if (recompute_every_ > 0 && static_cast<int64_t>(i) % recompute_every_ == 0) {
       // A recomputed block takes one tensor: fold pending in first (Note [Pending residual]).

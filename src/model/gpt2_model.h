@@ -50,15 +50,21 @@ struct KVCache {
   torch::Tensor pad_tensor;                 // the same, (B) int64 on the model's device
   int64_t length = 0;                       // positions filled, padding included
   int64_t capacity() const { return keys.empty() ? 0 : keys.front().size(2); }
+  // Row `row` alone, unpadded and empty, sharing this cache's storage: where the server prefills
+  // one sequence into its slot with forward_cached (Note [Slot decoding]).
+  KVCache row_view(int64_t row) const;
 };
 
 // One layer's part of a KVCache for one decoding step of t positions [start, start + t): the
 // attention writes their keys and values into `keys`/`values` (that layer's cache tensors) at
 // [start, start + t) and its queries attend to [0, start + t) under `mask`.
+// Slot decoding (forward_slots) sets `rows_at` instead: row b's one new position is rows_at[b],
+// written there, and the query attends to the first L positions under `mask` (B, 1, 1, L).
 struct KVSlot {
   torch::Tensor keys, values;  // (B, n_head, capacity, head_size)
   int64_t start = 0;
   torch::Tensor mask;          // (B, 1, t, start + t) bool, true = attend; undefined = causal
+  torch::Tensor rows_at;       // slot decoding: (B) int64 position of each row's new token; else undefined
 };
 
 // Causal multi-head self-attention with one fused qkv projection.
@@ -149,6 +155,13 @@ class GPT2Impl : public torch::nn::Module {
   // An empty cache for `batch` rows of up to `capacity` (<= block_size) positions, left padding
   // `pad` (size batch), on the model's device and dtype.
   KVCache make_kv_cache(int64_t capacity, const std::vector<int64_t>& pad);
+  // Continuous batching (src/serve, Note [Slot decoding]): every row of `cache` is its own
+  // sequence, unpadded, at its own length. ids (B, 1) are each row's next token, positions (B)
+  // int64 on the model's device its position (the row's length so far, < attend); writes their
+  // keys/values there and returns the logits (B, vocab_size), each row attending to its cached
+  // positions among the first `attend` (<= capacity; 0 = all). cache.length is not used.
+  torch::Tensor forward_slots(const torch::Tensor& ids, const torch::Tensor& positions, KVCache& cache,
+                              int64_t attend = 0);
 
   // true: loss() runs the head and the loss chunk by chunk without the batch's logits
   // (memory.chunked_loss, chunked_loss.h); false: logits, then cross_entropy (faster today).
@@ -183,7 +196,9 @@ class GPT2Impl : public torch::nn::Module {
   // are recomputed per recompute_every_; with one (decoding) the positions follow cache->length
   // and the padding, and each block's attention uses its KVSlot.
   // idx (B, T) -> the final hidden states (B, T, C), what the tied head multiplies.
-  torch::Tensor hidden(const torch::Tensor& idx, KVCache* cache = nullptr);
+  // `slot_positions` (B), `attend`: forward_slots' (then the cache's length is not used).
+  torch::Tensor hidden(const torch::Tensor& idx, KVCache* cache = nullptr, const torch::Tensor& slot_positions = {},
+                       int64_t attend = 0);
   // The tied lm head: h (..., C) -> logits (..., vocab_size), narrowed from the padded product.
   torch::Tensor head(const torch::Tensor& h);
   // The head and the mean cross-entropy, h (B, T, C), targets (B, T): the one place that chooses

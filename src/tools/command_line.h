@@ -1,7 +1,8 @@
 #pragma once
-// The command line of the tools (gpt2-data, gpt2-generate, gpt2-eval): Boost.Program_options with
-// positional arguments, a malformed line as a gpt2::UserError that points at the tool's --help, and
-// --help printing the usage text and the options.
+// The command line of the tools (gpt2-data, gpt2-generate, gpt2-eval, gpt2-serve):
+// Boost.Program_options with positional arguments, a malformed line as a gpt2::UserError that
+// points at the tool's --help, and --help printing the usage text and the options; run_main, the
+// main() of the one-process tools.
 #include <boost/program_options.hpp>
 
 #include <iostream>
@@ -32,6 +33,21 @@ inline bool parse_command_line(int argc, char** argv, const char* tool, const ch
     return false;
   }
   return true;
+}
+
+// main() of a one-process tool (gpt2-generate, gpt2-serve): run(argc, argv); a gpt2::UserError is
+// printed as "<tool>: <message>" and exits 2, any other exception as "<tool> failed: ..." and 1.
+template <typename Run>
+int run_main(const char* tool, int argc, char** argv, Run&& run) {
+  try {
+    return run(argc, argv);
+  } catch (const UserError& e) {
+    std::cerr << tool << ": " << e.what() << "\n";
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::cerr << tool << " failed: " << e.what() << "\n";
+    return kExitFailure;
+  }
 }
 
 }  // namespace gpt2::tools

@@ -121,18 +121,6 @@ std::vector<int64_t> parse_ids(const std::string& text, int64_t vocab) {
   return ids;
 }
 
-// Bytes of `s` up to the last complete UTF-8 character: a token may end inside a character, whose
-// remaining bytes come with the next token.
-size_t complete_utf8_prefix(const std::string& s) {
-  for (size_t back = 1; back <= 3 && back <= s.size(); ++back) {
-    const auto c = static_cast<unsigned char>(s[s.size() - back]);
-    if ((c & 0xC0) == 0x80) continue;  // continuation byte: look further back
-    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-    return need > back ? s.size() - back : s.size();
-  }
-  return s.size();
-}
-
 int run(int argc, char** argv) {
   const auto parsed = parse_options(argc, argv);
   if (!parsed) return gpt2::kExitOk;
@@ -190,7 +178,7 @@ int run(int argc, char** argv) {
     on_tokens = [&](const std::vector<int64_t>& ids) {
       if (ids[0] < 0 || (!o.ids && ids[0] == o.sampling.stop_token)) return;  // text ends at <|endoftext|>
       pending += o.ids ? " " + std::to_string(ids[0]) : decode({ids[0]});
-      const size_t n = o.ids ? pending.size() : complete_utf8_prefix(pending);
+      const size_t n = o.ids ? pending.size() : data::unicode::complete_utf8_prefix(pending);
       std::cout << pending.substr(0, n) << std::flush;
       pending.erase(0, n);
     };
@@ -221,14 +209,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const gpt2::UserError& e) {
-    std::cerr << "gpt2-generate: " << e.what() << "\n";
-    return gpt2::kExitUsage;
-  } catch (const std::exception& e) {
-    std::cerr << "gpt2-generate failed: " << e.what() << "\n";
-    return gpt2::kExitFailure;
-  }
-}
+int main(int argc, char** argv) { return gpt2::tools::run_main("gpt2-generate", argc, argv, run); }

@@ -8,7 +8,8 @@ import os, re, shutil, sys, tempfile
 
 # Lowest first. Folders of one rank (data, parallel) may not include each other.
 LAYERS = [("src/base", 0), ("data", 1), ("parallel", 1), ("optim", 2), ("src/kernels", 3),
-          ("src/model", 4), ("src/io", 5), ("src/train", 6), ("src/tools", 7)]
+          ("src/model", 4), ("src/io", 5), ("src/train", 6), ("src/serve", 6),
+          ("src/tools", 7)]
 SOURCES = (".h", ".cpp", ".cu", ".cuh", ".inc")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 

@@ -302,6 +302,71 @@ TEST(ModelGpuDecode, Fp32KvCacheGreedyEqualsFullRecomputation) {
   EXPECT_LE(worst, kFp32Tolerance);
 }
 
+// Slot decoding as gpt2-serve runs it (Note [Slot decoding]): each prompt prefilled into its own
+// slot of a 16-row cache (every other row left inactive), then one forward_slots a step over all
+// rows, teacher-forced with next[b]. (kNewTokens, V) fp32 CPU logits per prompt. `only`: that
+// prompt alone, in the last row (the others inactive): the server gives a request any free slot.
+std::vector<torch::Tensor> slot_logits(GPT2& model, const std::vector<std::vector<int64_t>>& prompts,
+                                       const std::vector<std::vector<int64_t>>& next, int64_t only = -1) {
+  torch::NoGradGuard no_grad;
+  const auto device = model->parameters().front().device();
+  constexpr int64_t S = 16;
+  auto cache = model->make_kv_cache(model->config().block_size, std::vector<int64_t>(S, 0));
+  std::vector<int64_t> ids(S, 0), pos(S, 0);
+  std::vector<std::vector<torch::Tensor>> steps(prompts.size());
+  auto row_of = [&](size_t b) { return only >= 0 ? S - 1 : 2 * static_cast<int64_t>(b); };
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    if (only >= 0 && static_cast<int64_t>(b) != only) continue;
+    auto view = cache.row_view(row_of(b));
+    const auto p = torch::tensor(prompts[b], torch::kLong).view({1, -1}).to(device);
+    steps[b].push_back(model->forward_cached(p, view)[0].to(torch::kCPU, torch::kFloat));
+    ids[row_of(b)] = next[b][0];
+    pos[row_of(b)] = static_cast<int64_t>(prompts[b].size());
+  }
+  for (int64_t s = 1; s < kNewTokens; ++s) {
+    const auto logits = model->forward_slots(torch::tensor(ids, torch::kLong).view({S, 1}).to(device),
+                                             torch::tensor(pos, torch::kLong).to(device), cache)
+                            .to(torch::kCPU, torch::kFloat);  // (S, V)
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      if (only >= 0 && static_cast<int64_t>(b) != only) continue;
+      steps[b].push_back(logits[row_of(b)]);
+      ids[row_of(b)] = next[b][s];
+      ++pos[row_of(b)];
+    }
+  }
+  std::vector<torch::Tensor> out;
+  for (auto& s : steps) out.push_back(s.empty() ? torch::Tensor() : torch::stack(s));
+  return out;
+}
+
+// bf16, as gpt2-serve runs on a GPU: slot decoding within bf16 rounding of full recomputation
+// (the tolerance of the test below), and a prompt run alone gives the same bits as in the batch.
+TEST(ModelGpuDecode, Bf16SlotDecodingNearRecomputationAndTheSameAloneOrBatched) {
+  REQUIRE_CUDA();
+  GPT2 model = lively_model(7);
+  model->to(torch::kCUDA, torch::kBFloat16);
+  const auto prompts = decode_prompts();
+  std::vector<std::vector<int64_t>> next;  // a continuation to force: random ids
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(12);
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const auto r = torch::randint(0, 50257, {kNewTokens}, gen, torch::kLong);
+    next.emplace_back(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + kNewTokens);
+  }
+  const auto batched = slot_logits(model, prompts, next);
+  const double ulp = std::ldexp(1.0, -7);
+  const double ulps = 4 * std::sqrt(static_cast<double>(model->config().n_layer));
+  const auto [worst, mean] = logit_differences(batched, recomputed_logits(model, prompts, next), ulp);
+  std::printf("[ measured ] bf16 slot decoding vs recomputed: max %.3g, mean %.3g bf16 ulps of the logits' scale "
+              "(tolerance %.3g, 1)\n", worst, mean, ulps);
+  EXPECT_LE(worst, ulps);
+  EXPECT_LE(mean, 1.0);
+  for (int64_t b : {0, 7}) {
+    const auto alone = slot_logits(model, prompts, next, b);
+    EXPECT_TRUE(torch::equal(alone[b], batched[b])) << "prompt " << b << " alone differs from the batch: max "
+        << (alone[b] - batched[b]).abs().max().item<double>();
+  }
+}
+
 // bf16: the logits of decoding with the cache within bf16 rounding of full recomputation at every
 // step, both taking the same fused kernels (the residual LayerNorm included: asserted below).
 // Tolerance: both ways compute the same function in bf16 with fp32 sums, and differ in how the

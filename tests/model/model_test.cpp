@@ -417,6 +417,60 @@ TEST(ModelGenerate, CachedLogitsEqualForwardWithPadding) {
   EXPECT_HAS(user_error([&] { model->forward_cached(torch::zeros({2, 9}, torch::kLong), cache); }), "capacity 16");
 }
 
+// Slot decoding (Note [Slot decoding], the server's step): each row is its own sequence at its own
+// position, prefilled through a one-row view; its logits are those of a forward over its whole
+// sequence, and for one `attend` the same bits whatever the other rows hold.
+TEST(ModelGenerate, SlotDecodingRowsAreIndependentSequences) {
+  GPT2 model(tiny_config(100));
+  randomise(model, 24);
+  torch::NoGradGuard no_grad;
+  const int64_t S = 3;
+  auto cache = model->make_kv_cache(16, std::vector<int64_t>(S, 0));
+  auto prefill = [&](int64_t row, const std::vector<int64_t>& ids) {
+    KVCache view = cache.row_view(row);
+    return model->forward_cached(torch::tensor(ids).view({1, -1}), view)[0];
+  };
+  auto step = [&](const std::vector<int64_t>& ids, const std::vector<int64_t>& pos, int64_t attend) {
+    return model->forward_slots(torch::tensor(ids).view({S, 1}), torch::tensor(pos), cache, attend);  // (S, V)
+  };
+  auto ref = [&](const std::vector<int64_t>& ids) { return model->forward(torch::tensor(ids).view({1, -1}))[0][-1]; };
+  auto close = [](const torch::Tensor& a, const torch::Tensor& b) { return torch::allclose(a, b, 1e-4, 1e-5); };
+  std::vector<int64_t> a = {4, 5, 6, 7, 8}, c = {1, 2, 3};
+  EXPECT_TRUE(close(prefill(0, a), ref(a)));
+  prefill(2, c);
+  // Row 1 inactive (id 0 at position 0), as the scheduler runs a free slot.
+  auto s1 = step({9, 0, 9}, {5, 0, 3}, 8);
+  a.push_back(9);
+  c.push_back(9);
+  EXPECT_TRUE(close(s1[0], ref(a)));
+  EXPECT_TRUE(close(s1[2], ref(c)));
+  // The next step twice with attend 16: row 1 inactive, then row 1 holding a longer sequence.
+  // Rows 0 and 2 write the same keys again and must give the same bits.
+  const auto s2 = step({10, 0, 11}, {6, 0, 4}, 16);
+  const std::vector<int64_t> b = {7, 3, 7, 3, 7, 3, 7, 3, 7, 3};
+  prefill(1, b);
+  const auto s2b = step({10, 12, 11}, {6, 10, 4}, 16);
+  EXPECT_TRUE(torch::equal(s2[0], s2b[0]));
+  EXPECT_TRUE(torch::equal(s2[2], s2b[2]));
+  // Another `attend` (8): the same values up to rounding (the softmax reduces over another length).
+  const auto s2c = step({10, 0, 11}, {6, 0, 4}, 8);
+  EXPECT_TRUE(close(s2c[0], s2b[0]));
+  EXPECT_TRUE(close(s2c[2], s2b[2]));
+  a.push_back(10);
+  c.push_back(11);
+  auto b12 = b;
+  b12.push_back(12);
+  EXPECT_TRUE(close(s2b[0], ref(a)));
+  EXPECT_TRUE(close(s2b[1], ref(b12)));
+  EXPECT_TRUE(close(s2b[2], ref(c)));
+  // Row 0's sequence alone in another row of a fresh cache (the server takes any free slot), each
+  // step at the `attend` it had: the same bits.
+  cache = model->make_kv_cache(16, std::vector<int64_t>(S, 0));
+  prefill(1, {4, 5, 6, 7, 8});
+  step({0, 9, 0}, {0, 5, 0}, 8);
+  EXPECT_TRUE(torch::equal(step({0, 10, 0}, {0, 6, 0}, 16)[1], s2b[0]));
+}
+
 TEST(ModelGenerate, TopPKeepsTheNucleusAndStopTokenEndsARow) {
   GPT2 model(tiny_config(100));
   randomise(model, 23, 0.1);  // flat-ish distributions: the nucleus holds several ids

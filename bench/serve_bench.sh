@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# gpt2-serve against transformers on one GPU (issue #22): gpt2-124m shape (random weights), bf16,
+# prompts of 128 random ids, 128 new tokens each (ignore_eos), streamed; 1, 8, 32 and 128
+# concurrent clients (bench/serve_load.py: generated tokens/s, p50/p99 time to first token).
+#   ours      gpt2-serve --max_batch 128 (continuous batching), twice: the defaults (attention over
+#             the whole context, each prompt prefilled alone: a request's logits are the same bits
+#             in any batch), and "fast": --attend_block 128 (attention over the longest active
+#             sequence rounded up) --prefill_batch 32 (equal-length prompts prefilled together)
+#   peer      FastAPI + transformers generate, one request at a time (bench/serve_peer.py serve);
+#             1, 8 and 32 clients, one request each (it serves them one by one)
+#   batched   transformers' batched generate, no server (bench/serve_peer.py batched): B = 1..128
+# Targets at 32 clients: >= 8K generated tokens/s, p50 TTFT < 50 ms.
+#
+# On the CPU machine first (network; the wheels are for Python 3.10 to 3.13):
+#   bash bench/serve_bench.sh --prepare     # bench/prepare-device.sh + fastapi/uvicorn wheels
+# On the GPU machine, carrying [".device-deps"]:
+#   source .device-deps/gpu-env.sh && bash bench/serve_bench.sh
+# Everything lands in $OUT: serve_results.jsonl (one JSON object per measurement), summary.txt,
+# the server logs. A CPU smoke run (tiny model, a few requests, about a minute on 2 cores):
+#   GPT2_SERVE_BENCH_CPU=1 OUT=/tmp/serve_bench bash bench/serve_bench.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = --prepare ]; then
+  set -e
+  py=python3; [ -x .venv/bin/python ] && py=.venv/bin/python
+  mkdir -p .device-deps/wheels
+  $py -m pip download -q fastapi uvicorn -d .device-deps/wheels
+  for v in 3.10 3.11 3.12 3.13; do  # the GPU machine's Python may not be this one (pydantic-core is compiled)
+    $py -m pip download -q fastapi uvicorn -d .device-deps/wheels --only-binary=:all: \
+      --python-version "$v" --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64
+  done
+  du -sh .device-deps/wheels
+  bash bench/prepare-device.sh  # Boost (Beast's headers come with libboost1.74-dev), nlohmann-json, gpu-env.sh
+  exit 0
+fi
+
+out="${OUT:-/tmp/out}"; mkdir -p "$out"
+cpu="${GPT2_SERVE_BENCH_CPU:-0}"
+if [ "$cpu" = 1 ]; then
+  py="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
+  build="${BUILD_DIR:-build}"; device=cpu; dtype=fp32; max_batch=8
+  sizes="n_layer=2, n_head=4, n_embd=64, n_positions=256"; clients=1,4; peer_clients=1,2; batches=1,4
+  requests=2; prompt=16; new=16
+else
+  py="${PYTHON:-python3}"
+  build="${BUILD_DIR:-build-gpu}"; device=cuda; dtype=bf16; max_batch=128
+  sizes="n_layer=12, n_head=12, n_embd=768, n_positions=1024"; clients=1,8,32,128; peer_clients=1,8,32
+  batches=1,8,32,128; requests=4; prompt=128; new=128
+fi
+results="$out/serve_results.jsonl"; : >"$results"
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+
+# --- build gpt2-serve (only that target) ---
+if [ ! -x "$build/bin/gpt2-serve" ] || [ "$cpu" != 1 ]; then
+  if [ ! -f "$build/build.ninja" ] && [ ! -f "$build/Makefile" ]; then
+    cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPT2_PYTHON="$(command -v "$py")" \
+      >"$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; exit 1; }
+  fi
+  cmake --build "$build" -j "$(nproc)" --target gpt2-serve >"$out/build.log" 2>&1 \
+    || { grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; }
+fi
+stamp "gpt2-serve built"
+[ "$cpu" = 1 ] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+
+# --- fastapi + uvicorn for the peer (carried wheels; no network there) ---
+if ! "$py" -c "import fastapi, uvicorn" 2>/dev/null; then
+  "$py" -m pip install -q --no-index --find-links .device-deps/wheels fastapi uvicorn >"$out/pip.log" 2>&1 \
+    || { tail -5 "$out/pip.log"; echo "no fastapi/uvicorn: run bench/serve_bench.sh --prepare and carry .device-deps"; }
+fi
+
+# --- a random GPT-2 of the measured shape, as a Hugging Face directory both servers read ---
+model="${GPT2_SERVE_BENCH_MODEL:-/tmp/serve_bench_model}"  # not under $OUT: 500 MB that need not come back
+"$py" - "$model" <<PY || exit 1
+import sys, torch
+from transformers import GPT2Config, GPT2LMHeadModel
+torch.manual_seed(0)
+GPT2LMHeadModel(GPT2Config(vocab_size=50257, $sizes)).save_pretrained(sys.argv[1])
+PY
+stamp "model written"
+
+# http_get URL: the body, or a failure (Python's urllib: the GPU machine may lack curl).
+http_get() { "$py" -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())" "$1" 2>/dev/null; }
+
+# wait_port LOG: the port a server logs when it listens (gpt2-serve's line), or "" after 120 s.
+wait_port() {
+  for _ in $(seq 1200); do
+    p=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$1" 2>/dev/null | grep -o '[0-9]*$' | head -1)
+    [ -n "$p" ] && { echo "$p"; return; }
+    sleep 0.1
+  done
+}
+
+# --- ours: the defaults (exact batch invariance), then --attend_block 128 --prefill_batch 32 ---
+build_abs="$(cd "$build" && pwd)"
+port=""
+for fast in 0 1; do
+  label=gpt2-serve; flags=()
+  if [ "$fast" = 1 ]; then label=gpt2-serve-fast; flags=(--attend_block 128 --prefill_batch 32); fi
+  "$build_abs/bin/gpt2-serve" "$model" --port 0 --device "$device" --dtype "$dtype" --max_batch "$max_batch" \
+    --max_queue 1024 "${flags[@]}" --model_name gpt2-bench >"$out/$label.log" 2>&1 &
+  server=$!
+  port=$(wait_port "$out/$label.log")
+  if [ -z "$port" ]; then tail -20 "$out/$label.log"; kill $server 2>/dev/null; exit 1; fi
+  stamp "$label on port $port"
+  "$py" bench/serve_load.py --port "$port" --clients "$clients" --requests "$requests" --prompt_tokens "$prompt" \
+    --new_tokens "$new" --label "$label" --json "$results" | tee "$out/$label.txt"
+  http_get "http://127.0.0.1:$port/metrics" >"$out/$label-metrics.txt" || true
+  kill -TERM $server; wait $server; echo "$label exit status after SIGTERM: $?"
+  stamp "$label done"
+done
+
+# --- peer: FastAPI + transformers generate, one request at a time ---
+peer_port=$(( port + 1 ))
+"$py" bench/serve_peer.py serve --model "$model" --device "$device" --dtype "$dtype" --port "$peer_port" \
+  --name peer >"$out/peer.log" 2>&1 &
+peer=$!
+for _ in $(seq 1200); do
+  http_get "http://127.0.0.1:$peer_port/v1/models" >/dev/null && break
+  kill -0 $peer 2>/dev/null || break
+  sleep 0.1
+done
+if http_get "http://127.0.0.1:$peer_port/v1/models" >/dev/null; then
+  "$py" bench/serve_load.py --port "$peer_port" --clients 1 --requests 1 --warmup 1 --prompt_tokens "$prompt" \
+    --new_tokens "$new" --label warmup >/dev/null
+  "$py" bench/serve_load.py --port "$peer_port" --clients "$peer_clients" --requests 1 --warmup 0 \
+    --prompt_tokens "$prompt" --new_tokens "$new" --label fastapi-transformers --json "$results" | tee "$out/peer.txt"
+else
+  echo "peer did not start:"; tail -5 "$out/peer.log"
+fi
+kill $peer 2>/dev/null; wait $peer 2>/dev/null
+stamp "peer done"
+
+# --- transformers' batched generate (no server) ---
+"$py" bench/serve_peer.py batched --model "$model" --device "$device" --dtype "$dtype" --batches "$batches" \
+  --prompt_tokens "$prompt" --new_tokens "$new" --json "$results" | tee "$out/batched.txt"
+stamp "batched done"
+
+# --- summary ---
+"$py" - "$results" "$device" "$dtype" "$sizes" <<'PY' | tee "$out/summary.txt"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(f"GPT-2 {sys.argv[4]} (random weights), {sys.argv[2]} {sys.argv[3]}: generated tokens/s (p50 / p99 TTFT ms)")
+print(f"{'clients':>8} | {'gpt2-serve':>26} | {'fast (attend 128, prefill 32)':>30} | {'FastAPI + transformers':>26} | {'transformers batched':>20}")
+def cell(r):
+    return f"{r['tokens_per_s']:>9,.0f} ({r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f})" if r else "-"
+for c in sorted({r.get("clients", r.get("batch")) for r in rows}):
+    ours = next((r for r in rows if r["label"] == "gpt2-serve" and r["clients"] == c), None)
+    fast = next((r for r in rows if r["label"] == "gpt2-serve-fast" and r["clients"] == c), None)
+    peer = next((r for r in rows if r["label"] == "fastapi-transformers" and r["clients"] == c), None)
+    batch = next((r for r in rows if r["label"] == "transformers-batched" and r["batch"] == c), None)
+    batched = f"{batch['tokens_per_s']:,.0f}" if batch else "-"
+    print(f"{c:>8} | {cell(ours):>26} | {cell(fast):>30} | {cell(peer):>26} | {batched:>20}")
+for label in ("gpt2-serve", "gpt2-serve-fast"):
+    r = next((r for r in rows if r["label"] == label and r["clients"] == 32), None)
+    if r:
+        ok = r["tokens_per_s"] >= 8000 and r["ttft_p50_ms"] < 50
+        print(f"{label}: targets at 32 clients (>= 8000 tokens/s, p50 TTFT < 50 ms): {'met' if ok else 'NOT met'}")
+PY
+stamp "all done"
