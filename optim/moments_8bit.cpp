@@ -50,7 +50,7 @@ QuantTable build_table(const QuantMap& map) {
   std::copy(map.begin(), map.end(), t.map);
   t.ext[0] = -std::numeric_limits<float>::infinity();
   std::copy(map.begin(), map.end(), t.ext + 1);
-  t.ext[257] = std::numeric_limits<float>::infinity();
+  std::fill(t.ext + 257, t.ext + 260, std::numeric_limits<float>::infinity());
   auto lower_bound = [&map](float x) { return static_cast<int>(std::lower_bound(map.begin(), map.end(), x) - map.begin()); };
   auto from_bits = [](uint32_t u) {
     float x;
@@ -73,7 +73,8 @@ QuantTable build_table(const QuantMap& map) {
     const int pos_lo = lower_bound(from_bits(first)), pos_hi = lower_bound(from_bits(last));
     const int neg_lo = lower_bound(-from_bits(last)), neg_hi = lower_bound(-from_bits(first));
     for (auto [sign, lo, hi] : {std::tuple{0, pos_lo, pos_hi}, std::tuple{1, neg_lo, neg_hi}}) {
-      if (hi - lo > 2) throw std::logic_error("optim::quant_table: a bucket spans more than 2 entries");
+      // quantize_avx512 reads two entries from lo on: a map with denser buckets needs more.
+      if (hi - lo > 1) throw std::logic_error("optim::quant_table: a bucket spans more than 1 entry");
       t.lo[sign][b] = static_cast<uint8_t>(std::min(lo, 255));
       t.span[sign][b] = static_cast<uint8_t>(hi - std::min(lo, 255));
     }
@@ -107,8 +108,10 @@ void quantize_scalar(const QuantTable& t, const float* x, int64_t len, float div
   for (int64_t i = 0; i < len; ++i) codes[i] = quantize_with(t, x[i] / div);
 }
 
-// The same, 16 values at a time with AVX-512 gathers: quantize_with's steps, lane by lane (the
-// compiler does not vectorise the scalar form: its table loads are bytes).
+// The same, 16 values at a time with AVX-512 gathers (the compiler does not vectorise the scalar
+// form: its table loads are bytes). span <= 1 (build_table checks it), and map[lo + span] >= x for
+// every x of the bucket, so lower_bound(x) = lo + [map[lo] < x] without reading span, and the
+// three entries around it are gathered at once.
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
 void quantize_avx512(const QuantTable& t, const float* x, int64_t len, float div, uint8_t* codes) {
   const __m512 vdiv = _mm512_set1_ps(div);
@@ -130,14 +133,12 @@ void quantize_avx512(const QuantTable& t, const float* x, int64_t len, float div
     b = _mm512_mask_mov_epi32(b, _mm512_cmpge_epi32_mask(e, max_e), last);
     const __m512i idx = _mm512_add_epi32(b, _mm512_mullo_epi32(_mm512_srli_epi32(u, 31), per_sign));
     const __m512i lo = _mm512_and_si512(_mm512_i32gather_epi32(idx, &t.lo[0][0], 1), byte);
-    const __m512i span = _mm512_and_si512(_mm512_i32gather_epi32(idx, &t.span[0][0], 1), byte);
-    __m512i k = lo;  // lower_bound(y) is lo, lo + 1 or lo + 2
-    for (int step = 0; step < 2; ++step) {
-      const __m512 next = _mm512_i32gather_ps(_mm512_add_epi32(k, one), t.ext, 4);
-      const __mmask16 up = _mm512_cmpgt_epi32_mask(span, _mm512_set1_epi32(step)) & _mm512_cmp_ps_mask(next, y, _CMP_LT_OQ);
-      k = _mm512_mask_add_epi32(k, up, k, one);
-    }
-    const __m512 below = _mm512_i32gather_ps(k, t.ext, 4), above = _mm512_i32gather_ps(_mm512_add_epi32(k, one), t.ext, 4);
+    const __m512 e0 = _mm512_i32gather_ps(lo, t.ext, 4);  // ext[lo + j] = map[lo + j - 1]
+    const __m512 e1 = _mm512_i32gather_ps(_mm512_add_epi32(lo, one), t.ext, 4);
+    const __m512 e2 = _mm512_i32gather_ps(_mm512_add_epi32(lo, _mm512_set1_epi32(2)), t.ext, 4);
+    const __mmask16 up = _mm512_cmp_ps_mask(e1, y, _CMP_LT_OQ);  // lower_bound(y) = lo + up
+    const __m512i k = _mm512_mask_add_epi32(lo, up, lo, one);
+    const __m512 below = _mm512_mask_mov_ps(e0, up, e1), above = _mm512_mask_mov_ps(e1, up, e2);
     const __mmask16 lower = _mm512_cmp_ps_mask(_mm512_sub_ps(y, below), _mm512_sub_ps(above, y), _CMP_LE_OQ);
     __m512i code = _mm512_mask_sub_epi32(k, lower, k, one);
     code = _mm512_min_epi32(_mm512_max_epi32(code, _mm512_setzero_si512()), byte);

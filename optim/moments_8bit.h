@@ -56,8 +56,9 @@ uint8_t quantize_value(const QuantMap& map, float x);
 // memory bank miss on the GPU): |x|'s exponent and top 7 mantissa bits pick one of kNumBuckets
 // buckets (one more for |x| < 2^-27, one for |x| >= 1), and a table built from the map gives, per
 // sign of x, the range [lo, lo + span] that lower_bound(x) takes over the bucket (lower_bound is
-// monotonic in x). span <= 2 for both maps (a bucket is under 0.8% of its value wide, neighbouring
-// entries at least 0.7% apart), so two compares find lower_bound(x) exactly, then the same
+// monotonic in x). span <= 1 for both maps (a bucket is under 0.8% of its value wide, and as it
+// falls no bucket holds two entries; the table's build checks it), so at most one compare, two here
+// to be safe, finds lower_bound(x) exactly, then the same
 // nearest-entry rule, against a copy of the map between -inf and +inf so that neither end needs a
 // branch: the same codes as quantize_value for every float, on CPU and GPU, in straight-line code
 // that the compiler vectorises (gathers) on the host.
@@ -67,7 +68,7 @@ constexpr int kNumBuckets = 2 + ((127 - kBucketMinExponent) << kBucketMantissaBi
 
 struct QuantTable {
   float map[256];                 // the sorted map
-  float ext[258];                 // -inf, the map, +inf: ext[k + 1] = map[k]
+  float ext[260];                 // -inf, the map, +inf x 3: ext[k + 1] = map[k]
   uint8_t lo[2][kNumBuckets];     // [x < 0]: lower_bound(x) over the bucket is in [lo, lo + span]
   uint8_t span[2][kNumBuckets];
   uint8_t pad[4];                 // the host's 4-byte gathers of the last span entry stay inside
