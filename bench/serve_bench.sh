@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# gpt2-serve against transformers on one GPU (issue #22): gpt2-124m shape (random weights), bf16,
+# gpt2-serve against transformers on one GPU (issue #22): gpt2-124m shape (GPT2_SERVE_BENCH_SIZE=1558m:
+# gpt2-1558m's) with random weights, bf16,
 # prompts of 128 random ids, 128 new tokens each (ignore_eos), streamed; 1, 8, 32 and 128
 # concurrent clients (bench/serve_load.py: generated tokens/s, p50/p99 time to first token).
 #   ours      gpt2-serve --max_batch 128 (continuous batching), twice: the defaults (attention over
@@ -46,6 +47,8 @@ else
   py="${PYTHON:-python3}"
   build="${BUILD_DIR:-build-gpu}"; device=cuda; dtype=bf16; max_batch=128
   sizes="n_layer=12, n_head=12, n_embd=768, n_positions=1024"; clients=1,8,32,128; peer_clients=1,8,32
+  # GPT2_SERVE_BENCH_SIZE=1558m: the gpt2-1558m shape (the issue's second row)
+  [ "${GPT2_SERVE_BENCH_SIZE:-124m}" = 1558m ] && sizes="n_layer=48, n_head=25, n_embd=1600, n_positions=1024"
   batches=1,8,32,128; requests=4; prompt=128; new=128
 fi
 results="$out/serve_results.jsonl"; : >"$results"
