@@ -37,9 +37,7 @@ size_t MomentLayout::first_block_at(int64_t flat) const {
     throw std::logic_error("MomentLayout: flat position " + std::to_string(flat) + " is not on the " +
                            std::to_string(kQuantBlock) + "-element grid");
   }
-  return static_cast<size_t>(
-      std::lower_bound(blocks_.begin(), blocks_.end(), flat, [](const MomentBlock& b, int64_t x) { return b.begin < x; }) -
-      blocks_.begin());
+  return optim::first_block_at(blocks_, flat);
 }
 
 int64_t MomentLayout::absmax_before(int64_t flat) const { return absmax_prefix_[first_block_at(flat)]; }

@@ -50,7 +50,7 @@ QuantTable build_table(const QuantMap& map) {
   std::copy(map.begin(), map.end(), t.map);
   t.ext[0] = -std::numeric_limits<float>::infinity();
   std::copy(map.begin(), map.end(), t.ext + 1);
-  std::fill(t.ext + 257, t.ext + 260, std::numeric_limits<float>::infinity());
+  t.ext[257] = std::numeric_limits<float>::infinity();
   auto lower_bound = [&map](float x) { return static_cast<int>(std::lower_bound(map.begin(), map.end(), x) - map.begin()); };
   auto from_bits = [](uint32_t u) {
     float x;
@@ -167,6 +167,12 @@ void dequantize_blocks(const QuantTable& t, const uint8_t* codes, const float* a
     const float scale = absmax[block];
     for (int64_t i = 0; i < len; ++i) out[b0 + i] = t.map[codes[b0 + i]] * scale;
   }
+}
+
+size_t first_block_at(const std::vector<MomentBlock>& blocks, int64_t pos) {
+  return static_cast<size_t>(
+      std::lower_bound(blocks.begin(), blocks.end(), pos, [](const MomentBlock& b, int64_t x) { return b.begin < x; }) -
+      blocks.begin());
 }
 
 std::vector<MomentBlock> contiguous_blocks(int64_t n, bool weight_decay) {

@@ -57,8 +57,8 @@ uint8_t quantize_value(const QuantMap& map, float x);
 // buckets (one more for |x| < 2^-27, one for |x| >= 1), and a table built from the map gives, per
 // sign of x, the range [lo, lo + span] that lower_bound(x) takes over the bucket (lower_bound is
 // monotonic in x). span <= 1 for both maps (a bucket is under 0.8% of its value wide, and as it
-// falls no bucket holds two entries; the table's build checks it), so at most one compare, two here
-// to be safe, finds lower_bound(x) exactly, then the same
+// falls no bucket holds two entries; the table's build checks it), so one compare finds
+// lower_bound(x) exactly, then the same
 // nearest-entry rule, against a copy of the map between -inf and +inf so that neither end needs a
 // branch: the same codes as quantize_value for every float, on CPU and GPU, in straight-line code
 // that the compiler vectorises (gathers) on the host.
@@ -68,7 +68,7 @@ constexpr int kNumBuckets = 2 + ((127 - kBucketMinExponent) << kBucketMantissaBi
 
 struct QuantTable {
   float map[256];                 // the sorted map
-  float ext[260];                 // -inf, the map, +inf x 3: ext[k + 1] = map[k]
+  float ext[258];                 // -inf, the map, +inf: ext[k + 1] = map[k]
   uint8_t lo[2][kNumBuckets];     // [x < 0]: lower_bound(x) over the bucket is in [lo, lo + span]
   uint8_t span[2][kNumBuckets];
   uint8_t pad[4];                 // the host's 4-byte gathers of the last span entry stay inside
@@ -102,9 +102,7 @@ GPT2_HOST_DEVICE uint8_t quantize_with(const QuantTable& t, float x) {
   const uint32_t u = float_bits(x);
   const int sign = static_cast<int>(u >> 31), b = quant_bucket(u & 0x7FFFFFFFu);
   const int lo = t.lo[sign][b], span = t.span[sign][b];
-  int i = lo;  // lower_bound(x), the first entry >= x, is lo, lo + 1 or lo + 2
-  i += (span > 0) & (t.ext[i + 1] < x);
-  i += (span > 1) & (t.ext[i + 1] < x);
+  const int i = lo + ((span > 0) & (t.ext[lo + 1] < x));  // lower_bound(x), the first entry >= x
   const int code = x - t.ext[i] <= t.ext[i + 1] - x ? i - 1 : i;  // the nearer of map[i - 1], map[i]
   return static_cast<uint8_t>(code < 0 ? 0 : (code > 255 ? 255 : code));
 }
@@ -125,6 +123,9 @@ struct MomentBlock {
   uint16_t quantized = 0;     // 1: 8-bit moments
   uint16_t weight_decay = 0;  // 1: the parameter decays (CpuAdamWStep::weight_decay applies)
 };
+
+// The index of the first of `blocks` (sorted by begin) that begins at or after `pos`.
+size_t first_block_at(const std::vector<MomentBlock>& blocks, int64_t pos);
 
 // Where the moments of a range are: codes for every element of the range (used at 8-bit blocks),
 // one absmax per 8-bit block, and packed fp32 values for the fp32 blocks.

@@ -252,11 +252,8 @@ void ShardedAdamW::step_on_host(double lr, const torch::Tensor& found_inf) {
 
   auto update_chunk = [&](int64_t c0, int64_t c1) {
     if (options_.moments_8bit) {  // the blocks that begin in the chunk, split across the pool
-      const auto at = [this](int64_t pos) {
-        return std::lower_bound(blocks_.begin(), blocks_.end(), pos,
-                                [](const MomentBlock& b, int64_t x) { return b.begin < x; }) - blocks_.begin();
-      };
-      const int64_t first = at(c0), last = at(c1);
+      const auto first = static_cast<int64_t>(first_block_at(blocks_, c0));
+      const auto last = static_cast<int64_t>(first_block_at(blocks_, c1));
       const MomentBuffers mb = moment_buffers();
       pool_->parallel_for(last - first, 1, [&](int64_t b, int64_t e) {
         cpu_adamw_update_8bit(st, blocks_.data() + first + b, e - b, param, mb, grad, grad_type, out);

@@ -97,10 +97,6 @@ void check_layout(const CheckpointManifest& m, GPT2& model, const parallel::Flat
   }
 }
 
-}  // namespace
-
-namespace {
-
 // The range of `shard` in the coordinates dataset `d` is indexed by (ShardDataset::Index).
 std::pair<int64_t, int64_t> shard_range(const CheckpointManifest::Shard& shard, const ShardDataset& d,
                                         const optim::MomentLayout* moments) {
@@ -151,10 +147,8 @@ void read_dataset_range(const CheckpointManifest& m, const ShardDataset& d, cons
 
 const ShardDataset& dataset_named(const std::string& moments, const std::string& name) {
   static const auto fp32 = shard_datasets("fp32"), eight = shard_datasets("8bit");
-  for (const auto* list : {&fp32, &eight}) {
-    for (const auto& d : *list) {
-      if (name == d.name && (list == &eight) == (moments == "8bit")) return d;
-    }
+  for (const auto& d : moments == "8bit" ? eight : fp32) {
+    if (name == d.name) return d;
   }
   throw UserError("a checkpoint with " + moments + " moments has no dataset " + name);
 }
