@@ -33,7 +33,7 @@ MomentLayout::MomentLayout(std::vector<Param> params) {
 }
 
 size_t MomentLayout::first_block_at(int64_t flat) const {
-  if (flat % kQuantBlock != 0 && flat < end_) {
+  if (!on_grid(flat)) {
     throw std::logic_error("MomentLayout: flat position " + std::to_string(flat) + " is not on the " +
                            std::to_string(kQuantBlock) + "-element grid");
   }

@@ -35,8 +35,10 @@ class MomentLayout {
   // MomentBlock::begin relative to `begin` and MomentBlock::state relative to the range's first
   // absmax value / fp32 moment value (absmax_before(begin) / fp32_before(begin)).
   std::vector<MomentBlock> blocks(int64_t begin, int64_t end) const;
+  // Whether a range may begin or end at `flat`: on the grid, or past the last parameter.
+  bool on_grid(int64_t flat) const { return flat % kQuantBlock == 0 || flat >= end_; }
   // How many absmax values (8-bit blocks) / fp32 moment values belong to elements before `flat`
-  // (on the grid, or past the last parameter); std::logic_error otherwise.
+  // (on_grid); std::logic_error otherwise.
   int64_t absmax_before(int64_t flat) const;
   int64_t fp32_before(int64_t flat) const;
   int64_t num_absmax() const { return absmax_prefix_.back(); }

@@ -226,7 +226,7 @@ optim::ShardedAdamW::ShardState read_shard_state(const CheckpointManifest& m, co
   if (saved_8bit) {
     for (const auto& shard : m.shards) {
       for (int64_t x : {shard.begin, shard.end}) {
-        if (x % optim::kQuantBlock != 0 && x < m.flat_total) {
+        if (!ml.on_grid(x)) {
           throw UserError(files::join(m.dir, "manifest.json") + ": shard " + shard.file + " of 8-bit moments begins or ends at " +
                           std::to_string(x) + ", not on the " + std::to_string(optim::kQuantBlock) + "-element grid");
         }
