@@ -1,6 +1,8 @@
 // Kernel timings on the GPU: the residual LayerNorm's forward and backward (launch.h) for
-// gpt2-124m's and gpt2-1558m's activations in bf16, with the bandwidth the bytes each call must
-// move make (an H200 streams about 4.8 TB/s). Correctness lives in tests/kernels.
+// gpt2-124m's and gpt2-1558m's activations in bf16, and the AdamW update of gpt2-1558m's 1.56B
+// parameters with fp32 moments (ATen's fused AdamW + the bf16 copy, what ShardedAdamW runs) and
+// with 8-bit moments (moments_8bit.h), with the bandwidth the bytes each call must move make (an
+// H200 streams about 4.8 TB/s). Correctness lives in tests/kernels and tests/optim.
 //   build-gpu/bin/kernel_bench
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -11,6 +13,7 @@
 #include <functional>
 
 #include "src/base/cuda_check.h"
+#include "optim/moments_8bit.h"
 #include "src/kernels/launch.h"
 
 namespace {
@@ -62,6 +65,53 @@ void layer_norm(int64_t rows, int64_t cols) {
               static_cast<long>(cols), bwd * 1e3, 4 * mb / bwd);
 }
 
+// One AdamW step over n fp32 masters with fp32 gradients (the accumulated ones) and bf16 parameters.
+void adamw_update(int64_t n) {
+  using namespace gpt2::optim;
+  const auto f32 = torch::dtype(torch::kFloat).device(torch::kCUDA);
+  auto master = torch::randn({n}, f32), grad = torch::randn({n}, f32) * 1e-3;
+  auto param = master.to(torch::kBFloat16);
+  double gb = 0;
+  {
+    auto m = torch::zeros({n}, f32), v = torch::zeros({n}, f32);
+    auto steps = torch::zeros({}, f32);
+    const double ms = time_ms([&] {
+      at::_fused_adamw_({master}, {grad}, {m}, {v}, {}, {steps}, 1e-4, 0.9, 0.95, 0.1, 1e-8, false, false);
+      param.copy_(master);
+    }, 10);
+    gb = n * (4.0 * 4 + 3 * 4 + 4 + 2) / 1e9;  // master, grad, m, v in; master, m, v out; the copy
+    std::printf("AdamW fp32 moments  %ld values: %7.2f ms  %6.0f GB/s\n", static_cast<long>(n), ms, gb / ms * 1e3);
+  }
+  const auto u8 = torch::dtype(torch::kUInt8).device(torch::kCUDA);
+  const auto blocks = contiguous_blocks(n, true);
+  auto blocks_device = torch::from_blob(const_cast<MomentBlock*>(blocks.data()),
+                                        {static_cast<int64_t>(blocks.size() * sizeof(MomentBlock))}, torch::kUInt8).to(u8);
+  auto tables = torch::from_blob(const_cast<QuantTables*>(&quant_tables()), {static_cast<int64_t>(sizeof(QuantTables))},
+                                 torch::kUInt8).to(u8);
+  const int64_t nb = static_cast<int64_t>(blocks.size());
+  auto m_codes = torch::full({n}, 128, u8), v_codes = torch::zeros({n}, u8);
+  auto m_absmax = torch::zeros({nb}, f32), v_absmax = torch::zeros({nb}, f32);
+  CpuAdamWStep st;
+  st.lr = 1e-4;
+  st.weight_decay = 0.1;
+  st.step = 3;
+  Adamw8bitArgs a;
+  a.tables = reinterpret_cast<const QuantTables*>(tables.data_ptr<uint8_t>());
+  a.c = adamw_coeffs(st);
+  a.blocks = reinterpret_cast<const MomentBlock*>(blocks_device.data_ptr<uint8_t>());
+  a.num_blocks = nb;
+  a.param = master.data_ptr<float>();
+  a.moments.exp_avg_codes = m_codes.data_ptr<uint8_t>();
+  a.moments.exp_avg_sq_codes = v_codes.data_ptr<uint8_t>();
+  a.moments.exp_avg_absmax = m_absmax.data_ptr<float>();
+  a.moments.exp_avg_sq_absmax = v_absmax.data_ptr<float>();
+  a.grad = grad.data_ptr();
+  a.param_bf16 = static_cast<uint16_t*>(param.data_ptr());
+  const double ms = time_ms([&] { CUDA_CHECK(launch_adamw_8bit(a, c10::cuda::getCurrentCUDAStream().stream())); }, 10);
+  gb = n * (4.0 + 4 + 2 + 4 + 2 + 2) / 1e9;  // master, grad, codes in; master, codes, bf16 out
+  std::printf("AdamW 8-bit moments %ld values: %7.2f ms  %6.0f GB/s\n", static_cast<long>(n), ms, gb / ms * 1e3);
+}
+
 }  // namespace
 
 int main() try {
@@ -71,6 +121,7 @@ int main() try {
   }
   layer_norm(32 * 1024, 768);  // gpt2-124m, B=32
   layer_norm(8 * 1024, 1600);  // gpt2-1558m, B=8
+  adamw_update(1'557'611'200);  // gpt2-1558m's parameters
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "kernel_bench: %s\n", e.what());

@@ -14,6 +14,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kPerThread = static_cast<int>(kQuantBlock) / kThreads;  // 8
+static_assert(kPerThread == 8, "a thread of update_full_block packs 8 codes into two words");
 
 __device__ __forceinline__ uint16_t to_bf16(float x) {  // round to nearest even, NaN -> 0x7FC0, as the CPU path
   const uint32_t u = __float_as_uint(x);
@@ -32,8 +33,142 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return v;
 }
 
+// One element's update (the CPU path's arithmetic, operation for operation): decays and updates
+// p, returns it; m and v come in as the old moments and leave as the new ones.
+template <bool kLerpFromM>
+__device__ __forceinline__ float update_element(const AdamWCoeffs& c, float decay, float scale, float g0, float p,
+                                                float& m, float& v) {
+  const float g = __fmul_rn(g0, scale);
+  p = __fmul_rn(p, decay);
+  const float m0 = m, v0 = v;
+  m = __fmaf_rn(c.lerp_coeff, __fsub_rn(g, m0), kLerpFromM ? m0 : g);
+  v = __fmaf_rn(__fmul_rn(c.one_minus_beta2, g), g, __fmul_rn(v0, c.beta2));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), c.bc2_sqrt), c.eps);
+  return __fadd_rn(p, __fdiv_rn(__fmul_rn(c.neg_step_size, m), denom));
+}
+
+__device__ __forceinline__ float bf16_to_float(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
+
+// A whole 8-bit block of kQuantBlock elements, kPerThread contiguous ones per thread, every buffer
+// read and written in 8- and 16-byte vectors: all of a thread's loads are issued before its first
+// store, so each thread keeps several hundred bytes in flight (the update is bound by memory
+// latency otherwise). Needs begin % kPerThread == 0 and 16-byte aligned buffers (the caller checks).
 template <bool kBf16Grad, bool kLerpFromM>
-__global__ void __launch_bounds__(kThreads) adamw_8bit_kernel(Adamw8bitArgs a) {
+__device__ __forceinline__ void update_full_block(const Adamw8bitArgs& a, const QuantTables& tables, float* scratch,
+                                                  const MomentBlock& blk, float scale) {
+  const MomentBuffers& mb = a.moments;
+  const int64_t at = blk.begin + static_cast<int64_t>(threadIdx.x) * kPerThread;
+  float g[kPerThread], p[kPerThread], m[kPerThread], v[kPerThread];
+  if constexpr (kBf16Grad) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.grad) + at);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      g[2 * k] = bf16_to_float(static_cast<uint16_t>(w[k] & 0xFFFFu));
+      g[2 * k + 1] = bf16_to_float(static_cast<uint16_t>(w[k] >> 16));
+    }
+  } else {
+    const float4 g0 = *reinterpret_cast<const float4*>(static_cast<const float*>(a.grad) + at);
+    const float4 g1 = *reinterpret_cast<const float4*>(static_cast<const float*>(a.grad) + at + 4);
+    g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w, g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
+  }
+  {
+    const float4 p0 = *reinterpret_cast<const float4*>(a.param + at);
+    const float4 p1 = *reinterpret_cast<const float4*>(a.param + at + 4);
+    p[0] = p0.x, p[1] = p0.y, p[2] = p0.z, p[3] = p0.w, p[4] = p1.x, p[5] = p1.y, p[6] = p1.z, p[7] = p1.w;
+  }
+  const uint2 mc = *reinterpret_cast<const uint2*>(mb.exp_avg_codes + at);
+  const uint2 vc = *reinterpret_cast<const uint2*>(mb.exp_avg_sq_codes + at);
+  const float m_scale = mb.exp_avg_absmax[blk.state], v_scale = mb.exp_avg_sq_absmax[blk.state];
+  const QuantTable& st = tables.signed_table;
+  const QuantTable& ut = tables.unsigned_table;
+  const float decay = blk.weight_decay ? a.c.decay : 1.0f;
+  float m_amax = 0.0f, v_amax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const uint32_t mw = k < 4 ? mc.x : mc.y, vw = k < 4 ? vc.x : vc.y;
+    m[k] = __fmul_rn(st.map[(mw >> (8 * (k % 4))) & 0xFFu], m_scale);
+    v[k] = __fmul_rn(ut.map[(vw >> (8 * (k % 4))) & 0xFFu], v_scale);
+    p[k] = update_element<kLerpFromM>(a.c, decay, scale, g[k], p[k], m[k], v[k]);
+    m_amax = fmaxf(m_amax, fabsf(m[k]));
+    v_amax = fmaxf(v_amax, fabsf(v[k]));
+  }
+  *reinterpret_cast<float4*>(a.param + at) = make_float4(p[0], p[1], p[2], p[3]);
+  *reinterpret_cast<float4*>(a.param + at + 4) = make_float4(p[4], p[5], p[6], p[7]);
+  if (a.param_bf16 != nullptr) {
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = static_cast<uint32_t>(to_bf16(p[2 * k])) | (static_cast<uint32_t>(to_bf16(p[2 * k + 1])) << 16);
+    *reinterpret_cast<uint4*>(a.param_bf16 + at) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  m_amax = block_max(m_amax, scratch);
+  v_amax = block_max(v_amax, scratch);
+  if (threadIdx.x == 0) {
+    mb.exp_avg_absmax[blk.state] = m_amax;
+    mb.exp_avg_sq_absmax[blk.state] = v_amax;
+  }
+  const float m_div = m_amax > 0.0f ? m_amax : 1.0f, v_div = v_amax > 0.0f ? v_amax : 1.0f;
+  uint32_t mq[2] = {0, 0}, vq[2] = {0, 0};
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    mq[k / 4] |= static_cast<uint32_t>(quantize_with(st, __fdiv_rn(m[k], m_div))) << (8 * (k % 4));
+    vq[k / 4] |= static_cast<uint32_t>(quantize_with(ut, __fdiv_rn(v[k], v_div))) << (8 * (k % 4));
+  }
+  *reinterpret_cast<uint2*>(mb.exp_avg_codes + at) = make_uint2(mq[0], mq[1]);
+  *reinterpret_cast<uint2*>(mb.exp_avg_sq_codes + at) = make_uint2(vq[0], vq[1]);
+}
+
+// Any other block (an fp32-moment one, a short or unaligned one): element threadIdx.x + k * kThreads.
+template <bool kBf16Grad, bool kLerpFromM>
+__device__ __forceinline__ void update_any_block(const Adamw8bitArgs& a, const QuantTables& tables, float* scratch,
+                                                 const MomentBlock& blk, float scale) {
+  const MomentBuffers& mb = a.moments;
+  const QuantTable& st = tables.signed_table;
+  const QuantTable& ut = tables.unsigned_table;
+  const bool quantized = blk.quantized != 0;  // the same for the whole CUDA block: barriers stay uniform
+  const float decay = blk.weight_decay ? a.c.decay : 1.0f;
+  const float m_scale = quantized ? mb.exp_avg_absmax[blk.state] : 0.0f;
+  const float v_scale = quantized ? mb.exp_avg_sq_absmax[blk.state] : 0.0f;
+  float m[kPerThread], v[kPerThread];
+  float m_amax = 0.0f, v_amax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int i = threadIdx.x + k * kThreads;
+    m[k] = v[k] = 0.0f;
+    if (i >= blk.len) continue;
+    const int64_t at = blk.begin + i;
+    const float g0 = kBf16Grad ? bf16_to_float(static_cast<const uint16_t*>(a.grad)[at]) : static_cast<const float*>(a.grad)[at];
+    m[k] = quantized ? __fmul_rn(st.map[mb.exp_avg_codes[at]], m_scale) : mb.exp_avg[blk.state + i];
+    v[k] = quantized ? __fmul_rn(ut.map[mb.exp_avg_sq_codes[at]], v_scale) : mb.exp_avg_sq[blk.state + i];
+    const float p1 = update_element<kLerpFromM>(a.c, decay, scale, g0, a.param[at], m[k], v[k]);
+    a.param[at] = p1;
+    if (a.param_bf16 != nullptr) a.param_bf16[at] = to_bf16(p1);
+    if (!quantized) {
+      mb.exp_avg[blk.state + i] = m[k];
+      mb.exp_avg_sq[blk.state + i] = v[k];
+    }
+    m_amax = fmaxf(m_amax, fabsf(m[k]));
+    v_amax = fmaxf(v_amax, fabsf(v[k]));
+  }
+  if (!quantized) return;
+  m_amax = block_max(m_amax, scratch);
+  v_amax = block_max(v_amax, scratch);
+  if (threadIdx.x == 0) {
+    mb.exp_avg_absmax[blk.state] = m_amax;
+    mb.exp_avg_sq_absmax[blk.state] = v_amax;
+  }
+  const float m_div = m_amax > 0.0f ? m_amax : 1.0f, v_div = v_amax > 0.0f ? v_amax : 1.0f;
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int i = threadIdx.x + k * kThreads;
+    if (i >= blk.len) continue;
+    mb.exp_avg_codes[blk.begin + i] = quantize_with(st, __fdiv_rn(m[k], m_div));
+    mb.exp_avg_sq_codes[blk.begin + i] = quantize_with(ut, __fdiv_rn(v[k], v_div));
+  }
+}
+
+template <bool kBf16Grad, bool kLerpFromM>
+__global__ void __launch_bounds__(kThreads) adamw_8bit_kernel(Adamw8bitArgs a, bool vectors) {
   __shared__ QuantTables tables;
   __shared__ float scratch[kThreads / 32];
   if (a.found_inf != nullptr && *a.found_inf != 0.0f) return;  // the whole grid returns: no barrier below
@@ -44,58 +179,14 @@ __global__ void __launch_bounds__(kThreads) adamw_8bit_kernel(Adamw8bitArgs a) {
     for (int w = threadIdx.x; w < static_cast<int>(sizeof(QuantTables) / 4); w += kThreads) dst[w] = src[w];
   }
   __syncthreads();
-  const QuantTable& st = tables.signed_table;
-  const QuantTable& ut = tables.unsigned_table;
-  const MomentBuffers& mb = a.moments;
   const float scale =
       a.grad_scale_device != nullptr ? __fmul_rn(a.c.grad_scale, *a.grad_scale_device) : a.c.grad_scale;
   for (int64_t block = blockIdx.x; block < a.num_blocks; block += gridDim.x) {
     const MomentBlock blk = a.blocks[block];
-    const bool quantized = blk.quantized != 0;  // the same for the whole CUDA block: barriers stay uniform
-    const float decay = blk.weight_decay ? a.c.decay : 1.0f;
-    const float m_scale = quantized ? mb.exp_avg_absmax[blk.state] : 0.0f;
-    const float v_scale = quantized ? mb.exp_avg_sq_absmax[blk.state] : 0.0f;
-    float m[kPerThread], v[kPerThread];
-    float m_amax = 0.0f, v_amax = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-      const int i = threadIdx.x + k * kThreads;
-      m[k] = v[k] = 0.0f;
-      if (i >= blk.len) continue;
-      const int64_t at = blk.begin + i;
-      const float g0 = kBf16Grad ? __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(a.grad)[at]) << 16)
-                                 : static_cast<const float*>(a.grad)[at];
-      const float g = __fmul_rn(g0, scale);
-      const float p = __fmul_rn(a.param[at], decay);
-      const float m0 = quantized ? __fmul_rn(st.map[mb.exp_avg_codes[at]], m_scale) : mb.exp_avg[blk.state + i];
-      const float v0 = quantized ? __fmul_rn(ut.map[mb.exp_avg_sq_codes[at]], v_scale) : mb.exp_avg_sq[blk.state + i];
-      m[k] = __fmaf_rn(a.c.lerp_coeff, __fsub_rn(g, m0), kLerpFromM ? m0 : g);
-      v[k] = __fmaf_rn(__fmul_rn(a.c.one_minus_beta2, g), g, __fmul_rn(v0, a.c.beta2));
-      const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v[k]), a.c.bc2_sqrt), a.c.eps);
-      const float p1 = __fadd_rn(p, __fdiv_rn(__fmul_rn(a.c.neg_step_size, m[k]), denom));
-      a.param[at] = p1;
-      if (a.param_bf16 != nullptr) a.param_bf16[at] = to_bf16(p1);
-      if (!quantized) {
-        mb.exp_avg[blk.state + i] = m[k];
-        mb.exp_avg_sq[blk.state + i] = v[k];
-      }
-      m_amax = fmaxf(m_amax, fabsf(m[k]));
-      v_amax = fmaxf(v_amax, fabsf(v[k]));
-    }
-    if (!quantized) continue;
-    m_amax = block_max(m_amax, scratch);
-    v_amax = block_max(v_amax, scratch);
-    if (threadIdx.x == 0) {
-      mb.exp_avg_absmax[blk.state] = m_amax;
-      mb.exp_avg_sq_absmax[blk.state] = v_amax;
-    }
-    const float m_div = m_amax > 0.0f ? m_amax : 1.0f, v_div = v_amax > 0.0f ? v_amax : 1.0f;
-#pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-      const int i = threadIdx.x + k * kThreads;
-      if (i >= blk.len) continue;
-      mb.exp_avg_codes[blk.begin + i] = quantize_with(st, __fdiv_rn(m[k], m_div));
-      mb.exp_avg_sq_codes[blk.begin + i] = quantize_with(ut, __fdiv_rn(v[k], v_div));
+    if (vectors && blk.quantized != 0 && blk.len == kQuantBlock && blk.begin % kPerThread == 0) {
+      update_full_block<kBf16Grad, kLerpFromM>(a, tables, scratch, blk, scale);
+    } else {
+      update_any_block<kBf16Grad, kLerpFromM>(a, tables, scratch, blk, scale);
     }
   }
 }
@@ -104,19 +195,25 @@ __global__ void __launch_bounds__(kThreads) adamw_8bit_kernel(Adamw8bitArgs a) {
 
 cudaError_t launch_adamw_8bit(const Adamw8bitArgs& args, cudaStream_t stream) {
   if (args.num_blocks <= 0) return cudaSuccess;
-  // A few CUDA blocks per SM walk the list, so each loads the tables once.
-  static const int sms = [] {
-    int device = 0, count = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      count = 132;
-    }
-    return count;
-  }();
-  const int64_t blocks = args.num_blocks < 6 * static_cast<int64_t>(sms) ? args.num_blocks : 6 * static_cast<int64_t>(sms);
   const bool bf16 = args.grad_type == HostGradType::kBFloat16;
   const auto kernel = bf16 ? (args.c.lerp_from_m ? adamw_8bit_kernel<true, true> : adamw_8bit_kernel<true, false>)
                            : (args.c.lerp_from_m ? adamw_8bit_kernel<false, true> : adamw_8bit_kernel<false, false>);
-  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args);
+  // Whole blocks take the vector path when every buffer starts 16-byte aligned (a block's offset
+  // is then a multiple of kPerThread elements of each).
+  const auto aligned = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const MomentBuffers& mb = args.moments;
+  const bool vectors = aligned(args.grad) && aligned(args.param) && aligned(args.param_bf16) &&
+                       aligned(mb.exp_avg_codes) && aligned(mb.exp_avg_sq_codes);
+  // As many CUDA blocks as fit on the GPU at once walk the list, so each loads the tables once and
+  // none waits for a place.
+  int device = 0, sms = 0, per_sm = 0;
+  cudaError_t rc = cudaGetDevice(&device);
+  if (rc == cudaSuccess) rc = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (rc == cudaSuccess) rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
+  if (rc != cudaSuccess) return rc;
+  const int64_t resident = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  const int64_t blocks = args.num_blocks < resident ? args.num_blocks : resident;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args, vectors);
   return cudaGetLastError();
 }
 
