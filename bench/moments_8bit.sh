@@ -3,7 +3,8 @@
 #   gpt2-1558m bf16, B=8 x T=1024, 65,536 tokens a step: peak GiB and tokens/s with fp32 and 8-bit
 #   moments; full recomputation + 8-bit moments without offload (fits a 24 GB card?); offload with
 #   fp32 and 8-bit moments (pinned host bytes from the optimizer-state line).
-# PART=speed: fp32 and 8-bit moments alternately, twice each (the gap is near run-to-run noise).
+# PART=speed: fp32 and 8-bit moments alternately, ROUNDS (2) times each, at 8 micro-steps a step
+#   and at one (8,192 tokens a step, bench/speed.sh's setting, where the update is a larger share).
 # PART=convergence: gpt2-124m, 1000 steps of 2,048 tokens on the fortunes corpus (~3 epochs), the
 #   val loss every 100 steps with fp32 and with 8-bit moments.
 # source .device-deps/gpu-env.sh first; FORTUNES_DIR for the corpus. SMOKE=1: a few steps each.
@@ -27,9 +28,13 @@ fi
 
 if [ "$part" = speed ]; then
   [ -f "$out/tok/train.h5" ] || bench_data
-  for round in 1 2; do
+  for round in $(seq "${ROUNDS:-2}"); do
     bench_xl "fp32_moments_$round"
     bench_xl "8bit_moments_$round" --memory.optimizer_moments=8bit
+  done
+  for round in $(seq "${ROUNDS:-2}"); do
+    steps=20 bench_xl "fp32_moments_1micro_$round" --train.batch_tokens=8192
+    steps=20 bench_xl "8bit_moments_1micro_$round" --train.batch_tokens=8192 --memory.optimizer_moments=8bit
   done
 fi
 

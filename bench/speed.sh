@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GPU speed, one call: build, the kernel checks (tests/kernels on the GPU), then for each size in
-# SIZES (default "124m 1558m") ours (fused loss on and off) vs the PyTorch peer eager and
-# torch.compile'd, same shapes, same call; a profile of ours for 124m (top kernels); and the
-# 2-GPU scaling of ours when the machine has two GPUs. Prints a table at the end.
+# SIZES (default "124m 350m 774m 1558m"; B = 32, 16, 16, 8) ours with the size's config vs the
+# PyTorch peer eager and torch.compile'd, same shapes, same call (UNFUSED=1 adds ours with
+# LibTorch's ops; at 1558m a row with memory.recompute_gelu off shows that lever); a profile of
+# ours for 124m (top kernels); and the 2-GPU scaling of ours when the machine has two GPUs. Prints
+# a table at the end.
 #   source .device-deps/gpu-env.sh && SIZES=124m bash bench/speed.sh
 set -uo pipefail
 source bench/common.sh
@@ -46,16 +48,19 @@ print(f"| {name:<44} | {float(num('tok/s')):10,.0f} | {float(num('ms/step')):9.1
 PY
 }
 
-for size in ${SIZES:-124m 1558m}; do
-  if [ "$size" = 124m ]; then B=32; S=124M; else B=8; S=1558M; fi
+sizes=${SIZES:-124m 350m 774m 1558m}
+for size in $sizes; do
+  case $size in 124m) B=32 ;; 350m|774m) B=16 ;; *) B=8 ;; esac
+  S=${size^^}
   echo "== $size B=$B T=1024 bf16"
-  ours "${size}_fused" "$size" "$B" 30
-  ours "${size}_unfused" "$size" "$B" 30 --train.fused_kernels=false
+  ours "${size}" "$size" "$B" 30
+  [ "${UNFUSED:-0}" = 1 ] && ours "${size}_unfused" "$size" "$B" 30 --train.fused_kernels=false
+  [ "$size" = 1558m ] && ours "${size}_keep_gelu_output" "$size" "$B" 30 --memory.recompute_gelu=false
   peer "torch eager $size" --size "$S" --B "$B" --steps 20
   peer "torch.compile $size" --size "$S" --B "$B" --steps 20 --compile
 done
 
-if [[ " ${SIZES:-124m 1558m} " == *" 124m "* ]]; then
+if [[ " $sizes " == *" 124m "* ]]; then
   echo "== profile of ours, 124m (fused loss)"
   build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --data.train="$out/tok/train.h5" --data.val=none \
     --train.micro_batch=32 --train.batch_tokens=32768 --train.max_steps=12 --train.sample_tokens=0 --log.every=5 \

@@ -66,7 +66,8 @@ class Linear : public torch::autograd::Function<Linear> {
 class Mlp : public torch::autograd::Function<Mlp> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& fc_w,
-                               const torch::Tensor& fc_b, const torch::Tensor& proj_w, const torch::Tensor& proj_b) {
+                               const torch::Tensor& fc_b, const torch::Tensor& proj_w, const torch::Tensor& proj_b,
+                               bool keep_gelu_output) {
     const auto x2 = x.reshape({-1, x.size(-1)});
     auto pre = torch::empty({x2.size(0), fc_w.size(0)}, x.options());  // the GELU input, kept for backward
     auto h = torch::empty_like(pre);                                   // the GELU output
@@ -74,7 +75,11 @@ class Mlp : public torch::autograd::Function<Mlp> {
       pre = at::linear(x2, fc_w, fc_b);
       h = at::gelu(pre, "tanh");
     }
-    ctx->save_for_backward({x, fc_w, proj_w, pre, h});
+    if (keep_gelu_output) {
+      ctx->save_for_backward({x, fc_w, proj_w, pre, h});
+    } else {
+      ctx->save_for_backward({x, fc_w, proj_w, pre});
+    }
     auto y = at::linear(h, proj_w, proj_b);  // (N, C)
     auto sizes = x.sizes().vec();
     sizes.back() = proj_w.size(0);
@@ -83,7 +88,8 @@ class Mlp : public torch::autograd::Function<Mlp> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &x = saved[0], &fc_w = saved[1], &proj_w = saved[2], &pre = saved[3], &h = saved[4];
+    const auto &x = saved[0], &fc_w = saved[1], &proj_w = saved[2], &pre = saved[3];
+    const auto h = saved.size() > 4 ? saved[4] : at::gelu(pre, "tanh");
     const auto dy = grads[0].contiguous().view({-1, proj_w.size(0)});
     auto [dproj_w, dproj_b] = weight_and_bias_grads(dy, h, ctx->needs_input_grad(3), ctx->needs_input_grad(4));
     // The GELU input gradient and c_fc's bias gradient in one pass.
@@ -96,7 +102,7 @@ class Mlp : public torch::autograd::Function<Mlp> {
     torch::Tensor dx, dfc_w;
     if (ctx->needs_input_grad(0)) dx = at::mm(dpre, fc_w).view(x.sizes());
     if (ctx->needs_input_grad(1)) dfc_w = at::mm(dpre.t(), x.reshape({-1, x.size(-1)}));
-    return {dx, dfc_w, ctx->needs_input_grad(2) ? dfc_b : torch::Tensor(), dproj_w, dproj_b};
+    return {dx, dfc_w, ctx->needs_input_grad(2) ? dfc_b : torch::Tensor(), dproj_w, dproj_b, torch::Tensor()};
   }
 };
 
@@ -139,14 +145,15 @@ bool mlp_applies(const torch::Tensor& x, const torch::Tensor& fc_weight, const t
 }
 
 torch::Tensor mlp(const torch::Tensor& x, const torch::Tensor& fc_weight, const torch::Tensor& fc_bias,
-                  const torch::Tensor& proj_weight, const torch::Tensor& proj_bias) {
+                  const torch::Tensor& proj_weight, const torch::Tensor& proj_bias, bool keep_gelu_output) {
   if (!mlp_applies(x, fc_weight, fc_bias, proj_weight, proj_bias)) {
     throw std::invalid_argument("kernels::mlp: x (..., C), fc weight (H, C) and bias (H), proj weight (C', H) and bias "
                                 "(C') contiguous on one CUDA device, one dtype of fp32/bf16/fp16, in a CUDA build");
   }
 #ifdef GPT2_WITH_CUDA
-  return Mlp::apply(x.contiguous(), fc_weight, fc_bias, proj_weight, proj_bias);
+  return Mlp::apply(x.contiguous(), fc_weight, fc_bias, proj_weight, proj_bias, keep_gelu_output);
 #else
+  (void)keep_gelu_output;
   return {};
 #endif
 }

@@ -18,7 +18,11 @@ bool mlp_applies(const torch::Tensor& x, const torch::Tensor& fc_weight, const t
 // x W^T + b. Throws std::invalid_argument outside the contract.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 // c_proj(gelu_tanh(c_fc(x))): (..., C) -> (..., C'). Throws std::invalid_argument outside the contract.
+// Backward needs the GELU input and output; keep_gelu_output false keeps only the input and
+// recomputes the output from it in backward (ATen's GELU of the stored input, which may differ in
+// the last bit from the epilogue's, so c_proj's weight gradient may too): (..., 4C) fewer
+// activations per layer for one elementwise pass.
 torch::Tensor mlp(const torch::Tensor& x, const torch::Tensor& fc_weight, const torch::Tensor& fc_bias,
-                  const torch::Tensor& proj_weight, const torch::Tensor& proj_bias);
+                  const torch::Tensor& proj_weight, const torch::Tensor& proj_bias, bool keep_gelu_output = true);
 
 }  // namespace gpt2::kernels

@@ -170,7 +170,7 @@ MLPImpl::MLPImpl(const GPT2Config& cfg) {
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   // HF "gelu_new" is the tanh approximation.
   if (fused_kernels && kernels::mlp_applies(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias)) {
-    return kernels::mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias);  // (B, T, C) -> (B, T, C)
+    return kernels::mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias, keep_gelu_output);  // (B, T, C)
   }
   return project(c_proj, torch::gelu(project(c_fc, x, false), "tanh"), false);       // (B, T, 4C) -> (B, T, C)
 }
@@ -397,6 +397,10 @@ void GPT2Impl::set_fused_kernels(bool on) {
     block->attn->fused_kernels = on;
     block->mlp->fused_kernels = on;
   }
+}
+
+void GPT2Impl::set_recompute_gelu(bool on) {
+  for (auto& block : transformer_->blocks) block->mlp->keep_gelu_output = !on;
 }
 
 void GPT2Impl::set_recompute_every(int64_t every_k) {

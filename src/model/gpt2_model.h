@@ -92,6 +92,7 @@ class MLPImpl : public torch::nn::Module {
   torch::nn::Linear c_fc{nullptr};    // C -> 4C
   torch::nn::Linear c_proj{nullptr};  // 4C -> C, residual projection
   bool fused_kernels = true;          // CUDA: c_fc + GELU and c_proj through src/kernels/linear.h
+  bool keep_gelu_output = true;       // fused: false recomputes it in backward (kernels::mlp)
 };
 TORCH_MODULE(MLP);
 
@@ -172,6 +173,9 @@ class GPT2Impl : public torch::nn::Module {
   // [Pending residual]); the linear layers take their bias gradients, and c_fc its GELU backward,
   // from src/kernels/linear.h. Decoding runs the same blocks, so the same kernels.
   void set_fused_kernels(bool on);
+  // memory.recompute_gelu: the fused MLP keeps only its GELU input for backward and recomputes the
+  // output there (B x T x 4C fewer activations per block; no effect without the fused kernels).
+  void set_recompute_gelu(bool on);
   // Activation recomputation (memory.activation_checkpointing; recompute.h): 0 = none,
   // 1 = every block (full), K = blocks 0, K, 2K, ... A recomputed block keeps only its input for
   // backward and runs again there. Applies only when forward runs with grad enabled; the values

@@ -60,6 +60,7 @@ struct MemoryConfig {
   std::string activation_checkpointing = "none";  // none | full | every_k=K
   bool chunked_loss = false;      // head + cross-entropy in row chunks, no batch logits (less memory, slower today)
   std::string optimizer_moments = "fp32";  // fp32 | 8bit (block-wise quantized AdamW moments, optim/moment_layout.h)
+  bool recompute_gelu = false;    // the fused MLP recomputes its GELU output in backward (B x T x 4C less per block)
 };
 
 struct CheckpointConfig {

@@ -103,6 +103,7 @@ GPT2 build_model(const Config& cfg, torch::Device device, at::ScalarType dtype, 
   }
   model->set_recompute_every(cfg.recompute_every());  // 0 = none, 1 = every block, K = every K-th
   model->set_chunked_loss(cfg.memory.chunked_loss);
+  model->set_recompute_gelu(cfg.memory.recompute_gelu);
   model->set_fused_kernels(cfg.train.fused_kernels);
   model->to(device, dtype);
   return model;

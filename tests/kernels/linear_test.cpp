@@ -11,11 +11,25 @@
 #include <string>
 #include <vector>
 
+#ifdef GPT2_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 #include "src/kernels/linear.h"
 #include "tests/kernels/compare.h"
 
 namespace gpt2 {
 namespace {
+
+// Bytes the caching allocator has handed out on the current GPU (0 without CUDA: the tests skip).
+int64_t allocated_bytes() {
+#ifdef GPT2_WITH_CUDA
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device());
+  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+#else
+  return 0;
+#endif
+}
 
 enum Path { kUnfused, kFused, kReference };
 
@@ -53,7 +67,10 @@ void compare_linear(torch::ScalarType dtype, std::vector<int64_t> x_shape, int64
   }
 }
 
-// kernels::mlp and at::linear(gelu(at::linear(x), "tanh")): output and all five gradients.
+// kernels::mlp and at::linear(gelu(at::linear(x), "tanh")): output and all five gradients. The
+// fused path once keeping the GELU output for backward and once recomputing it: the same output
+// and gradients bit for bit but c_proj's weight gradient (from the recomputed GELU output), which
+// meets the same accuracy rule.
 void compare_mlp(torch::ScalarType dtype, std::vector<int64_t> x_shape, int64_t hidden) {
   torch::manual_seed(static_cast<uint64_t>(x_shape.back() * 17 + hidden));
   const auto opts = torch::dtype(torch::kFloat).device(torch::kCUDA);
@@ -64,15 +81,19 @@ void compare_mlp(torch::ScalarType dtype, std::vector<int64_t> x_shape, int64_t 
   auto pw = (torch::randn({C, hidden}, opts) / std::sqrt(static_cast<double>(hidden))).to(dtype);
   auto pb = (torch::randn({C}, opts) * 0.5).to(dtype);
   auto dy = torch::randn(x_shape, opts).to(dtype);
-  std::vector<torch::Tensor> outs[3];
+  std::vector<torch::Tensor> outs[3], recomputed;
   for (Path path : {kUnfused, kFused, kReference}) {
-    std::vector<torch::Tensor> p;
-    for (const auto& t : {x, fw, fb, pw, pb}) p.push_back(leaf(t, path));
-    auto y = path == kFused ? kernels::mlp(p[0], p[1], p[2], p[3], p[4])
-                            : at::linear(at::gelu(at::linear(p[0], p[1], p[2]), "tanh"), p[3], p[4]);
-    y.backward(dy.to(y.scalar_type()));
-    outs[path] = {y.detach()};
-    for (const auto& t : p) outs[path].push_back(t.grad());
+    for (bool keep_gelu_output : {true, false}) {
+      if (path != kFused && !keep_gelu_output) continue;
+      std::vector<torch::Tensor> p;
+      for (const auto& t : {x, fw, fb, pw, pb}) p.push_back(leaf(t, path));
+      auto y = path == kFused ? kernels::mlp(p[0], p[1], p[2], p[3], p[4], keep_gelu_output)
+                              : at::linear(at::gelu(at::linear(p[0], p[1], p[2]), "tanh"), p[3], p[4]);
+      y.backward(dy.to(y.scalar_type()));
+      auto& out = keep_gelu_output ? outs[path] : recomputed;
+      out = {y.detach()};
+      for (const auto& t : p) out.push_back(t.grad());
+    }
   }
   const char* names[] = {"output", "dx", "dfc_weight", "dfc_bias", "dproj_weight", "dproj_bias"};
   const std::string what = std::string("mlp ") + c10::toString(dtype) + " " + c10::str(torch::IntArrayRef(x_shape)) +
@@ -80,7 +101,32 @@ void compare_mlp(torch::ScalarType dtype, std::vector<int64_t> x_shape, int64_t 
   for (size_t i = 0; i < outs[kUnfused].size(); ++i) {
     EXPECT_EQ(outs[kFused][i].scalar_type(), dtype) << what << " " << names[i];
     expect_as_accurate(what + " " + names[i], outs[kFused][i], outs[kUnfused][i], outs[kReference][i]);
+    if (std::string(names[i]) == "dproj_weight") {
+      expect_as_accurate(what + " dproj_weight, GELU output recomputed", recomputed[i], outs[kUnfused][i],
+                         outs[kReference][i]);
+    } else {
+      EXPECT_TRUE(torch::equal(recomputed[i], outs[kFused][i])) << what << " " << names[i] << ": recomputing the GELU "
+                                                                << "output changed it";
+    }
   }
+}
+
+// Recomputing the GELU output holds one (rows, hidden) activation less between forward and backward.
+TEST(FusedMlp, RecomputingTheGeluOutputKeepsOneActivationLess) {
+  REQUIRE_CUDA();
+  const auto opts = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
+  const int64_t rows = 1024, C = 256, hidden = 1024;
+  auto x = torch::randn({rows, C}, opts).requires_grad_();
+  auto fw = torch::randn({hidden, C}, opts).requires_grad_(), fb = torch::randn({hidden}, opts).requires_grad_();
+  auto pw = torch::randn({C, hidden}, opts).requires_grad_(), pb = torch::randn({C}, opts).requires_grad_();
+  int64_t held[2] = {0, 0};
+  for (bool keep : {true, false}) {
+    const int64_t before = allocated_bytes();
+    auto y = kernels::mlp(x, fw, fb, pw, pb, keep);
+    held[keep] = allocated_bytes() - before - static_cast<int64_t>(y.nbytes());  // what backward will read
+    y.sum().backward();
+  }
+  EXPECT_EQ(held[true] - held[false], rows * hidden * 2) << "kept " << held[true] << " bytes, recomputing " << held[false];
 }
 
 TEST(FusedLinear, AsAccurateAsLibTorch) {
