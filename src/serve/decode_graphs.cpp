@@ -27,19 +27,22 @@ namespace gpt2::serve {
 // 1 ms. A CUDA graph replays them in one launch. What makes the step capturable:
 // - Fixed addresses: the ids and positions are static device tensors that each step fills from
 //   pinned host buffers (copies on the step's stream, before the replay); the KV cache and the
-//   parameters are allocated once; the outputs (logits, greedy ids) are the graph's own tensors.
-// - Nothing in the captured path syncs, reads a device value on the host or allocates host
-//   memory: the shapes depend only on the rows and `attend`; the masks come from device aranges;
-//   the fused kernels' wrappers choose on host facts (dtypes, sizes, alignment of addresses that
-//   replays keep); device memory comes from the caching allocator, which serves a capture from
-//   the graphs' private pool.
+//   parameters are allocated once; every graph ends by copying its logits and greedy ids into
+//   the same two static output tensors (a copy of a few MiB, exact).
+// - Nothing in the captured path syncs, reads a device value on the host, copies between host
+//   and device or allocates pinned memory: the shapes depend only on the rows and `attend`; the
+//   masks come from device aranges; the fused kernels' wrappers choose on host facts (dtypes,
+//   sizes, alignment of addresses that replays keep); device memory comes from the caching
+//   allocator, which serves a capture from the graphs' private pool.
 // - Warm-up: the step runs twice eagerly on the capture stream before the capture, so what is
 //   made on first use happens outside it: cuBLAS/cuBLASLt handles and their workspace for that
 //   stream, the cuBLASLt algorithm cache of src/kernels/gemm_epilogue.cpp (its heuristic query).
 //   Warm-up and replay write the same keys and values to the cache as the eager step would.
-// - One pool for every graph, though replays come in any order of `attend`: each graph's outputs
-//   stay allocated, so no later capture takes their memory, and its other buffers are dead once
-//   it has run; a step's outputs are read before the next replay overwrites anything.
+// - One pool for every graph, though replays come in any order of `attend`: the outputs live
+//   outside it, so all a graph keeps in the pool are buffers that are dead once it has run, and
+//   graphs run one at a time. The pool holds what the largest step needs, not the sum over graphs:
+//   a new attend value costs its capture (two eager steps, the capture, the instantiation: tens
+//   of milliseconds), and little memory.
 // - Capture in cudaStreamCaptureModeThreadLocal: a forbidden call on this thread (a sync, say)
 //   fails the capture; the HTTP threads never touch CUDA and are left alone.
 // A capture that fails anyway (a c10::Error or gpt2::Error from a call made during it) is ended,
@@ -51,11 +54,6 @@ namespace gpt2::serve {
 namespace {
 
 constexpr int kWarmupSteps = 2;
-
-struct Captured {
-  at::cuda::CUDAGraph graph;
-  torch::Tensor logits, greedy;  // (rows, V), (rows) in the pool: what each replay writes
-};
 
 // Ends a capture that failed part way, so that the eager steps after it run as if it had never
 // begun: the stream leaves capture mode (an invalidated capture reports an error on its end, and
@@ -84,7 +82,8 @@ void abort_capture(cudaStream_t stream, c10::DeviceIndex device, c10::MempoolId_
 
 struct DecodeGraphs::Graphs {
   c10::MempoolId_t pool = at::cuda::graph_pool_handle();
-  std::map<int64_t, std::unique_ptr<Captured>> by_attend;
+  torch::Tensor logits, greedy;  // (rows, V), (rows) int64 on the device: what every graph writes
+  std::map<int64_t, std::unique_ptr<at::cuda::CUDAGraph>> by_attend;
 };
 #else
 struct DecodeGraphs::Graphs {};
@@ -101,7 +100,11 @@ DecodeGraphs::DecodeGraphs(GPT2 model, KVCache& cache, bool use_graphs)
   positions_ = torch::zeros({rows_}, torch::dtype(torch::kLong).device(device));
 #ifdef GPT2_WITH_CUDA
   graphs_on_ = use_graphs && device.is_cuda();
-  if (graphs_on_) graphs_ = std::make_unique<Graphs>();
+  if (graphs_on_) {
+    graphs_ = std::make_unique<Graphs>();
+    graphs_->logits = torch::empty({rows_, model_->config().vocab_size}, cache_.keys.front().options());
+    graphs_->greedy = torch::empty({rows_}, torch::dtype(torch::kLong).device(device));
+  }
 #else
   (void)use_graphs;
 #endif
@@ -149,7 +152,7 @@ std::pair<torch::Tensor, torch::Tensor> DecodeGraphs::replay(int64_t attend) {
     const c10::cuda::CUDAGuard on_device(device);
     const auto step_stream = c10::cuda::getCurrentCUDAStream(device);
     const auto capture_stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device);
-    auto captured = std::make_unique<Captured>();
+    auto graph = std::make_unique<at::cuda::CUDAGraph>();
     try {
       // Note [Decode graphs]: warm up, then capture, on a side stream that starts after the
       // inputs' copies; the replay below runs on the step's stream.
@@ -157,24 +160,26 @@ std::pair<torch::Tensor, torch::Tensor> DecodeGraphs::replay(int64_t attend) {
       const c10::cuda::CUDAStreamGuard on_capture_stream(capture_stream);
       for (int i = 0; i < kWarmupSteps; ++i) forward(attend);
       CUDA_CHECK(cudaStreamSynchronize(capture_stream.stream()));
-      captured->graph.capture_begin(graphs_->pool, cudaStreamCaptureModeThreadLocal);
-      std::tie(captured->logits, captured->greedy) = forward(attend);
-      captured->graph.capture_end();
+      graph->capture_begin(graphs_->pool, cudaStreamCaptureModeThreadLocal);
+      const auto [logits, greedy] = forward(attend);
+      graphs_->logits.copy_(logits);
+      graphs_->greedy.copy_(greedy);
+      graph->capture_end();
     } catch (const std::exception& e) {
       abort_capture(capture_stream.stream(), device, graphs_->pool);
       log::warn("gpt2-serve: capturing the decode step in a CUDA graph failed (attend ", attend, "): ", e.what(),
                 "; decoding without CUDA graphs from now on");
-      captured.reset();
+      graph.reset();
       graphs_.reset();
       graphs_on_ = false;
       return {};
     }
-    found = graphs_->by_attend.emplace(attend, std::move(captured)).first;
+    found = graphs_->by_attend.emplace(attend, std::move(graph)).first;
     log::info("gpt2-serve: decode step captured in a CUDA graph (attend ", attend, ", ", rows_, " rows; ",
               graphs_->by_attend.size(), " graph(s))");
   }
-  found->second->graph.replay();  // on the current stream
-  return {found->second->logits, found->second->greedy};
+  found->second->replay();  // on the current stream
+  return {graphs_->logits, graphs_->greedy};
 #else
   (void)attend;
   return {};

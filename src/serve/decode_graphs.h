@@ -3,8 +3,8 @@
 // row of the slot cache, then the greedy argmax, replayed from CUDA graphs when the model is on
 // CUDA (Note [Decode graphs] in decode_graphs.cpp). One graph per `attend` value, captured the
 // first time that value comes, all in one memory pool: the default mode has one, --attend_block N
-// up to capacity / N. A graph runs the kernels the eager step runs, on the same shapes and
-// addresses, so its logits are the same bits (tests/serve/gpu_test.cpp).
+// up to capacity / N. A graph runs the kernels the eager step runs, on the same shapes, so its
+// logits are the same bits (tests/serve/gpu_test.cpp).
 // Contract: one thread at a time calls step(). The model and the cache outlive this object and the
 // cache's tensors keep their storage (graphs hold their addresses); between steps the caller may
 // write the cache (prefill) on the current stream. A failed capture logs one warning naming the
@@ -23,7 +23,7 @@ namespace gpt2::serve {
 
 // One step's results; both are overwritten by the next step.
 struct DecodeOutputs {
-  torch::Tensor logits;  // (rows, V) on the model's device: what sampled rows read
+  torch::Tensor logits;  // (rows, V) on the model's device (contiguous or not): what sampled rows read
   torch::Tensor greedy;  // (rows) int64 on the host: each row's argmax
 };
 
