@@ -92,6 +92,7 @@ struct SlotRun {
 // `attend_block` 0: one graph over the whole capacity; N: attend = the longest row rounded up to
 // N, one graph per value met.
 void expect_graphs_equal_eager(int64_t attend_block, int64_t graphs_expected) {
+  NoCudnnAttention no_cudnn_attention;  // as Scheduler::run decodes
   GPT2 model = random_bf16_model(3);
   const int64_t rows = 4;
   SlotRun graphed(model, rows, /*use_graphs=*/true), eager(model, rows, /*use_graphs=*/false);
