@@ -11,6 +11,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -48,7 +49,8 @@ GPT2 random_bf16_model(uint64_t seed) {
       if (name.find(".ln_") != std::string::npos || name.find(".bias") != std::string::npos) continue;
       item.value().normal_(0.0, 0.3, gen);
     }
-    model->named_parameters()["transformer.wte.weight"].narrow(0, cfg.vocab_size, cfg.padded_vocab_size() - cfg.vocab_size).zero_();
+    auto wte = model->named_parameters()["transformer.wte.weight"];
+    wte.narrow(0, cfg.vocab_size, cfg.padded_vocab_size() - cfg.vocab_size).zero_();  // padding rows stay 0
   }
   model->to(torch::kCUDA, torch::kBFloat16);
   return model;
@@ -135,6 +137,39 @@ TEST(ServeGpuDecodeGraphs, OneGraphPerAttendValueReplaysTheEagerBits) {
   REQUIRE_CUDA();
   // Row 0 reaches position 29: attend 8, 16, 24 and 32 all come.
   expect_graphs_equal_eager(/*attend_block=*/8, /*graphs_expected=*/4);
+}
+
+// [ measured ]: a decode step's time with and without graphs at gpt2-124m's shape (GPT2Config's
+// defaults) for 32 rows in bf16, attending over the whole context, as the server's default mode
+// runs it: the host's kernel dispatch is what graphs remove. Prints only (no timing assertion;
+// the server's tokens/s are bench/serve_bench.sh's to measure); the two ways' logits are the same bits.
+TEST(ServeGpuDecodeGraphs, StepTimeAtTheGpt2SmallShape) {
+  REQUIRE_CUDA();
+  NoCudnnAttention no_cudnn_attention;
+  GPT2 model{GPT2Config{}};
+  model->init_weights(1);
+  model->to(torch::kCUDA, torch::kBFloat16);
+  const int64_t rows = 32, steps = 100;
+  const int64_t capacity = model->config().block_size;
+  auto graphed_cache = model->make_kv_cache(capacity, std::vector<int64_t>(rows, 0));
+  auto eager_cache = model->make_kv_cache(capacity, std::vector<int64_t>(rows, 0));
+  DecodeGraphs graphed(model, graphed_cache, /*use_graphs=*/true), eager(model, eager_cache, /*use_graphs=*/false);
+  std::vector<int64_t> ids(rows), positions(rows);
+  for (int64_t r = 0; r < rows; ++r) ids[r] = 1000 + 17 * r, positions[r] = 20 * r;  // each step rewrites these
+  const DecodeOutputs g = graphed.step(ids, positions, 0);  // captures
+  const DecodeOutputs e = eager.step(ids, positions, 0);
+  EXPECT_TRUE(torch::equal(g.logits, e.logits));
+  EXPECT_TRUE(torch::equal(g.greedy, e.greedy));
+  auto ms_per_step = [&](DecodeGraphs& decode) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < steps; ++i) decode.step(ids, positions, 0);  // each waits for its ids
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
+  };
+  const double eager_ms = ms_per_step(eager), graph_ms = ms_per_step(graphed);
+  EXPECT_TRUE(graphed.graphs_on());
+  std::printf("[ measured ] decode step, gpt2-124m shape, %lld rows x %lld context, bf16: %.3f ms eager, %.3f ms "
+              "from a CUDA graph (%.1fx)\n",
+              static_cast<long long>(rows), static_cast<long long>(capacity), eager_ms, graph_ms, eager_ms / graph_ms);
 }
 
 // Every sequence's ids from a Scheduler: 10 prompts of different lengths and lengths to generate
