@@ -252,9 +252,10 @@ torch::Tensor GPT2Impl::forward_cached(const torch::Tensor& idx, KVCache& cache)
 // shape with the number of active sequences, and for one `attend` a row's logits are the same
 // bits whatever the other rows hold (tests/model/model_test.cpp, SlotDecoding...): a request's
 // greedy ids do not depend on its company. `attend` is the caller's: the whole capacity by default
-// (one shape: what a CUDA graph would capture), or (gpt2-serve --attend_block) the longest active
-// row rounded up, which spares short sequences reading every row's whole cache but makes the
-// softmax reduce over another length when a longer row is present (1e-7 relative on CPU in fp32).
+// (one shape: one CUDA graph in the server, src/serve/decode_graphs.h), or (gpt2-serve
+// --attend_block) the longest active row rounded up, which spares short sequences reading every
+// row's whole cache but makes the softmax reduce over another length when a longer row is present
+// (1e-7 relative on CPU in fp32).
 // Prefill is forward_cached on a one-row view of the slot's rows.
 torch::Tensor GPT2Impl::forward_slots(const torch::Tensor& ids, const torch::Tensor& positions, KVCache& cache,
                                       int64_t attend) {

@@ -10,6 +10,7 @@
 #include "src/base/errors.h"
 #include "src/base/log.h"
 #include "src/base/threads.h"
+#include "src/serve/decode_graphs.h"
 #include "src/serve/metrics.h"
 #include "src/serve/text_stream.h"
 
@@ -63,6 +64,10 @@ Scheduler::Scheduler(GPT2 model, const data::Gpt2Tokenizer& tokenizer, Scheduler
     torch::NoGradGuard no_grad;
     cache_ = model_->make_kv_cache(model_->config().block_size, std::vector<int64_t>(options_.max_batch, 0));
   }
+  if (options_.cuda_graphs && !device_.is_cuda()) {
+    log::info("gpt2-serve: --cuda_graphs ignored: the model is on ", device_.str(), " (graphs need CUDA)");
+  }
+  decode_ = std::make_unique<DecodeGraphs>(model_, cache_, options_.cuda_graphs);
   thread_ = start_helper_thread([this] { run(); });
 }
 
@@ -235,21 +240,19 @@ void Scheduler::decode_step() {
     longest = std::max(longest, slot.position + 1);
     if (slot.sequence->spec.sampling.temperature != 0.0) sampled_rows.push_back(s);
   }
-  const auto ids_t = torch::tensor(ids, torch::kLong).view({S, 1}).to(device_);
-  const auto positions_t = torch::tensor(positions, torch::kLong).to(device_);
   // Note [Slot decoding]: the whole context (exact batch invariance), or the longest row rounded up.
   const int64_t block = options_.attend_block;
   const int64_t attend = block > 0 ? std::min(cache_.capacity(), (longest + block - 1) / block * block) : cache_.capacity();
-  const auto logits = model_->forward_slots(ids_t, positions_t, cache_, attend);  // (S, V)
-  // Greedy rows need one id each: argmax on the device, S ids back. Rows that sample bring their
-  // logits to the host (sample_next, as gpt2-generate does).
-  const auto greedy = logits.argmax(1).to(torch::kCPU);  // (S); the wait for the device is here
+  // forward_slots + argmax, from a CUDA graph on a GPU; greedy rows need one id each (S ids come
+  // back, the wait for the device). Rows that sample bring their logits to the host (sample_next,
+  // as gpt2-generate does).
+  const DecodeOutputs out = decode_->step(ids, positions, attend);  // logits (S, V) on the device, greedy (S) host
   torch::Tensor sampled;
   if (!sampled_rows.empty()) {
     const auto rows = torch::tensor(sampled_rows, torch::kLong).to(device_);
-    sampled = logits.index_select(0, rows).to(torch::kCPU, torch::kFloat);  // (R, V)
+    sampled = out.logits.index_select(0, rows).to(torch::kCPU, torch::kFloat);  // (R, V)
   }
-  const auto* greedy_ids = greedy.data_ptr<int64_t>();
+  const auto* greedy_ids = out.greedy.data_ptr<int64_t>();
   const int64_t active = active_;
   size_t r = 0;
   for (int64_t s = 0; s < S; ++s) {

@@ -3,8 +3,9 @@
 // block_size (Note [Slot decoding] in src/model/gpt2_model.h). Each iteration admits waiting
 // sequences into free slots (a one-row prefill each, or prefill_batch prompts of one length
 // together; the prefill samples their first token), then
-// decodes one token for every active slot in one forward over all max_batch rows. A sequence that finishes
-// or is cancelled frees its slot before the next iteration.
+// decodes one token for every active slot in one forward over all max_batch rows (replayed from a
+// CUDA graph on a GPU: decode_graphs.h). A sequence that finishes or is cancelled frees its slot
+// before the next iteration.
 // Contract: submit(), cancel() and the getters are thread safe and never wait for the model. A
 // sequence's events come on the scheduler thread, in order, the last with `finished` set (also
 // for a cancelled one). Greedy ids equal gpt2-generate's for the same prompt up to near-ties (the
@@ -31,6 +32,7 @@ class Gpt2Tokenizer;
 
 namespace gpt2::serve {
 
+class DecodeGraphs;
 class Metrics;
 
 // kCancelled: the client left, or a drain ran out of time; kError: the model failed (logged).
@@ -68,6 +70,9 @@ struct SchedulerOptions {
   // that arrive together are prefilled N at a time in one forward (a burst's time to first token
   // falls; the first token's logits may then differ in the last bits with the company).
   int64_t prefill_batch = 1;
+  // true: on CUDA, decode steps replay CUDA graphs (one per attend value; decode_graphs.h), the
+  // same bits as without; ignored (logged) on CPU. false: every step dispatches its kernels.
+  bool cuda_graphs = true;
 };
 
 class Scheduler {
@@ -120,6 +125,7 @@ class Scheduler {
   // Owned by the scheduler thread.
   std::vector<Slot> slots_;
   KVCache cache_;  // max_batch rows x block_size
+  std::unique_ptr<DecodeGraphs> decode_;  // the decode step's device work, over cache_
   std::thread thread_;
 };
 

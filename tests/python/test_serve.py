@@ -411,6 +411,7 @@ class Serve(ServerTest):
                  ([self.dir, "--port", "0", "--host", "localhost:1"], "--host"),
                  ([self.dir, "--port", "70000"], "--port"),
                  ([self.dir, "--port", "0", "--max_batch", "0"], "--max_batch"),
+                 ([self.dir, "--port", "0", "--cuda_graphs", "maybe"], "('maybe') for option '--cuda_graphs'"),
                  ([os.path.join(self.tmp.name, "missing")], "missing"),
                  ([], "no MODEL")]
         for args, needle in cases:

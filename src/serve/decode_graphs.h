@@ -1,0 +1,68 @@
+#pragma once
+// The device side of gpt2-serve's decode step (Scheduler::decode_step): forward_slots over every
+// row of the slot cache, then the greedy argmax, replayed from CUDA graphs when the model is on
+// CUDA (Note [Decode graphs] in decode_graphs.cpp). One graph per `attend` value, captured the
+// first time that value comes, all in one memory pool: the default mode has one, --attend_block N
+// up to capacity / N. A graph runs the kernels the eager step runs, on the same shapes, so its
+// logits are the same bits (tests/serve/gpu_test.cpp).
+// Contract: one thread at a time calls step(). The model and the cache outlive this object and the
+// cache's tensors keep their storage (graphs hold their addresses); between steps the caller may
+// write the cache (prefill) on the current stream. A failed capture logs one warning naming the
+// reason and every later step runs eagerly: no capture error leaves step(). Without a CUDA model
+// (or a CUDA build), or with use_graphs false, every step runs eagerly.
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "src/model/gpt2_model.h"
+
+namespace gpt2::serve {
+
+// One step's results; both are overwritten by the next step.
+struct DecodeOutputs {
+  torch::Tensor logits;  // (rows, V) on the model's device (contiguous or not): what sampled rows read
+  torch::Tensor greedy;  // (rows) int64 on the host: each row's argmax
+};
+
+class DecodeGraphs {
+ public:
+  // `cache`: the scheduler's slot cache, rows = its rows.
+  DecodeGraphs(GPT2 model, KVCache& cache, bool use_graphs);
+  ~DecodeGraphs();
+  DecodeGraphs(const DecodeGraphs&) = delete;
+  DecodeGraphs& operator=(const DecodeGraphs&) = delete;
+
+  // One token for every row: ids[r] fed at positions[r] (one per row, host), attending to the
+  // first `attend` cached positions (forward_slots; 0 = the capacity). Runs without grad. The
+  // one host sync of the step is here: the greedy ids' copy back.
+  DecodeOutputs step(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, int64_t attend);
+
+  // Whether steps replay graphs: asked for, a CUDA model, and no capture has failed.
+  bool graphs_on() const { return graphs_on_; }
+  // Graphs captured so far (one per attend value met); 0 when graphs are off.
+  int64_t graphs_captured() const;
+
+ private:
+  struct Graphs;  // the CUDA part (decode_graphs.cpp): the pool and the graph of each attend value
+
+  // The step's device work on the static inputs, eagerly on the current stream: what a graph
+  // captures. Returns the logits (rows, V) and the greedy ids (rows) on the device.
+  std::pair<torch::Tensor, torch::Tensor> forward(int64_t attend);
+  // The graph's logits and greedy ids after replaying the graph for `attend` (captured first when
+  // new); undefined tensors when that capture failed (graphs are then off).
+  std::pair<torch::Tensor, torch::Tensor> replay(int64_t attend);
+
+  GPT2 model_;
+  KVCache& cache_;
+  const int64_t rows_;
+  torch::Tensor ids_host_, positions_host_;  // (rows, 1), (rows) int64 host, pinned on CUDA
+  torch::Tensor ids_, positions_;            // the same on the model's device: the graphs' inputs
+  torch::Tensor greedy_host_;                // (rows) int64 host, pinned on CUDA
+  bool graphs_on_ = false;
+  std::unique_ptr<Graphs> graphs_;
+};
+
+}  // namespace gpt2::serve

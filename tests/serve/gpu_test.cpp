@@ -1,0 +1,234 @@
+// gpt2-serve's decode step from CUDA graphs (src/serve/decode_graphs.h) against the eager step, on
+// a small random bf16 model: the replayed logits are the same bits as the eager ones while rows
+// join and leave, with one graph (attend = the capacity) and with one per attend value; and a
+// Scheduler with staggered prompts gives every sequence the same ids with and without graphs.
+// Needs a GPU: every test skips without one (CI) and runs on the GPU machine (`ctest -L gpu`).
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "data/bpe_tokenizer.h"
+#include "src/model/generate.h"
+#include "src/model/gpt2_model.h"
+#include "src/serve/decode_graphs.h"
+#include "src/serve/metrics.h"
+#include "src/serve/scheduler.h"
+#include "tests/kernels/compare.h"
+#include "tests/test_util.h"
+
+namespace gpt2::serve {
+namespace {
+
+constexpr int64_t kContext = 32;  // block_size: the slot cache's capacity
+
+// Random weights large enough that the logits are far from uniform (distinct greedy ids): GPT-2's
+// init for biases, LayerNorms and wte's padding rows, N(0, 0.3) for the other weights.
+GPT2 random_bf16_model(uint64_t seed) {
+  GPT2Config cfg;
+  cfg.n_layer = 2;
+  cfg.n_head = 2;
+  cfg.n_embd = 64;
+  cfg.vocab_size = 1000;  // padded to 1024 inside
+  cfg.block_size = kContext;
+  GPT2 model(cfg);
+  model->init_weights(seed);
+  {
+    torch::NoGradGuard no_grad;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    for (auto& item : model->named_parameters()) {
+      const std::string& name = item.key();
+      if (name.find(".ln_") != std::string::npos || name.find(".bias") != std::string::npos) continue;
+      item.value().normal_(0.0, 0.3, gen);
+    }
+    auto wte = model->named_parameters()["transformer.wte.weight"];
+    wte.narrow(0, cfg.vocab_size, cfg.padded_vocab_size() - cfg.vocab_size).zero_();  // padding rows stay 0
+  }
+  model->to(torch::kCUDA, torch::kBFloat16);
+  return model;
+}
+
+// One slot cache driven as the scheduler drives it: prefills into free rows, then decode steps
+// over every row, with greedy ids fed back.
+struct SlotRun {
+  SlotRun(GPT2& model, int64_t rows, bool use_graphs)
+      : model(model), cache(model->make_kv_cache(kContext, std::vector<int64_t>(rows, 0))),
+        decode(model, cache, use_graphs), last(rows, 0), position(rows, 0), active(rows, false) {}
+  void prefill(int64_t row, const std::vector<int64_t>& prompt) {
+    torch::NoGradGuard no_grad;
+    KVCache view = cache.row_view(row);
+    const auto logits = model->forward_cached(torch::tensor(prompt, torch::kLong).view({1, -1}).to(torch::kCUDA), view);
+    last[row] = logits.argmax(1).item<int64_t>();
+    position[row] = static_cast<int64_t>(prompt.size());
+    active[row] = true;
+  }
+  // One step; inactive rows feed id 0 at position 0, as the scheduler's free slots do.
+  DecodeOutputs step(int64_t attend) {
+    std::vector<int64_t> ids(last.size(), 0), pos(last.size(), 0);
+    for (size_t r = 0; r < last.size(); ++r) {
+      if (active[r]) ids[r] = last[r], pos[r] = position[r];
+    }
+    DecodeOutputs out = decode.step(ids, pos, attend);
+    for (size_t r = 0; r < last.size(); ++r) {
+      if (active[r]) last[r] = out.greedy[static_cast<int64_t>(r)].item<int64_t>(), ++position[r];
+    }
+    return out;
+  }
+  GPT2& model;
+  KVCache cache;
+  DecodeGraphs decode;
+  std::vector<int64_t> last, position;
+  std::vector<bool> active;
+};
+
+// Rows join (prefills of different lengths between steps) and leave (a row goes inactive), the
+// graph run and the eager run side by side: every step's logits torch::equal, greedy ids equal.
+// `attend_block` 0: one graph over the whole capacity; N: attend = the longest row rounded up to
+// N, one graph per value met.
+void expect_graphs_equal_eager(int64_t attend_block, int64_t graphs_expected) {
+  NoCudnnAttention no_cudnn_attention;  // as Scheduler::run decodes
+  GPT2 model = random_bf16_model(3);
+  const int64_t rows = 4;
+  SlotRun graphed(model, rows, /*use_graphs=*/true), eager(model, rows, /*use_graphs=*/false);
+  ASSERT_TRUE(graphed.decode.graphs_on());
+  ASSERT_FALSE(eager.decode.graphs_on());
+  const std::vector<std::vector<int64_t>> prompts = {{464, 3290}, {11, 12, 13, 14, 15, 16, 17}, {7}, {99, 98, 97, 96}};
+  auto join = [&](int64_t row, const std::vector<int64_t>& prompt) {
+    graphed.prefill(row, prompt);
+    eager.prefill(row, prompt);
+  };
+  join(0, prompts[0]);
+  join(2, prompts[1]);
+  for (int64_t s = 0; s < 28; ++s) {
+    if (s == 3) join(1, prompts[2]);
+    if (s == 6) join(3, prompts[3]);
+    if (s == 9) graphed.active[2] = eager.active[2] = false;  // leaves: its slot runs as a free one
+    if (s == 12) join(2, prompts[0]);
+    int64_t longest = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (graphed.active[r]) longest = std::max(longest, graphed.position[r] + 1);
+    }
+    const int64_t attend =
+        attend_block > 0 ? std::min(kContext, (longest + attend_block - 1) / attend_block * attend_block) : 0;
+    const DecodeOutputs g = graphed.step(attend);
+    const DecodeOutputs e = eager.step(attend);
+    ASSERT_TRUE(torch::equal(g.logits, e.logits)) << "step " << s << ", attend " << attend;
+    ASSERT_TRUE(torch::equal(g.greedy, e.greedy)) << "step " << s;
+  }
+  EXPECT_TRUE(graphed.decode.graphs_on());
+  EXPECT_EQ(graphed.decode.graphs_captured(), graphs_expected);
+  EXPECT_EQ(eager.decode.graphs_captured(), 0);
+}
+
+TEST(ServeGpuDecodeGraphs, OneGraphOverTheWholeContextReplaysTheEagerBits) {
+  REQUIRE_CUDA();
+  expect_graphs_equal_eager(/*attend_block=*/0, /*graphs_expected=*/1);
+}
+
+TEST(ServeGpuDecodeGraphs, OneGraphPerAttendValueReplaysTheEagerBits) {
+  REQUIRE_CUDA();
+  // Row 0 reaches position 29: attend 8, 16, 24 and 32 all come.
+  expect_graphs_equal_eager(/*attend_block=*/8, /*graphs_expected=*/4);
+}
+
+// [ measured ]: a decode step's time with and without graphs at gpt2-124m's shape (GPT2Config's
+// defaults) for 32 rows in bf16, attending over the whole context, as the server's default mode
+// runs it: the host's kernel dispatch is what graphs remove. Prints only (no timing assertion;
+// the server's tokens/s are bench/serve_bench.sh's to measure); the two ways' logits are the same bits.
+TEST(ServeGpuDecodeGraphs, StepTimeAtTheGpt2SmallShape) {
+  REQUIRE_CUDA();
+  NoCudnnAttention no_cudnn_attention;
+  GPT2 model{GPT2Config{}};
+  model->init_weights(1);
+  model->to(torch::kCUDA, torch::kBFloat16);
+  const int64_t rows = 32, steps = 100;
+  const int64_t capacity = model->config().block_size;
+  auto graphed_cache = model->make_kv_cache(capacity, std::vector<int64_t>(rows, 0));
+  auto eager_cache = model->make_kv_cache(capacity, std::vector<int64_t>(rows, 0));
+  DecodeGraphs graphed(model, graphed_cache, /*use_graphs=*/true), eager(model, eager_cache, /*use_graphs=*/false);
+  std::vector<int64_t> ids(rows), positions(rows);
+  for (int64_t r = 0; r < rows; ++r) ids[r] = 1000 + 17 * r, positions[r] = 20 * r;  // each step rewrites these
+  const DecodeOutputs g = graphed.step(ids, positions, 0);  // captures
+  const DecodeOutputs e = eager.step(ids, positions, 0);
+  EXPECT_TRUE(torch::equal(g.logits, e.logits));
+  EXPECT_TRUE(torch::equal(g.greedy, e.greedy));
+  auto ms_per_step = [&](DecodeGraphs& decode) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < steps; ++i) decode.step(ids, positions, 0);  // each waits for its ids
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
+  };
+  const double eager_ms = ms_per_step(eager), graph_ms = ms_per_step(graphed);
+  EXPECT_TRUE(graphed.graphs_on());
+  std::printf("[ measured ] decode step, gpt2-124m shape, %lld rows x %lld context, bf16: %.3f ms eager, %.3f ms "
+              "from a CUDA graph (%.1fx)\n",
+              static_cast<long long>(rows), static_cast<long long>(capacity), eager_ms, graph_ms, eager_ms / graph_ms);
+}
+
+// Every sequence's ids from a Scheduler: 10 prompts of different lengths and lengths to generate
+// through 4 slots, submitted at once, so that the slots fill, free and refill in the same order on
+// every run; one sequence samples (it reads the step's logits on the host).
+std::vector<std::vector<int64_t>> scheduler_ids(GPT2& model, const data::Gpt2Tokenizer& tokenizer,
+                                                SchedulerOptions options) {
+  Metrics metrics(options.max_batch);
+  std::mutex mu;
+  std::condition_variable done;
+  const int64_t n = 10;
+  int64_t finished = 0;
+  std::vector<std::vector<int64_t>> ids(n);
+  std::vector<SequenceSpec> specs;
+  for (int64_t i = 0; i < n; ++i) {
+    SequenceSpec spec;
+    for (int64_t t = 0; t <= i; ++t) spec.prompt.push_back(100 + 37 * i + t);  // i + 1 tokens
+    spec.sampling.max_new_tokens = 4 + (7 * i) % 13;
+    spec.sampling.temperature = i == 5 ? 0.8 : 0.0;
+    spec.sampling.seed = 11;
+    spec.on_event = [&, i](SequenceEvent event) {
+      std::lock_guard<std::mutex> lock(mu);
+      ids[i].insert(ids[i].end(), event.token_ids.begin(), event.token_ids.end());
+      if (event.finished != FinishReason::kNone) {
+        EXPECT_NE(event.finished, FinishReason::kError) << "sequence " << i;
+        ++finished;
+        done.notify_all();
+      }
+    };
+    specs.push_back(std::move(spec));
+  }
+  Scheduler scheduler(model, tokenizer, options, metrics);
+  EXPECT_EQ(scheduler.submit(std::move(specs)).size(), static_cast<size_t>(n));
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    EXPECT_TRUE(done.wait_for(lock, std::chrono::seconds(60), [&] { return finished == n; }));
+  }
+  scheduler.stop();
+  return ids;
+}
+
+TEST(ServeGpuScheduler, StaggeredSequencesGetTheSameIdsWithAndWithoutGraphs) {
+  REQUIRE_CUDA();
+  GPT2 model = random_bf16_model(5);
+  const auto tokenizer = data::Gpt2Tokenizer::load(test::tokenizer_dir());
+  for (const int64_t attend_block : {0, 8}) {
+    SchedulerOptions options;
+    options.max_batch = 4;
+    options.attend_block = attend_block;
+    options.cuda_graphs = true;
+    const auto with_graphs = scheduler_ids(model, tokenizer, options);
+    options.cuda_graphs = false;
+    const auto without = scheduler_ids(model, tokenizer, options);
+    for (size_t i = 0; i < with_graphs.size(); ++i) {
+      EXPECT_FALSE(with_graphs[i].empty()) << "sequence " << i;
+      EXPECT_EQ(with_graphs[i], without[i]) << "sequence " << i << ", attend_block " << attend_block;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gpt2::serve
