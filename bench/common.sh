@@ -39,12 +39,12 @@ PY
 }
 
 # bench_xl NAME ARGS...: gpt2-1558m bf16, B=8 x T=1024, 8 micro-steps per optimizer step (65,536
-# tokens), $steps steps on $out/tok; its RESULT line and its optimizer-state line (device and host
-# bytes). ARGS override any of it.
+# tokens; $batch_tokens if set), $steps steps on $out/tok; its RESULT line and its optimizer-state
+# line (device and host bytes). ARGS override the rest.
 bench_xl() {
   local name="$1"; shift
   build-gpu/bin/gpt2-train --config configs/gpt2-1558m.ini --data.train="$out/tok/train.h5" --data.val=none \
-    --train.micro_batch=8 --train.batch_tokens=65536 --train.max_steps="${steps:-5}" --train.warmup_steps=2 \
+    --train.micro_batch=8 --train.batch_tokens="${batch_tokens:-65536}" --train.max_steps="${steps:-5}" --train.warmup_steps=2 \
     --train.sample_tokens=0 --log.every=1 --log.metrics="$out/xl_$name.jsonl" "$@" >"$out/xl_$name.log" 2>&1 \
     || tail -20 "$out/xl_$name.log"
   bench_summary "gpt2-1558m B=8 $name" "$out/xl_$name.jsonl"

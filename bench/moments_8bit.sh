@@ -33,8 +33,8 @@ if [ "$part" = speed ]; then
     bench_xl "8bit_moments_$round" --memory.optimizer_moments=8bit
   done
   for round in $(seq "${ROUNDS:-2}"); do
-    steps=20 bench_xl "fp32_moments_1micro_$round" --train.batch_tokens=8192
-    steps=20 bench_xl "8bit_moments_1micro_$round" --train.batch_tokens=8192 --memory.optimizer_moments=8bit
+    steps=20 batch_tokens=8192 bench_xl "fp32_moments_1micro_$round"
+    steps=20 batch_tokens=8192 bench_xl "8bit_moments_1micro_$round" --memory.optimizer_moments=8bit
   done
 fi
 

@@ -51,6 +51,10 @@ else
   [ "${GPT2_SERVE_BENCH_SIZE:-124m}" = 1558m ] && sizes="n_layer=48, n_head=25, n_embd=1600, n_positions=1024"
   batches=1,8,32,128; requests=4; prompt=128; new=128
 fi
+# Overrides (a short run): GPT2_SERVE_BENCH_PEERS=0 skips both transformers peers;
+# GPT2_SERVE_BENCH_PEER_CLIENTS and GPT2_SERVE_BENCH_BATCHES replace their lists.
+peer_clients=${GPT2_SERVE_BENCH_PEER_CLIENTS:-$peer_clients}; batches=${GPT2_SERVE_BENCH_BATCHES:-$batches}
+peers=${GPT2_SERVE_BENCH_PEERS:-1}
 results="$out/serve_results.jsonl"; : >"$results"
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
@@ -115,6 +119,7 @@ for fast in 0 1; do
 done
 
 # --- peer: FastAPI + transformers generate, one request at a time ---
+if [ "$peers" = 1 ]; then
 peer_port=$(( port + 1 ))
 "$py" bench/serve_peer.py serve --model "$model" --device "$device" --dtype "$dtype" --port "$peer_port" \
   --name peer >"$out/peer.log" 2>&1 &
@@ -139,6 +144,7 @@ stamp "peer done"
 "$py" bench/serve_peer.py batched --model "$model" --device "$device" --dtype "$dtype" --batches "$batches" \
   --prompt_tokens "$prompt" --new_tokens "$new" --json "$results" | tee "$out/batched.txt"
 stamp "batched done"
+fi
 
 # --- summary ---
 "$py" - "$results" "$device" "$dtype" "$sizes" <<'PY' | tee "$out/summary.txt"
