@@ -100,7 +100,7 @@ void expect_graphs_equal_eager(int64_t attend_block, int64_t graphs_expected) {
   SlotRun graphed(model, rows, /*use_graphs=*/true), eager(model, rows, /*use_graphs=*/false);
   ASSERT_TRUE(graphed.decode.graphs_on());
   ASSERT_FALSE(eager.decode.graphs_on());
-  const std::vector<std::vector<int64_t>> prompts = {{464, 329}, {11, 12, 13, 14, 15, 16, 17}, {7}, {99, 98, 97, 96}};  // ids < vocab_size;
+  const std::vector<std::vector<int64_t>> prompts = {{464, 329}, {11, 12, 13, 14, 15, 16, 17}, {7}, {99, 98, 97, 96}};  // ids < vocab_size
   auto join = [&](int64_t row, const std::vector<int64_t>& prompt) {
     graphed.prefill(row, prompt);
     eager.prefill(row, prompt);
