@@ -90,7 +90,7 @@ OptionList bind_options(Config& c) {
   o.add("memory.activation_checkpointing", &c.memory.activation_checkpointing, "none | full | every_k=K");
   o.add("memory.chunked_loss", &c.memory.chunked_loss, "true: head + loss in row chunks without the batch's logits");
   o.add("memory.recompute_gelu", &c.memory.recompute_gelu,
-        "true: the MLP keeps only its GELU input for backward, recomputing the output (less memory, ~1% slower)");
+        "true: the MLP keeps only its GELU input for backward, recomputing the output (less memory, 1-2% slower)");
   o.add("memory.optimizer_moments", &c.memory.optimizer_moments,
         "fp32 | 8bit: AdamW moments block-wise quantized to 8 bits (a quarter of the memory)");
   o.add("checkpoint.dir", &c.checkpoint.dir, "checkpoint directory");
