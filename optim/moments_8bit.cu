@@ -33,6 +33,19 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return v;
 }
 
+// The block's new absmax values from each thread's (m_amax, v_amax), stored at `state`; returns
+// the divisors that quantize the block (1 for a block of zeros, whose codes then encode zeros).
+__device__ __forceinline__ float2 store_absmax(float m_amax, float v_amax, float* scratch, const MomentBuffers& mb,
+                                               int64_t state) {
+  m_amax = block_max(m_amax, scratch);
+  v_amax = block_max(v_amax, scratch);
+  if (threadIdx.x == 0) {
+    mb.exp_avg_absmax[state] = m_amax;
+    mb.exp_avg_sq_absmax[state] = v_amax;
+  }
+  return make_float2(m_amax > 0.0f ? m_amax : 1.0f, v_amax > 0.0f ? v_amax : 1.0f);
+}
+
 // One element's update (the CPU path's arithmetic, operation for operation): decays and updates
 // p, returns it; m and v come in as the old moments and leave as the new ones.
 template <bool kLerpFromM>
@@ -101,13 +114,8 @@ __device__ __forceinline__ void update_full_block(const Adamw8bitArgs& a, const 
     for (int k = 0; k < 4; ++k) w[k] = static_cast<uint32_t>(to_bf16(p[2 * k])) | (static_cast<uint32_t>(to_bf16(p[2 * k + 1])) << 16);
     *reinterpret_cast<uint4*>(a.param_bf16 + at) = make_uint4(w[0], w[1], w[2], w[3]);
   }
-  m_amax = block_max(m_amax, scratch);
-  v_amax = block_max(v_amax, scratch);
-  if (threadIdx.x == 0) {
-    mb.exp_avg_absmax[blk.state] = m_amax;
-    mb.exp_avg_sq_absmax[blk.state] = v_amax;
-  }
-  const float m_div = m_amax > 0.0f ? m_amax : 1.0f, v_div = v_amax > 0.0f ? v_amax : 1.0f;
+  const float2 div = store_absmax(m_amax, v_amax, scratch, mb, blk.state);
+  const float m_div = div.x, v_div = div.y;
   uint32_t mq[2] = {0, 0}, vq[2] = {0, 0};
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) {
@@ -151,13 +159,8 @@ __device__ __forceinline__ void update_any_block(const Adamw8bitArgs& a, const Q
     v_amax = fmaxf(v_amax, fabsf(v[k]));
   }
   if (!quantized) return;
-  m_amax = block_max(m_amax, scratch);
-  v_amax = block_max(v_amax, scratch);
-  if (threadIdx.x == 0) {
-    mb.exp_avg_absmax[blk.state] = m_amax;
-    mb.exp_avg_sq_absmax[blk.state] = v_amax;
-  }
-  const float m_div = m_amax > 0.0f ? m_amax : 1.0f, v_div = v_amax > 0.0f ? v_amax : 1.0f;
+  const float2 div = store_absmax(m_amax, v_amax, scratch, mb, blk.state);
+  const float m_div = div.x, v_div = div.y;
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) {
     const int i = threadIdx.x + k * kThreads;
