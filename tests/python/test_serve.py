@@ -282,12 +282,14 @@ class Serve(ServerTest):
             self.assertEqual(len({o["id"] for o in objs}), 1)
             self.assertEqual(objs[-1]["choices"], [])
             self.assertEqual(objs[-1]["usage"], {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10})
-            ids = [t for o in tokens for t in o["choices"][0]["token_ids"]]
-            self.assertEqual(ids, greedy_ids(self.dir, [PROMPTS[1]], 6)[0])
-            # The connection stays open for the next request (keep-alive after a stream).
+            # The connection stays open for the next request (keep-alive after a stream). Asked at
+            # once: the server drops a connection idle for --read_timeout_s (2 s), and running
+            # gpt2-generate below can take that long on a loaded machine.
             s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
             status, _, raw = read_http_response(s)
             self.assertEqual((status, raw), ("HTTP/1.1 200 OK", b'{"status":"ok"}\n'))
+        ids = [t for o in tokens for t in o["choices"][0]["token_ids"]]
+        self.assertEqual(ids, greedy_ids(self.dir, [PROMPTS[1]], 6)[0])
 
     def test_expect_100_continue(self):
         body = json.dumps({"prompt": [464], "max_tokens": 2, "temperature": 0}).encode()
