@@ -1,6 +1,7 @@
 #pragma once
 // Raw launchers of the kernels in this folder (*.cu), free of torch headers so nvcc
-// compiles them quickly. Contracts: cross_entropy.h, layer_norm.h, linear.h. Every buffer is
+// compiles them quickly. Contracts: cross_entropy.h, layer_norm.h, linear.h,
+// slot_attention.h. Every buffer is
 // row-major and contiguous; "partial" buffers are fp32 scratch the caller allocates.
 #include <cuda_runtime_api.h>
 
@@ -69,5 +70,24 @@ cudaError_t launch_column_sum(Dtype dtype, const void* a, int64_t rows, int64_t 
 // dbias[c] = sum_r dpre[r, c]. `partial` as for launch_column_sum.
 cudaError_t launch_gelu_backward(Dtype dtype, const void* dout, const void* pre, int64_t rows, int64_t cols,
                                  void* dpre, float* partial, void* dbias, cudaStream_t stream);
+
+// Slot decoding's attention (slot_attention.h): for every (row b, head h), y[b, h] = sum over
+// j <= positions[b] of softmax_j(q[b, h] . k[b, h, j] * scale) v[b, h, j]. q's row b, head h starts
+// at b * q_stride_b + h * q_stride_h elements (its hs elements contiguous); keys, values
+// (batch, heads, capacity, head_size) and y (batch, heads, head_size) contiguous; a position outside
+// [0, capacity) gives a NaN row.
+struct SlotAttentionArgs {
+  const void* q;
+  int64_t q_stride_b, q_stride_h;
+  const void* keys;
+  const void* values;
+  const int64_t* positions;  // (batch), on the device
+  int64_t batch, heads, capacity, head_size;
+  float scale;
+};
+// Whether the kernel takes heads of head_size (even, at most 128); keys and values must be aligned
+// to two elements (cudaErrorInvalidValue otherwise).
+bool slot_attention_supported(int64_t head_size);
+cudaError_t launch_slot_attention(Dtype dtype, const SlotAttentionArgs& args, void* y, cudaStream_t stream);
 
 }  // namespace gpt2::kernels

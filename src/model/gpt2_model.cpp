@@ -14,6 +14,7 @@
 #include "src/kernels/cross_entropy.h"
 #include "src/kernels/layer_norm.h"
 #include "src/kernels/linear.h"
+#include "src/kernels/slot_attention.h"
 #include "src/kernels/target_check.h"
 #include "src/model/chunked_loss.h"
 #include "src/model/recompute.h"
@@ -135,10 +136,16 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const KVS
   std::optional<at::Tensor> mask;
   if (slot != nullptr && slot->rows_at.defined()) {
     // Slot decoding (Note [Slot decoding]): row b's one key/value goes to its own position; the
-    // query attends over the first L cached positions, the mask (B, 1, 1, L) keeping those <= rows_at[b].
+    // query attends to that row's positions <= rows_at[b]: through kernels::slot_attention, which
+    // reads only those, or SDPA over the first L cached positions under the mask (B, 1, 1, L).
     const auto at = slot->rows_at.view({B, 1, 1, 1}).expand({B, n_head_, 1, hs});  // (B, nh, 1, hs)
     slot->keys.scatter_(2, at, k);
     slot->values.scatter_(2, at, v);
+    if (fused_kernels && slot_attention.value_or(!x.is_cuda()) &&
+        kernels::slot_attention_applies(q, slot->keys, slot->values, slot->rows_at)) {
+      const auto y = kernels::slot_attention(q, slot->keys, slot->values, slot->rows_at);  // (B, nh, 1, hs)
+      return project(c_proj, y.view({B, T, C}), fused_kernels);  // T = 1: (B, nh, 1, hs) is (B, 1, C) in memory
+    }
     const int64_t L = slot->mask.size(3);
     k = slot->keys.narrow(2, 0, L);                                  // (B, nh, L, hs)
     v = slot->values.narrow(2, 0, L);
@@ -246,16 +253,22 @@ torch::Tensor GPT2Impl::forward_cached(const torch::Tensor& idx, KVCache& cache)
 // The server (src/serve/scheduler.h) keeps one KVCache of max_batch rows ("slots") x block_size and
 // runs every active sequence one token a step in one forward. Rows join and leave between steps, so
 // each row has its own length: its new token's key/value is scattered to its own position and its
-// query attends to the first `attend` cached positions under a mask of positions <= its own.
-// Inactive rows run too (any id at position 0; their logits are ignored and their position 0 is
-// rewritten by the next prefill). The rows are always max_batch, so no matrix product changes
-// shape with the number of active sequences, and for one `attend` a row's logits are the same
-// bits whatever the other rows hold (tests/model/model_test.cpp, SlotDecoding...): a request's
-// greedy ids do not depend on its company. `attend` is the caller's: the whole capacity by default
-// (one shape: one CUDA graph in the server, src/serve/decode_graphs.h), or (gpt2-serve
-// --attend_block) the longest active row rounded up, which spares short sequences reading every
-// row's whole cache but makes the softmax reduce over another length when a longer row is present
-// (1e-7 relative on CPU in fp32).
+// query attends to that row's positions <= its own. Inactive rows run too (any id at position 0;
+// their logits are ignored and their position 0 is rewritten by the next prefill). The rows are
+// always max_batch, so no matrix product changes shape with the number of active sequences, and a
+// row's logits are the same bits whatever the other rows hold (tests/model/model_test.cpp,
+// SlotDecoding...): a request's greedy ids do not depend on its company. The attention is one of:
+// - kernels::slot_attention (src/kernels/slot_attention.h), with the fused kernels on and
+//   set_slot_attention (default: on for CPU, off for CUDA until measured there; gpt2-serve
+//   --slot_attention): row b reads only its own positions 0..rows_at[b], in an order fixed by
+//   rows_at[b] alone, so its bits depend neither on the other rows nor on `attend` (ignored).
+// - otherwise SDPA over the first `attend` cached positions of every row under a mask of positions
+//   <= rows_at[b]. `attend` is the caller's: the whole capacity by default (one shape: one CUDA
+//   graph in the server, src/serve/decode_graphs.h; every step reads every row's whole cache), or
+//   (gpt2-serve --attend_block) the longest active row rounded up, which spares short sequences
+//   reading every row's whole cache but makes the softmax reduce over another length when a longer
+//   row is present (1e-7 relative on CPU in fp32). For one `attend`, a row's bits do not depend on
+//   the other rows.
 // Prefill is forward_cached on a one-row view of the slot's rows.
 torch::Tensor GPT2Impl::forward_slots(const torch::Tensor& ids, const torch::Tensor& positions, KVCache& cache,
                                       int64_t attend) {
@@ -398,6 +411,15 @@ void GPT2Impl::set_fused_kernels(bool on) {
     block->attn->fused_kernels = on;
     block->mlp->fused_kernels = on;
   }
+}
+
+void GPT2Impl::set_slot_attention(bool on) {
+  slot_attention_ = on;
+  for (auto& block : transformer_->blocks) block->attn->slot_attention = on;
+}
+
+bool GPT2Impl::slot_attention_on() const {
+  return fused_kernels_ && slot_attention_.value_or(!transformer_->wte->weight.is_cuda());
 }
 
 void GPT2Impl::set_recompute_gelu(bool on) {

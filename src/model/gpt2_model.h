@@ -8,6 +8,7 @@
 #include <torch/nn.h>
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -59,7 +60,8 @@ struct KVCache {
 // attention writes their keys and values into `keys`/`values` (that layer's cache tensors) at
 // [start, start + t) and its queries attend to [0, start + t) under `mask`.
 // Slot decoding (forward_slots) sets `rows_at` instead: row b's one new position is rows_at[b],
-// written there, and the query attends to the first L positions under `mask` (B, 1, 1, L).
+// written there, and the query attends to row b's positions <= rows_at[b] (kernels::slot_attention),
+// or to the first L positions under `mask` (B, 1, 1, L) (SDPA; Note [Slot decoding]).
 struct KVSlot {
   torch::Tensor keys, values;  // (B, n_head, capacity, head_size)
   int64_t start = 0;
@@ -78,6 +80,9 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::nn::Linear c_attn{nullptr};  // C -> 3C (q, k, v concatenated along the output)
   torch::nn::Linear c_proj{nullptr};  // C -> C, residual projection
   bool fused_kernels = true;          // CUDA: projections through src/kernels/linear.h
+  // Slot decoding through kernels::slot_attention (with fused_kernels); unset: on CPU, not on CUDA
+  // (GPT2Impl::set_slot_attention).
+  std::optional<bool> slot_attention;
 
  private:
   int64_t n_head_;
@@ -160,7 +165,8 @@ class GPT2Impl : public torch::nn::Module {
   // sequence, unpadded, at its own length. ids (B, 1) are each row's next token, positions (B)
   // int64 on the model's device its position (the row's length so far, < attend); writes their
   // keys/values there and returns the logits (B, vocab_size), each row attending to its cached
-  // positions among the first `attend` (<= capacity; 0 = all). cache.length is not used.
+  // positions among the first `attend` (<= capacity; 0 = all; not used by kernels::slot_attention,
+  // set_slot_attention). cache.length is not used.
   torch::Tensor forward_slots(const torch::Tensor& ids, const torch::Tensor& positions, KVCache& cache,
                               int64_t attend = 0);
 
@@ -173,6 +179,12 @@ class GPT2Impl : public torch::nn::Module {
   // [Pending residual]); the linear layers take their bias gradients, and c_fc its GELU backward,
   // from src/kernels/linear.h. Decoding runs the same blocks, so the same kernels.
   void set_fused_kernels(bool on);
+  // Slot decoding's attention (forward_slots, Note [Slot decoding]): true: kernels::slot_attention
+  // where it applies (with the fused kernels on), which reads each row's own positions only; false:
+  // SDPA over `attend` positions under a mask. Not called: on for a CPU model, off for CUDA (the
+  // kernel has not been measured on a GPU yet). slot_attention_on(): what this model's device gets.
+  void set_slot_attention(bool on);
+  bool slot_attention_on() const;
   // memory.recompute_gelu: the fused MLP keeps only its GELU input for backward and recomputes the
   // output there (B x T x 4C fewer activations per block; no effect without the fused kernels).
   void set_recompute_gelu(bool on);
@@ -214,6 +226,7 @@ class GPT2Impl : public torch::nn::Module {
   int64_t recompute_every_ = 0;  // see set_recompute_every
   bool chunked_loss_ = false;    // see set_chunked_loss
   bool fused_kernels_ = true;    // see set_fused_kernels
+  std::optional<bool> slot_attention_;  // see set_slot_attention; unset: on CPU, off on CUDA
 };
 TORCH_MODULE(GPT2);
 

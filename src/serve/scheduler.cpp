@@ -58,6 +58,15 @@ Scheduler::Scheduler(GPT2 model, const data::Gpt2Tokenizer& tokenizer, Scheduler
   if (options_.max_queue < 0) throw UserError("--max_queue must be >= 0, got " + std::to_string(options_.max_queue));
   if (options_.attend_block < 0) throw UserError("--attend_block must be >= 0, got " + std::to_string(options_.attend_block));
   if (options_.prefill_batch < 1) throw UserError("--prefill_batch must be >= 1, got " + std::to_string(options_.prefill_batch));
+  if (options_.slot_attention == "on" || options_.slot_attention == "off") {
+    model_->set_slot_attention(options_.slot_attention == "on");
+  } else if (options_.slot_attention != "auto") {
+    throw UserError("--slot_attention must be auto, on or off, got '" + options_.slot_attention + "'");
+  }
+  slot_attention_ = model_->slot_attention_on();
+  if (slot_attention_ && options_.attend_block > 0) {
+    log::info("gpt2-serve: --attend_block ignored: with slot attention each row reads only its own context");
+  }
   device_ = model_->parameters().front().device();
   slots_.resize(options_.max_batch);
   {
@@ -240,8 +249,9 @@ void Scheduler::decode_step() {
     longest = std::max(longest, slot.position + 1);
     if (slot.sequence->spec.sampling.temperature != 0.0) sampled_rows.push_back(s);
   }
-  // Note [Slot decoding]: the whole context (exact batch invariance), or the longest row rounded up.
-  const int64_t block = options_.attend_block;
+  // Note [Slot decoding]: the whole context (exact batch invariance), or the longest row rounded up;
+  // with slot attention each row reads its own context whatever attend is: one value, one graph.
+  const int64_t block = slot_attention_ ? 0 : options_.attend_block;
   const int64_t attend = block > 0 ? std::min(cache_.capacity(), (longest + block - 1) / block * block) : cache_.capacity();
   // forward_slots + argmax, from a CUDA graph on a GPU; greedy rows need one id each (S ids come
   // back, the wait for the device). Rows that sample bring their logits to the host (sample_next,

@@ -10,7 +10,7 @@
 // sequence's events come on the scheduler thread, in order, the last with `finished` set (also
 // for a cancelled one). Greedy ids equal gpt2-generate's for the same prompt up to near-ties (the
 // same prefill; a decode step of other shapes), and are the same alone or in a full batch (with
-// attend_block 0, bit for bit: a row's arithmetic does not depend on the other rows).
+// slot attention or attend_block 0, bit for bit: a row's arithmetic does not depend on the other rows).
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -70,6 +70,11 @@ struct SchedulerOptions {
   // that arrive together are prefilled N at a time in one forward (a burst's time to first token
   // falls; the first token's logits may then differ in the last bits with the company).
   int64_t prefill_batch = 1;
+  // Decode steps' attention (Note [Slot decoding]): "on": kernels::slot_attention, each row reading
+  // only its own context (the same bits in any company, and attend_block no longer matters);
+  // "off": SDPA over attend positions under a mask; "auto": on for a CPU model, off for CUDA (the
+  // kernel has not been measured on a GPU yet).
+  std::string slot_attention = "auto";
   // true: on CUDA, decode steps replay CUDA graphs (one per attend value; decode_graphs.h), the
   // same bits as without; ignored (logged) on CPU. false: every step dispatches its kernels.
   bool cuda_graphs = true;
@@ -95,6 +100,8 @@ class Scheduler {
   int64_t queued() const;
   int64_t active() const;
   const SchedulerOptions& options() const { return options_; }
+  // Whether decode steps attend through kernels::slot_attention (options().slot_attention resolved).
+  bool slot_attention_on() const { return slot_attention_; }
 
  private:
   struct Slot;
@@ -114,6 +121,7 @@ class Scheduler {
   const SchedulerOptions options_;
   Metrics& metrics_;
   torch::Device device_{torch::kCPU};
+  bool slot_attention_ = false;  // the model's decode steps use kernels::slot_attention: attend is moot
 
   mutable std::mutex mu_;
   std::condition_variable wake_;

@@ -1,7 +1,7 @@
 // gpt2-serve: an OpenAI-compatible HTTP completion server with continuous batching.
 //   gpt2-serve MODEL [--host 127.0.0.1] [--port 8000] [--device auto|cpu|cuda] [--dtype ...]
-//              [--max_batch N] [--max_queue N] [--cuda_graphs true|false] [--api_key KEY]
-//              [--model_name NAME] [...]
+//              [--max_batch N] [--max_queue N] [--slot_attention auto|on|off] [--cuda_graphs true|false]
+//              [--api_key KEY] [--model_name NAME] [...]
 // MODEL as gpt2-generate takes it (a checkpoint, a model file, a Hugging Face directory). Logs
 // `gpt2-serve: listening on http://HOST:PORT` once it serves; SIGTERM/SIGINT drain and exit 0.
 // Exit 2 bad input (named), 1 anything else.
@@ -70,6 +70,10 @@ std::optional<Options> parse_options(int argc, char** argv) {
       ("prefill_batch", po::value(&o.scheduler.prefill_batch)->default_value(o.scheduler.prefill_batch),
        "1: each prompt prefilled alone (exactly gpt2-generate's prefill); N: up to N prompts of one length per "
        "forward (faster bursts, last-bit differences)")
+      ("slot_attention", po::value(&o.scheduler.slot_attention)->default_value(o.scheduler.slot_attention),
+       "auto | on | off. on: decode steps attend through a kernel that reads each row's own context only "
+       "(the same bits in any batch; --attend_block no longer matters); off: attention over --attend_block "
+       "positions of every row under a mask; auto: on for cpu, off for cuda (not yet measured there)")
       ("cuda_graphs", po::value(&o.scheduler.cuda_graphs)->default_value(o.scheduler.cuda_graphs, "true"),
        "true: on CUDA, decode steps replay CUDA graphs (the same tokens, less host time a step); false: every "
        "step launches its kernels one by one. Ignored on cpu")
@@ -158,7 +162,8 @@ int run(int argc, char** argv) {
                   loaded.model->num_parameters() / 1e6, "M parameters, ", loaded.device.str(), " ", loaded.dtype,
                   ", context ", cfg.block_size, ", max_batch ", o.scheduler.max_batch, ", max_queue ",
                   o.scheduler.max_queue, ", attend_block ", o.scheduler.attend_block, ", prefill_batch ",
-                  o.scheduler.prefill_batch, ", cuda_graphs ", o.scheduler.cuda_graphs ? "true" : "false",
+                  o.scheduler.prefill_batch, ", slot_attention ", o.scheduler.slot_attention,
+                  scheduler.slot_attention_on() ? " (on)" : " (off)", ", cuda_graphs ", o.scheduler.cuda_graphs ? "true" : "false",
                   ", KV cache ", gpt2::log::format("%.0f", kv_mib), " MiB",
                   o.server.api_key.empty() ? ", no API key" : ", API key required");
   gpt2::log::info("gpt2-serve: listening on http://", o.server.host, ":", port);

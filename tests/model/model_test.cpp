@@ -471,6 +471,49 @@ TEST(ModelGenerate, SlotDecodingRowsAreIndependentSequences) {
   EXPECT_TRUE(torch::equal(step({0, 10, 0}, {0, 6, 0}, 16)[1], s2b[0]));
 }
 
+// kernels::slot_attention in the slot path (the CPU default, Note [Slot decoding]): each row's
+// logits within rounding of forward_cached's for the same prefix (one row, its own cache), and of
+// the SDPA path's (set_slot_attention(false)); a row's bits do not depend on `attend`.
+TEST(ModelGenerate, SlotAttentionKernelMatchesCachedDecoding) {
+  GPT2 model(tiny_config(100));
+  randomise(model, 25);
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(model->slot_attention_on());  // CPU: on unless set off
+  const int64_t S = 3;
+  const std::vector<std::vector<int64_t>> prompts = {{4, 5, 6, 7, 8}, {1}, {9, 3, 9}};
+  auto cache = model->make_kv_cache(16, std::vector<int64_t>(S, 0));
+  std::vector<KVCache> alone;  // each row's sequence in its own one-row cache
+  std::vector<int64_t> pos;
+  for (int64_t r = 0; r < S; ++r) {
+    const auto ids = torch::tensor(prompts[r]).view({1, -1});
+    KVCache view = cache.row_view(r);
+    model->forward_cached(ids, view);
+    alone.push_back(model->make_kv_cache(16, {0}));
+    model->forward_cached(ids, alone.back());
+    pos.push_back(static_cast<int64_t>(prompts[r].size()));
+  }
+  auto close = [](const torch::Tensor& a, const torch::Tensor& b) { return torch::allclose(a, b, 1e-4, 1e-5); };
+  for (int64_t step = 0; step < 6; ++step) {
+    std::vector<int64_t> ids;
+    for (int64_t r = 0; r < S; ++r) ids.push_back(10 + 7 * step + r);
+    const auto id_tensor = torch::tensor(ids).view({S, 1});
+    const auto pos_tensor = torch::tensor(pos);
+    // The SDPA path first (it writes the same keys and values the kernel path writes again).
+    model->set_slot_attention(false);
+    EXPECT_FALSE(model->slot_attention_on());
+    const auto sdpa = model->forward_slots(id_tensor, pos_tensor, cache, 16);
+    model->set_slot_attention(true);
+    const auto got = model->forward_slots(id_tensor, pos_tensor, cache, 16);                      // (S, V)
+    EXPECT_TRUE(torch::equal(got, model->forward_slots(id_tensor, pos_tensor, cache, 12))) << step;  // attend is moot
+    for (int64_t r = 0; r < S; ++r) {
+      const auto want = model->forward_cached(torch::tensor({ids[r]}).view({1, 1}), alone[r])[0];
+      EXPECT_TRUE(close(got[r], want)) << "step " << step << " row " << r;
+      EXPECT_TRUE(close(got[r], sdpa[r])) << "step " << step << " row " << r;
+      ++pos[r];
+    }
+  }
+}
+
 TEST(ModelGenerate, TopPKeepsTheNucleusAndStopTokenEndsARow) {
   GPT2 model(tiny_config(100));
   randomise(model, 23, 0.1);  // flat-ish distributions: the nucleus holds several ids
