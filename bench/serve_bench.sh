@@ -6,7 +6,8 @@
 #   ours      gpt2-serve --max_batch 128 (continuous batching), twice: the defaults (attention over
 #             the whole context, each prompt prefilled alone: a request's logits are the same bits
 #             in any batch), and "fast": --attend_block 128 (attention over the longest active
-#             sequence rounded up) --prefill_batch 32 (equal-length prompts prefilled together)
+#             sequence rounded up) --prefill_batch 32 (equal-length prompts prefilled together); and
+#             "slot": --slot_attention on (each row reads only its own context, still bit for bit)
 #   peer      FastAPI + transformers generate, one request at a time (bench/serve_peer.py serve);
 #             1, 8 and 32 clients, one request each (it serves them one by one)
 #   batched   transformers' batched generate, no server (bench/serve_peer.py batched): B = 1..128
@@ -102,9 +103,10 @@ wait_port() {
 # --- ours: the defaults (exact batch invariance), then --attend_block 128 --prefill_batch 32 ---
 build_abs="$(cd "$build" && pwd)"
 port=""
-for fast in 0 1; do
+for mode in default fast slot; do
   label=gpt2-serve; flags=()
-  if [ "$fast" = 1 ]; then label=gpt2-serve-fast; flags=(--attend_block 128 --prefill_batch 32); fi
+  if [ "$mode" = fast ]; then label=gpt2-serve-fast; flags=(--attend_block 128 --prefill_batch 32); fi
+  if [ "$mode" = slot ]; then label=gpt2-serve-slot; flags=(--slot_attention on); fi
   "$build_abs/bin/gpt2-serve" "$model" --port 0 --device "$device" --dtype "$dtype" --max_batch "$max_batch" \
     --max_queue 1024 "${flags[@]}" --model_name gpt2-bench >"$out/$label.log" 2>&1 &
   server=$!
@@ -151,17 +153,18 @@ fi
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print(f"GPT-2 {sys.argv[4]} (random weights), {sys.argv[2]} {sys.argv[3]}: generated tokens/s (p50 / p99 TTFT ms)")
-print(f"{'clients':>8} | {'gpt2-serve':>26} | {'fast (attend 128, prefill 32)':>30} | {'FastAPI + transformers':>26} | {'transformers batched':>20}")
+print(f"{'clients':>8} | {'gpt2-serve':>26} | {'fast (attend 128, prefill 32)':>30} | {'slot attention':>26} | {'FastAPI + transformers':>26} | {'transformers batched':>20}")
 def cell(r):
     return f"{r['tokens_per_s']:>9,.0f} ({r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f})" if r else "-"
 for c in sorted({r.get("clients", r.get("batch")) for r in rows}):
     ours = next((r for r in rows if r["label"] == "gpt2-serve" and r["clients"] == c), None)
     fast = next((r for r in rows if r["label"] == "gpt2-serve-fast" and r["clients"] == c), None)
+    slot = next((r for r in rows if r["label"] == "gpt2-serve-slot" and r["clients"] == c), None)
     peer = next((r for r in rows if r["label"] == "fastapi-transformers" and r["clients"] == c), None)
     batch = next((r for r in rows if r["label"] == "transformers-batched" and r["batch"] == c), None)
     batched = f"{batch['tokens_per_s']:,.0f}" if batch else "-"
-    print(f"{c:>8} | {cell(ours):>26} | {cell(fast):>30} | {cell(peer):>26} | {batched:>20}")
-for label in ("gpt2-serve", "gpt2-serve-fast"):
+    print(f"{c:>8} | {cell(ours):>26} | {cell(fast):>30} | {cell(slot):>26} | {cell(peer):>26} | {batched:>20}")
+for label in ("gpt2-serve", "gpt2-serve-fast", "gpt2-serve-slot"):
     r = next((r for r in rows if r["label"] == label and r["clients"] == 32), None)
     if r:
         ok = r["tokens_per_s"] >= 8000 and r["ttft_p50_ms"] < 50
