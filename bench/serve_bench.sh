@@ -53,7 +53,8 @@ else
   batches=1,8,32,128; requests=4; prompt=128; new=128
 fi
 # Overrides (a short run): GPT2_SERVE_BENCH_PEERS=0 skips both transformers peers;
-# GPT2_SERVE_BENCH_PEER_CLIENTS and GPT2_SERVE_BENCH_BATCHES replace their lists.
+# GPT2_SERVE_BENCH_PEER_CLIENTS and GPT2_SERVE_BENCH_BATCHES replace their lists; GPT2_SERVE_BENCH_MODES
+# picks ours (default "default fast slot").
 peer_clients=${GPT2_SERVE_BENCH_PEER_CLIENTS:-$peer_clients}; batches=${GPT2_SERVE_BENCH_BATCHES:-$batches}
 peers=${GPT2_SERVE_BENCH_PEERS:-1}
 results="$out/serve_results.jsonl"; : >"$results"
@@ -103,7 +104,7 @@ wait_port() {
 # --- ours: the defaults (exact batch invariance), then --attend_block 128 --prefill_batch 32 ---
 build_abs="$(cd "$build" && pwd)"
 port=""
-for mode in default fast slot; do
+for mode in ${GPT2_SERVE_BENCH_MODES:-default fast slot}; do
   label=gpt2-serve; flags=()
   if [ "$mode" = fast ]; then label=gpt2-serve-fast; flags=(--attend_block 128 --prefill_batch 32); fi
   if [ "$mode" = slot ]; then label=gpt2-serve-slot; flags=(--slot_attention on); fi
