@@ -3,11 +3,13 @@
 # gpt2-1558m's) with random weights, bf16,
 # prompts of 128 random ids, 128 new tokens each (ignore_eos), streamed; 1, 8, 32 and 128
 # concurrent clients (bench/serve_load.py: generated tokens/s, p50/p99 time to first token).
-#   ours      gpt2-serve --max_batch 128 (continuous batching), twice: the defaults (attention over
-#             the whole context, each prompt prefilled alone: a request's logits are the same bits
-#             in any batch), and "fast": --attend_block 128 (attention over the longest active
-#             sequence rounded up) --prefill_batch 32 (equal-length prompts prefilled together); and
-#             "slot": --slot_attention on (each row reads only its own context, still bit for bit)
+#   ours      gpt2-serve --max_batch 128 (continuous batching) in up to three modes: "default" (slot
+#             attention: each row reads only its own context; each prompt prefilled alone from a
+#             CUDA graph: a request's logits are the same bits in any batch), "sdpa"
+#             (--slot_attention off: attention over every row's whole context under a mask, still
+#             bit for bit), and "fast" (--slot_attention off --attend_block 128 --prefill_batch 32:
+#             attention over the longest active sequence rounded up, equal-length prompts prefilled
+#             together; last-bit differences with the company)
 #   peer      FastAPI + transformers generate, one request at a time (bench/serve_peer.py serve);
 #             1, 8 and 32 clients, one request each (it serves them one by one)
 #   batched   transformers' batched generate, no server (bench/serve_peer.py batched): B = 1..128
@@ -54,7 +56,7 @@ else
 fi
 # Overrides (a short run): GPT2_SERVE_BENCH_PEERS=0 skips both transformers peers;
 # GPT2_SERVE_BENCH_PEER_CLIENTS and GPT2_SERVE_BENCH_BATCHES replace their lists; GPT2_SERVE_BENCH_MODES
-# picks ours (default "default fast slot").
+# picks ours (default "default sdpa fast").
 peer_clients=${GPT2_SERVE_BENCH_PEER_CLIENTS:-$peer_clients}; batches=${GPT2_SERVE_BENCH_BATCHES:-$batches}
 peers=${GPT2_SERVE_BENCH_PEERS:-1}
 results="$out/serve_results.jsonl"; : >"$results"
@@ -101,13 +103,13 @@ wait_port() {
   done
 }
 
-# --- ours: the defaults (exact batch invariance), then --attend_block 128 --prefill_batch 32 ---
+# --- ours: the defaults (exact batch invariance), then the masked attention, then the fast mode ---
 build_abs="$(cd "$build" && pwd)"
 port=""
-for mode in ${GPT2_SERVE_BENCH_MODES:-default fast slot}; do
+for mode in ${GPT2_SERVE_BENCH_MODES:-default sdpa fast}; do
   label=gpt2-serve; flags=()
-  if [ "$mode" = fast ]; then label=gpt2-serve-fast; flags=(--attend_block 128 --prefill_batch 32); fi
-  if [ "$mode" = slot ]; then label=gpt2-serve-slot; flags=(--slot_attention on); fi
+  if [ "$mode" = sdpa ]; then label=gpt2-serve-sdpa; flags=(--slot_attention off); fi
+  if [ "$mode" = fast ]; then label=gpt2-serve-fast; flags=(--slot_attention off --attend_block 128 --prefill_batch 32); fi
   "$build_abs/bin/gpt2-serve" "$model" --port 0 --device "$device" --dtype "$dtype" --max_batch "$max_batch" \
     --max_queue 1024 "${flags[@]}" --model_name gpt2-bench >"$out/$label.log" 2>&1 &
   server=$!
@@ -154,19 +156,21 @@ fi
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print(f"GPT-2 {sys.argv[4]} (random weights), {sys.argv[2]} {sys.argv[3]}: generated tokens/s (p50 / p99 TTFT ms)")
-print(f"{'clients':>8} | {'gpt2-serve':>26} | {'fast (attend 128, prefill 32)':>30} | {'slot attention':>26} | {'FastAPI + transformers':>26} | {'transformers batched':>20}")
+modes = [("gpt2-serve", "gpt2-serve"), ("gpt2-serve-sdpa", "sdpa (slot attention off)"),
+         ("gpt2-serve-fast", "fast (attend 128, prefill 32)")]
+print(f"{'clients':>8} | " + " | ".join(f"{title:>30}" for _, title in modes) +
+      f" | {'FastAPI + transformers':>26} | {'transformers batched':>20}")
 def cell(r):
     return f"{r['tokens_per_s']:>9,.0f} ({r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f})" if r else "-"
+def find(label, c):
+    return next((r for r in rows if r["label"] == label and r.get("clients") == c), None)
 for c in sorted({r.get("clients", r.get("batch")) for r in rows}):
-    ours = next((r for r in rows if r["label"] == "gpt2-serve" and r["clients"] == c), None)
-    fast = next((r for r in rows if r["label"] == "gpt2-serve-fast" and r["clients"] == c), None)
-    slot = next((r for r in rows if r["label"] == "gpt2-serve-slot" and r["clients"] == c), None)
-    peer = next((r for r in rows if r["label"] == "fastapi-transformers" and r["clients"] == c), None)
     batch = next((r for r in rows if r["label"] == "transformers-batched" and r["batch"] == c), None)
     batched = f"{batch['tokens_per_s']:,.0f}" if batch else "-"
-    print(f"{c:>8} | {cell(ours):>26} | {cell(fast):>30} | {cell(slot):>26} | {cell(peer):>26} | {batched:>20}")
-for label in ("gpt2-serve", "gpt2-serve-fast", "gpt2-serve-slot"):
-    r = next((r for r in rows if r["label"] == label and r["clients"] == 32), None)
+    print(f"{c:>8} | " + " | ".join(f"{cell(find(label, c)):>30}" for label, _ in modes) +
+          f" | {cell(find('fastapi-transformers', c)):>26} | {batched:>20}")
+for label, _ in modes:
+    r = find(label, 32)
     if r:
         ok = r["tokens_per_s"] >= 8000 and r["ttft_p50_ms"] < 50
         print(f"{label}: targets at 32 clients (>= 8000 tokens/s, p50 TTFT < 50 ms): {'met' if ok else 'NOT met'}")

@@ -141,7 +141,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const KVS
     const auto at = slot->rows_at.view({B, 1, 1, 1}).expand({B, n_head_, 1, hs});  // (B, nh, 1, hs)
     slot->keys.scatter_(2, at, k);
     slot->values.scatter_(2, at, v);
-    if (fused_kernels && slot_attention.value_or(!x.is_cuda()) &&
+    if (fused_kernels && slot_attention &&
         kernels::slot_attention_applies(q, slot->keys, slot->values, slot->rows_at)) {
       const auto y = kernels::slot_attention(q, slot->keys, slot->values, slot->rows_at);  // (B, nh, 1, hs)
       return project(c_proj, y.view({B, T, C}), fused_kernels);  // T = 1: (B, nh, 1, hs) is (B, 1, C) in memory
@@ -236,17 +236,30 @@ torch::Tensor GPT2Impl::loss(const torch::Tensor& idx, const torch::Tensor& targ
   return head_loss(hidden(idx), targets);  // () fp32, or fp64 for fp64 models
 }
 
-torch::Tensor GPT2Impl::forward_cached(const torch::Tensor& idx, KVCache& cache) {
+torch::Tensor GPT2Impl::cached_hidden(const torch::Tensor& idx, KVCache& cache) {
   TORCH_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong && idx.size(0) == static_cast<int64_t>(cache.pad.size()),
               "GPT2::forward_cached expects (B, t) int64 ids with B = the cache's rows, got ", idx.sizes());
-  const int64_t t = idx.size(1), end = cache.length + t;
+  const int64_t end = cache.length + idx.size(1);
   if (end > cache.capacity()) {
     throw UserError("KV cache overflow: " + std::to_string(end) + " positions, capacity " +
                     std::to_string(cache.capacity()));
   }
-  const auto h = hidden(idx, &cache);  // (B, t, C)
+  auto h = hidden(idx, &cache);  // (B, t, C)
   cache.length = end;
-  return head(h.select(1, t - 1));     // (B, V)
+  return h;
+}
+
+torch::Tensor GPT2Impl::forward_cached(const torch::Tensor& idx, KVCache& cache) {
+  const auto h = cached_hidden(idx, cache);  // (B, t, C)
+  return head(h.select(1, h.size(1) - 1));   // (B, V)
+}
+
+torch::Tensor GPT2Impl::forward_cached(const torch::Tensor& idx, KVCache& cache, const torch::Tensor& last) {
+  TORCH_CHECK(last.dim() == 1 && last.size(0) == idx.size(0) && last.scalar_type() == torch::kLong,
+              "GPT2::forward_cached expects (B) int64 last positions, got ", last.sizes());
+  const auto h = cached_hidden(idx, cache);  // (B, t, C)
+  const auto at = last.view({-1, 1, 1}).expand({h.size(0), 1, h.size(2)});
+  return head(h.gather(1, at).squeeze(1));   // (B, V)
 }
 
 // Note [Slot decoding]
@@ -419,7 +432,7 @@ void GPT2Impl::set_slot_attention(bool on) {
 }
 
 bool GPT2Impl::slot_attention_on() const {
-  return fused_kernels_ && slot_attention_.value_or(!transformer_->wte->weight.is_cuda());
+  return fused_kernels_ && slot_attention_;
 }
 
 void GPT2Impl::set_recompute_gelu(bool on) {

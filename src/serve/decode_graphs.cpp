@@ -2,20 +2,7 @@
 #include "src/serve/decode_graphs.h"
 
 #include <algorithm>
-#include <map>
 #include <tuple>
-
-#include "src/base/log.h"
-
-#ifdef GPT2_WITH_CUDA
-#include <ATen/core/CachingHostAllocator.h>
-#include <ATen/cuda/CUDAGraph.h>
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-
-#include "src/base/cuda_check.h"
-#endif
 
 namespace gpt2::serve {
 
@@ -51,47 +38,11 @@ namespace gpt2::serve {
 // decodes eagerly. The pool's memory is then kept until exit (its use count is not lowered for the
 // failed capture) rather than risk freeing memory a graph still holds.
 
-#ifdef GPT2_WITH_CUDA
-namespace {
-
-constexpr int kWarmupSteps = 2;
-
-// Ends a capture that failed part way, so that the eager steps after it run as if it had never
-// begun: the stream leaves capture mode (an invalidated capture reports an error on its end, and
-// still ends) and the allocators stop serving this stream from the pool (CUDAGraph::capture_end
-// may have done that already, which is why their complaints are ignored). Best effort after the
-// error that is reported: the return codes here say nothing more.
-void abort_capture(cudaStream_t stream, c10::DeviceIndex device, c10::MempoolId_t pool) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
-    cudaGraph_t partial = nullptr;
-    (void)cudaStreamEndCapture(stream, &partial);
-    if (partial != nullptr) (void)cudaGraphDestroy(partial);
-  }
-  try {
-    c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
-  } catch (const c10::Error&) {  // not routing any more
-  }
-  try {
-    at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool);
-  } catch (const c10::Error&) {  // not routing any more
-  }
-  (void)cudaGetLastError();  // a capture error is not sticky: clear it before the next launch checks
-}
-
-}  // namespace
-
-struct DecodeGraphs::Graphs {
-  c10::MempoolId_t pool = at::cuda::graph_pool_handle();
-  torch::Tensor logits, greedy;  // (rows, V), (rows) int64 on the device: what every graph writes
-  std::map<int64_t, std::unique_ptr<at::cuda::CUDAGraph>> by_attend;
-};
-#else
-struct DecodeGraphs::Graphs {};
-#endif
-
 DecodeGraphs::DecodeGraphs(GPT2 model, KVCache& cache, bool use_graphs)
-    : model_(std::move(model)), cache_(cache), rows_(static_cast<int64_t>(cache.pad.size())) {
+    : model_(std::move(model)),
+      cache_(cache),
+      rows_(static_cast<int64_t>(cache.pad.size())),
+      graphs_(cache.keys.front().device(), use_graphs, "decode step", "attend") {
   const torch::Device device = cache_.keys.front().device();
   const auto host = torch::dtype(torch::kLong).pinned_memory(device.is_cuda());
   ids_host_ = torch::zeros({rows_, 1}, host);
@@ -99,27 +50,13 @@ DecodeGraphs::DecodeGraphs(GPT2 model, KVCache& cache, bool use_graphs)
   greedy_host_ = torch::zeros({rows_}, host);
   ids_ = torch::zeros({rows_, 1}, torch::dtype(torch::kLong).device(device));
   positions_ = torch::zeros({rows_}, torch::dtype(torch::kLong).device(device));
-#ifdef GPT2_WITH_CUDA
-  graphs_on_ = use_graphs && device.is_cuda();
-  if (graphs_on_) {
-    graphs_ = std::make_unique<Graphs>();
-    graphs_->logits = torch::empty({rows_, model_->config().vocab_size}, cache_.keys.front().options());
-    graphs_->greedy = torch::empty({rows_}, torch::dtype(torch::kLong).device(device));
+  if (graphs_.on()) {
+    logits_ = torch::empty({rows_, model_->config().vocab_size}, cache_.keys.front().options());
+    greedy_ = torch::empty({rows_}, torch::dtype(torch::kLong).device(device));
   }
-#else
-  (void)use_graphs;
-#endif
 }
 
 DecodeGraphs::~DecodeGraphs() = default;
-
-int64_t DecodeGraphs::graphs_captured() const {
-#ifdef GPT2_WITH_CUDA
-  return graphs_ ? static_cast<int64_t>(graphs_->by_attend.size()) : 0;
-#else
-  return 0;
-#endif
-}
 
 DecodeOutputs DecodeGraphs::step(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions,
                                  int64_t attend) {
@@ -133,8 +70,16 @@ DecodeOutputs DecodeGraphs::step(const std::vector<int64_t>& ids, const std::vec
   ids_.copy_(ids_host_, /*non_blocking=*/true);
   positions_.copy_(positions_host_, /*non_blocking=*/true);
   torch::Tensor logits, greedy;  // (rows, V), (rows) on the device
-  if (graphs_on_) std::tie(logits, greedy) = replay(attend);
-  if (!logits.defined()) std::tie(logits, greedy) = forward(attend);
+  const bool replayed = graphs_.replay(attend, [this](int64_t a) {
+    const auto [l, g] = forward(a);
+    logits_.copy_(l);  // every graph ends in the same static outputs
+    greedy_.copy_(g);
+  });
+  if (replayed) {
+    logits = logits_, greedy = greedy_;
+  } else {
+    std::tie(logits, greedy) = forward(attend);
+  }
   greedy_host_.copy_(greedy);  // the step's one wait for the device
   return {logits, greedy_host_};
 }
@@ -143,48 +88,6 @@ std::pair<torch::Tensor, torch::Tensor> DecodeGraphs::forward(int64_t attend) {
   auto logits = model_->forward_slots(ids_, positions_, cache_, attend);  // (rows, V)
   auto greedy = logits.argmax(1);                                          // (rows)
   return {logits, greedy};
-}
-
-std::pair<torch::Tensor, torch::Tensor> DecodeGraphs::replay(int64_t attend) {
-#ifdef GPT2_WITH_CUDA
-  auto found = graphs_->by_attend.find(attend);
-  if (found == graphs_->by_attend.end()) {
-    const c10::DeviceIndex device = ids_.device().index();
-    const c10::cuda::CUDAGuard on_device(device);
-    const auto step_stream = c10::cuda::getCurrentCUDAStream(device);
-    const auto capture_stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device);
-    auto graph = std::make_unique<at::cuda::CUDAGraph>();
-    try {
-      // Note [Decode graphs]: warm up, then capture, on a side stream that starts after the
-      // inputs' copies; the replay below runs on the step's stream.
-      CUDA_CHECK(cudaStreamSynchronize(step_stream.stream()));
-      const c10::cuda::CUDAStreamGuard on_capture_stream(capture_stream);
-      for (int i = 0; i < kWarmupSteps; ++i) forward(attend);
-      CUDA_CHECK(cudaStreamSynchronize(capture_stream.stream()));
-      graph->capture_begin(graphs_->pool, cudaStreamCaptureModeThreadLocal);
-      const auto [logits, greedy] = forward(attend);
-      graphs_->logits.copy_(logits);
-      graphs_->greedy.copy_(greedy);
-      graph->capture_end();
-    } catch (const std::exception& e) {
-      abort_capture(capture_stream.stream(), device, graphs_->pool);
-      log::warn("gpt2-serve: capturing the decode step in a CUDA graph failed (attend ", attend, "): ", e.what(),
-                "; decoding without CUDA graphs from now on");
-      graph.reset();
-      graphs_.reset();
-      graphs_on_ = false;
-      return {};
-    }
-    found = graphs_->by_attend.emplace(attend, std::move(graph)).first;
-    log::info("gpt2-serve: decode step captured in a CUDA graph (attend ", attend, ", ", rows_, " rows; ",
-              graphs_->by_attend.size(), " graph(s))");
-  }
-  found->second->replay();  // on the current stream
-  return {graphs_->logits, graphs_->greedy};
-#else
-  (void)attend;
-  return {};
-#endif
 }
 
 }  // namespace gpt2::serve

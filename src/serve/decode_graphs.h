@@ -9,7 +9,8 @@
 // cache's tensors keep their storage (graphs hold their addresses); between steps the caller may
 // write the cache (prefill) on the current stream. A failed capture logs one warning naming the
 // reason and every later step runs eagerly: no capture error leaves step(). Without a CUDA model
-// (or a CUDA build), or with use_graphs false, every step runs eagerly.
+// (or a CUDA build), or with use_graphs false, every step runs eagerly. The graphs themselves are
+// a StepGraphs keyed by `attend` (step_graphs.h).
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "src/model/gpt2_model.h"
+#include "src/serve/step_graphs.h"
 
 namespace gpt2::serve {
 
@@ -41,19 +43,14 @@ class DecodeGraphs {
   DecodeOutputs step(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, int64_t attend);
 
   // Whether steps replay graphs: asked for, a CUDA model, and no capture has failed.
-  bool graphs_on() const { return graphs_on_; }
+  bool graphs_on() const { return graphs_.on(); }
   // Graphs captured so far (one per attend value met); 0 when graphs are off.
-  int64_t graphs_captured() const;
+  int64_t graphs_captured() const { return graphs_.captured(); }
 
  private:
-  struct Graphs;  // the CUDA part (decode_graphs.cpp): the pool and the graph of each attend value
-
   // The step's device work on the static inputs, eagerly on the current stream: what a graph
   // captures. Returns the logits (rows, V) and the greedy ids (rows) on the device.
   std::pair<torch::Tensor, torch::Tensor> forward(int64_t attend);
-  // The graph's logits and greedy ids after replaying the graph for `attend` (captured first when
-  // new); undefined tensors when that capture failed (graphs are then off).
-  std::pair<torch::Tensor, torch::Tensor> replay(int64_t attend);
 
   GPT2 model_;
   KVCache& cache_;
@@ -61,8 +58,8 @@ class DecodeGraphs {
   torch::Tensor ids_host_, positions_host_;  // (rows, 1), (rows) int64 host, pinned on CUDA
   torch::Tensor ids_, positions_;            // the same on the model's device: the graphs' inputs
   torch::Tensor greedy_host_;                // (rows) int64 host, pinned on CUDA
-  bool graphs_on_ = false;
-  std::unique_ptr<Graphs> graphs_;
+  torch::Tensor logits_, greedy_;            // (rows, V), (rows) on the device: what every graph writes
+  StepGraphs graphs_;
 };
 
 }  // namespace gpt2::serve

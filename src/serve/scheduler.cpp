@@ -12,6 +12,7 @@
 #include "src/base/threads.h"
 #include "src/serve/decode_graphs.h"
 #include "src/serve/metrics.h"
+#include "src/serve/prompt_prefill.h"
 #include "src/serve/text_stream.h"
 
 namespace gpt2::serve {
@@ -77,6 +78,7 @@ Scheduler::Scheduler(GPT2 model, const data::Gpt2Tokenizer& tokenizer, Scheduler
     log::info("gpt2-serve: --cuda_graphs ignored: the model is on ", device_.str(), " (graphs need CUDA)");
   }
   decode_ = std::make_unique<DecodeGraphs>(model_, cache_, options_.cuda_graphs);
+  prefill_ = std::make_unique<PromptPrefill>(model_, cache_, options_.cuda_graphs);
   thread_ = start_helper_thread([this] { run(); });
 }
 
@@ -207,14 +209,16 @@ void Scheduler::prefill_group(const std::vector<Slot*>& group) {
     ids.insert(ids.end(), slot->sequence->spec.prompt.begin(), slot->sequence->spec.prompt.end());
     rows.push_back(slot - slots_.data());
   }
-  const auto ids_t = torch::tensor(ids, torch::kLong).view({n, T}).to(device_);
   torch::Tensor logits;  // (n, V)
+  std::vector<int64_t> greedy;
   if (n == 1) {
-    // The prefill gpt2-generate runs for one prompt, straight into a one-row view of the slot.
-    KVCache view = cache_.row_view(rows[0]);
-    logits = model_->forward_cached(ids_t, view);
+    // One prompt alone (PromptPrefill: on CUDA padded and from a graph; the same bits in any company).
+    const PromptPrefill::Result r = prefill_->run(group.front()->sequence->spec.prompt, rows[0]);
+    logits = r.logits;
+    greedy = {r.greedy};
   } else {
     // n prompts in one forward into a cache of their own, then their keys and values into the slots.
+    const auto ids_t = torch::tensor(ids, torch::kLong).view({n, T}).to(device_);
     KVCache fresh = model_->make_kv_cache(T, std::vector<int64_t>(n, 0));
     logits = model_->forward_cached(ids_t, fresh);
     const auto rows_t = torch::tensor(rows, torch::kLong).to(device_);
@@ -222,13 +226,14 @@ void Scheduler::prefill_group(const std::vector<Slot*>& group) {
       cache_.keys[l].narrow(2, 0, T).index_copy_(0, rows_t, fresh.keys[l]);  // (n, nh, T, hs) into their rows
       cache_.values[l].narrow(2, 0, T).index_copy_(0, rows_t, fresh.values[l]);
     }
+    const auto argmax = logits.argmax(1).to(torch::kCPU);  // (n)
+    greedy.assign(argmax.data_ptr<int64_t>(), argmax.data_ptr<int64_t>() + n);
   }
-  const auto greedy = logits.argmax(1).to(torch::kCPU);  // (n)
   for (int64_t i = 0; i < n; ++i) {
     Slot& slot = *group[i];
     Sequence& seq = *slot.sequence;
     const auto& o = seq.spec.sampling;
-    const int64_t id = o.temperature == 0.0 ? greedy[i].item<int64_t>()
+    const int64_t id = o.temperature == 0.0 ? greedy[i]
                                             : sample_next(logits[i].to(torch::kCPU, torch::kFloat), o, seq.generator);
     slot.position = T;
     accept_token(slot, id);

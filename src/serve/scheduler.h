@@ -1,15 +1,15 @@
 #pragma once
 // Continuous batching: one thread owns the model and a slot KV cache of max_batch rows x
 // block_size (Note [Slot decoding] in src/model/gpt2_model.h). Each iteration admits waiting
-// sequences into free slots (a one-row prefill each, or prefill_batch prompts of one length
-// together; the prefill samples their first token), then
-// decodes one token for every active slot in one forward over all max_batch rows (replayed from a
-// CUDA graph on a GPU: decode_graphs.h). A sequence that finishes or is cancelled frees its slot
-// before the next iteration.
+// sequences into free slots (a one-row prefill each, prompt_prefill.h, or prefill_batch prompts of
+// one length together; the prefill samples their first token), then decodes one token for every
+// active slot in one forward over all max_batch rows (replayed from a CUDA graph on a GPU:
+// decode_graphs.h). A sequence that finishes or is cancelled frees its slot before the next
+// iteration.
 // Contract: submit(), cancel() and the getters are thread safe and never wait for the model. A
 // sequence's events come on the scheduler thread, in order, the last with `finished` set (also
-// for a cancelled one). Greedy ids equal gpt2-generate's for the same prompt up to near-ties (the
-// same prefill; a decode step of other shapes), and are the same alone or in a full batch (with
+// for a cancelled one). Greedy ids equal gpt2-generate's for the same prompt up to near-ties (on CPU
+// the same prefill, on CUDA a padded one; decode steps of other shapes), and are the same alone or in a full batch (with
 // slot attention or attend_block 0, bit for bit: a row's arithmetic does not depend on the other rows).
 #include <atomic>
 #include <chrono>
@@ -34,6 +34,7 @@ namespace gpt2::serve {
 
 class DecodeGraphs;
 class Metrics;
+class PromptPrefill;
 
 // kCancelled: the client left, or a drain ran out of time; kError: the model failed (logged).
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
@@ -66,17 +67,18 @@ struct SchedulerOptions {
   // any company; N: over the longest active sequence rounded up to N positions (less to read for
   // short sequences; last-bit differences with the company). Note [Slot decoding].
   int64_t attend_block = 0;
-  // 1: each prompt prefilled alone, exactly gpt2-generate's prefill; N: prompts of equal length
+  // 1: each prompt prefilled alone (PromptPrefill: gpt2-generate's prefill on CPU, padded on CUDA;
+  // its bits independent of the company either way); N: prompts of equal length
   // that arrive together are prefilled N at a time in one forward (a burst's time to first token
   // falls; the first token's logits may then differ in the last bits with the company).
   int64_t prefill_batch = 1;
   // Decode steps' attention (Note [Slot decoding]): "on": kernels::slot_attention, each row reading
   // only its own context (the same bits in any company, and attend_block no longer matters);
-  // "off": SDPA over attend positions under a mask; "auto": on for a CPU model, off for CUDA (the
-  // kernel has not been measured on a GPU yet).
+  // "off": SDPA over attend positions under a mask; "auto": on (where the fused kernels are).
   std::string slot_attention = "auto";
-  // true: on CUDA, decode steps replay CUDA graphs (one per attend value; decode_graphs.h), the
-  // same bits as without; ignored (logged) on CPU. false: every step dispatches its kernels.
+  // true: on CUDA, decode steps replay CUDA graphs (one per attend value; decode_graphs.h) and
+  // one-prompt prefills too (one per padded length; prompt_prefill.h), the same bits as without;
+  // ignored (logged) on CPU. false: every step and prefill dispatches its kernels.
   bool cuda_graphs = true;
 };
 
@@ -133,7 +135,8 @@ class Scheduler {
   // Owned by the scheduler thread.
   std::vector<Slot> slots_;
   KVCache cache_;  // max_batch rows x block_size
-  std::unique_ptr<DecodeGraphs> decode_;  // the decode step's device work, over cache_
+  std::unique_ptr<DecodeGraphs> decode_;    // the decode step's device work, over cache_
+  std::unique_ptr<PromptPrefill> prefill_;  // a prompt alone into its slot of cache_
   std::thread thread_;
 };
 

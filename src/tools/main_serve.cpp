@@ -68,15 +68,16 @@ std::optional<Options> parse_options(int argc, char** argv) {
        "0: decode steps attend over the whole context (a request's logits are the same bits in any batch); "
        "N: over the longest active sequence rounded up to N (faster for short sequences, last-bit differences)")
       ("prefill_batch", po::value(&o.scheduler.prefill_batch)->default_value(o.scheduler.prefill_batch),
-       "1: each prompt prefilled alone (exactly gpt2-generate's prefill); N: up to N prompts of one length per "
-       "forward (faster bursts, last-bit differences)")
+       "1: each prompt prefilled alone (its bits independent of the company; on cuda padded to a multiple of "
+       "64 positions and replayed from a CUDA graph); N: up to N prompts of one length per forward (last-bit "
+       "differences with the company)")
       ("slot_attention", po::value(&o.scheduler.slot_attention)->default_value(o.scheduler.slot_attention),
        "auto | on | off. on: decode steps attend through a kernel that reads each row's own context only "
        "(the same bits in any batch; --attend_block no longer matters); off: attention over --attend_block "
-       "positions of every row under a mask; auto: on for cpu, off for cuda (not yet measured there)")
+       "positions of every row under a mask; auto: on")
       ("cuda_graphs", po::value(&o.scheduler.cuda_graphs)->default_value(o.scheduler.cuda_graphs, "true"),
-       "true: on CUDA, decode steps replay CUDA graphs (the same tokens, less host time a step); false: every "
-       "step launches its kernels one by one. Ignored on cpu")
+       "true: on CUDA, decode steps and prefills replay CUDA graphs (the same tokens, less host time); false: "
+       "their kernels launch one by one. Ignored on cpu")
       ("api_key", po::value(&s.api_key), "require 'Authorization: Bearer KEY' (default: $GPT2_SERVE_API_KEY)")
       ("model_name", po::value(&o.model_name), "the model's name in the API (default: MODEL's last path component)")
       ("tokenizer_dir", po::value(&o.tokenizer_dir), "encoder.json + vocab.bpe (default: data/tokenizer/gpt2)")

@@ -417,6 +417,34 @@ TEST(ModelGenerate, CachedLogitsEqualForwardWithPadding) {
   EXPECT_HAS(user_error([&] { model->forward_cached(torch::zeros({2, 9}, torch::kLong), cache); }), "capacity 16");
 }
 
+// The server's padded prefill on CUDA (src/serve/prompt_prefill.h), here in float64: rows padded on
+// the right (id 0) to one length, the logits taken at each row's last real position; they and the
+// keys and values of the real positions equal those of each prompt alone, unpadded (causal
+// attention keeps the padding out).
+TEST(ModelGenerate, RightPaddedRowsGiveTheLogitsAtTheirLastPositions) {
+  GPT2 model(tiny_config(100));
+  randomise(model, 23);
+  model->to(torch::kDouble);
+  torch::NoGradGuard no_grad;
+  auto cache = model->make_kv_cache(16, {0, 0});
+  const auto ids = torch::tensor({4, 5, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 0}, torch::kLong).view({2, 8});
+  const auto got = model->forward_cached(ids, cache, torch::tensor({2, 6}, torch::kLong));  // (2, V)
+  EXPECT_EQ(cache.length, 8);
+  const std::vector<std::vector<int64_t>> prompts = {{4, 5, 6}, {1, 2, 3, 4, 5, 6, 7}};
+  for (int64_t r = 0; r < 2; ++r) {
+    auto alone = model->make_kv_cache(16, {0});
+    const auto n = static_cast<int64_t>(prompts[r].size());
+    const auto want = model->forward_cached(torch::tensor(prompts[r]).view({1, -1}), alone);
+    EXPECT_TRUE(torch::allclose(got[r], want[0], 0, 1e-12)) << "row " << r;
+    for (size_t l = 0; l < cache.keys.size(); ++l) {
+      EXPECT_TRUE(torch::allclose(cache.keys[l][r].narrow(1, 0, n), alone.keys[l][0].narrow(1, 0, n), 0, 1e-12));
+      EXPECT_TRUE(torch::allclose(cache.values[l][r].narrow(1, 0, n), alone.values[l][0].narrow(1, 0, n), 0, 1e-12));
+    }
+  }
+  auto full = model->make_kv_cache(4, {0, 0});
+  EXPECT_HAS(user_error([&] { model->forward_cached(ids, full, torch::tensor({2, 6}, torch::kLong)); }), "capacity 4");
+}
+
 // Slot decoding (Note [Slot decoding], the server's step): each row is its own sequence at its own
 // position, prefilled through a one-row view; its logits are those of a forward over its whole
 // sequence, and for one `attend` the same bits whatever the other rows hold.

@@ -1,7 +1,8 @@
 // gpt2-serve's decode step from CUDA graphs (src/serve/decode_graphs.h) against the eager step, on
 // a small random bf16 model: the replayed logits are the same bits as the eager ones while rows
-// join and leave, with one graph (attend = the capacity) and with one per attend value; and a
-// Scheduler with staggered prompts gives every sequence the same ids with and without graphs.
+// join and leave, with one graph (attend = the capacity) and with one per attend value; its
+// prefills (src/serve/prompt_prefill.h) likewise, one graph per padded length; and a Scheduler
+// with staggered prompts gives every sequence the same ids with and without graphs.
 // Needs a GPU: every test skips without one (CI) and runs on the GPU machine (`ctest -L gpu`).
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -21,6 +22,7 @@
 #include "src/model/gpt2_model.h"
 #include "src/serve/decode_graphs.h"
 #include "src/serve/metrics.h"
+#include "src/serve/prompt_prefill.h"
 #include "src/serve/scheduler.h"
 #include "tests/kernels/compare.h"
 #include "tests/test_util.h"
@@ -32,13 +34,13 @@ constexpr int64_t kContext = 32;  // block_size: the slot cache's capacity
 
 // Random weights large enough that the logits are far from uniform (distinct greedy ids): GPT-2's
 // init for biases, LayerNorms and wte's padding rows, N(0, 0.3) for the other weights.
-GPT2 random_bf16_model(uint64_t seed) {
+GPT2 random_bf16_model(uint64_t seed, int64_t context = kContext) {
   GPT2Config cfg;
   cfg.n_layer = 2;
   cfg.n_head = 2;
   cfg.n_embd = 64;
   cfg.vocab_size = 1000;  // padded to 1024 inside
-  cfg.block_size = kContext;
+  cfg.block_size = context;
   GPT2 model(cfg);
   model->init_weights(seed);
   {
@@ -92,10 +94,12 @@ struct SlotRun {
 // Rows join (prefills of different lengths between steps) and leave (a row goes inactive), the
 // graph run and the eager run side by side: every step's logits torch::equal, greedy ids equal.
 // `attend_block` 0: one graph over the whole capacity; N: attend = the longest row rounded up to
-// N, one graph per value met.
-void expect_graphs_equal_eager(int64_t attend_block, int64_t graphs_expected) {
+// N, one graph per value met. slot_attention: kernels::slot_attention (the server's default) or
+// SDPA under a mask.
+void expect_graphs_equal_eager(int64_t attend_block, int64_t graphs_expected, bool slot_attention) {
   NoCudnnAttention no_cudnn_attention;  // as Scheduler::run decodes
   GPT2 model = random_bf16_model(3);
+  model->set_slot_attention(slot_attention);
   const int64_t rows = 4;
   SlotRun graphed(model, rows, /*use_graphs=*/true), eager(model, rows, /*use_graphs=*/false);
   ASSERT_TRUE(graphed.decode.graphs_on());
@@ -130,13 +134,13 @@ void expect_graphs_equal_eager(int64_t attend_block, int64_t graphs_expected) {
 
 TEST(ServeGpuDecodeGraphs, OneGraphOverTheWholeContextReplaysTheEagerBits) {
   REQUIRE_CUDA();
-  expect_graphs_equal_eager(/*attend_block=*/0, /*graphs_expected=*/1);
+  expect_graphs_equal_eager(/*attend_block=*/0, /*graphs_expected=*/1, /*slot_attention=*/true);
 }
 
 TEST(ServeGpuDecodeGraphs, OneGraphPerAttendValueReplaysTheEagerBits) {
   REQUIRE_CUDA();
   // Row 0 reaches position 29: attend 8, 16, 24 and 32 all come.
-  expect_graphs_equal_eager(/*attend_block=*/8, /*graphs_expected=*/4);
+  expect_graphs_equal_eager(/*attend_block=*/8, /*graphs_expected=*/4, /*slot_attention=*/false);
 }
 
 // [ measured ]: a decode step's time with and without graphs at gpt2-124m's shape (GPT2Config's
@@ -170,6 +174,90 @@ TEST(ServeGpuDecodeGraphs, StepTimeAtTheGpt2SmallShape) {
   std::printf("[ measured ] decode step, gpt2-124m shape, %lld rows x %lld context, bf16: %.3f ms eager, %.3f ms "
               "from a CUDA graph (%.1fx)\n",
               static_cast<long long>(rows), static_cast<long long>(capacity), eager_ms, graph_ms, eager_ms / graph_ms);
+}
+
+// PromptPrefill on CUDA (prompt_prefill.h): prompts of lengths in three buckets of the padded
+// path (64, 128, and 160 = the capacity), each into a row of a 3-row cache, the graphs and the
+// eager run side by side: logits, greedy ids and the row's keys and values over the prompt the
+// same bits, one graph per padded length. The same prompt again in another row after others: the
+// same bits (a prompt's arithmetic is its own). Against gpt2-generate's unpadded prefill: within
+// bf16 rounding (the padded product has other shapes).
+TEST(ServeGpuPrefill, GraphsReplayTheEagerBitsWhateverTheRow) {
+  REQUIRE_CUDA();
+  NoCudnnAttention no_cudnn_attention;  // as Scheduler::run prefills
+  const int64_t context = 160, rows = 3;
+  GPT2 model = random_bf16_model(7, context);
+  KVCache graphed_cache = model->make_kv_cache(context, std::vector<int64_t>(rows, 0));
+  KVCache eager_cache = model->make_kv_cache(context, std::vector<int64_t>(rows, 0));
+  PromptPrefill graphed(model, graphed_cache, /*use_graphs=*/true), eager(model, eager_cache, /*use_graphs=*/false);
+  ASSERT_TRUE(graphed.graphs_on());
+  ASSERT_FALSE(eager.graphs_on());
+  EXPECT_EQ(graphed.padded_length(3), 64);
+  EXPECT_EQ(graphed.padded_length(65), 128);
+  EXPECT_EQ(graphed.padded_length(150), 160);
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> first_logits;
+  const std::vector<int64_t> lengths = {3, 64, 65, 100, 150};
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    std::vector<int64_t> prompt;
+    for (int64_t t = 0; t < lengths[i]; ++t) prompt.push_back((31 * t + 7 * static_cast<int64_t>(i)) % 1000);
+    const int64_t row = static_cast<int64_t>(i) % rows;
+    const PromptPrefill::Result g = graphed.run(prompt, row);
+    const torch::Tensor g_logits = g.logits.clone();
+    const PromptPrefill::Result e = eager.run(prompt, row);
+    EXPECT_TRUE(torch::equal(g_logits, e.logits)) << "length " << lengths[i];
+    EXPECT_EQ(g.greedy, e.greedy) << "length " << lengths[i];
+    for (size_t l = 0; l < graphed_cache.keys.size(); ++l) {
+      EXPECT_TRUE(torch::equal(graphed_cache.keys[l][row].narrow(1, 0, lengths[i]),
+                               eager_cache.keys[l][row].narrow(1, 0, lengths[i])))
+          << "length " << lengths[i] << " layer " << l;
+      EXPECT_TRUE(torch::equal(graphed_cache.values[l][row].narrow(1, 0, lengths[i]),
+                               eager_cache.values[l][row].narrow(1, 0, lengths[i])))
+          << "length " << lengths[i] << " layer " << l;
+    }
+    first_logits.push_back(g_logits);
+    // gpt2-generate's prefill: one row, unpadded.
+    KVCache alone = model->make_kv_cache(context, {0});
+    const auto want = model->forward_cached(torch::tensor(prompt, torch::kLong).view({1, -1}).to(torch::kCUDA), alone);
+    const double scale = want.abs().max().item<double>();
+    EXPECT_LE((g_logits.to(torch::kFloat) - want.to(torch::kFloat)).abs().max().item<double>(), 0.05 * scale)
+        << "length " << lengths[i];
+  }
+  for (size_t i = 0; i < lengths.size(); ++i) {  // again, each in the next row, after the others
+    std::vector<int64_t> prompt;
+    for (int64_t t = 0; t < lengths[i]; ++t) prompt.push_back((31 * t + 7 * static_cast<int64_t>(i)) % 1000);
+    const PromptPrefill::Result g = graphed.run(prompt, (static_cast<int64_t>(i) + 1) % rows);
+    EXPECT_TRUE(torch::equal(g.logits, first_logits[i])) << "length " << lengths[i];
+  }
+  EXPECT_EQ(graphed.graphs_captured(), 3);
+  EXPECT_EQ(eager.graphs_captured(), 0);
+}
+
+// [ measured ]: one 128-token prompt's prefill at gpt2-124m's shape in bf16, eagerly and from its
+// CUDA graph (what a burst of clients waits for, one prompt after another). Prints only.
+TEST(ServeGpuPrefill, PrefillTimeAtTheGpt2SmallShape) {
+  REQUIRE_CUDA();
+  NoCudnnAttention no_cudnn_attention;
+  GPT2 model{GPT2Config{}};
+  model->init_weights(1);
+  model->to(torch::kCUDA, torch::kBFloat16);
+  const int64_t rows = 32, runs = 50;
+  auto graphed_cache = model->make_kv_cache(model->config().block_size, std::vector<int64_t>(rows, 0));
+  auto eager_cache = model->make_kv_cache(model->config().block_size, std::vector<int64_t>(rows, 0));
+  PromptPrefill graphed(model, graphed_cache, /*use_graphs=*/true), eager(model, eager_cache, /*use_graphs=*/false);
+  std::vector<int64_t> prompt(128);
+  for (int64_t t = 0; t < 128; ++t) prompt[t] = (1000 + 37 * t) % 50257;
+  const auto g = graphed.run(prompt, 0).logits.clone();  // captures
+  EXPECT_TRUE(torch::equal(g, eager.run(prompt, 0).logits));
+  auto ms_per_prefill = [&](PromptPrefill& prefill) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < runs; ++i) prefill.run(prompt, i % rows);  // each waits for its id
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / runs;
+  };
+  const double eager_ms = ms_per_prefill(eager), graph_ms = ms_per_prefill(graphed);
+  EXPECT_TRUE(graphed.graphs_on());
+  std::printf("[ measured ] prefill of 128 tokens, gpt2-124m shape, bf16: %.3f ms eager, %.3f ms from a CUDA graph "
+              "(%.1fx)\n", eager_ms, graph_ms, eager_ms / graph_ms);
 }
 
 // Every sequence's ids from a Scheduler: 10 prompts of different lengths and lengths to generate
