@@ -184,6 +184,23 @@ std::vector<MomentBlock> contiguous_blocks(int64_t n, bool weight_decay) {
   return blocks;
 }
 
+std::vector<MomentBlock> dense_fp32_blocks(const std::vector<ParamSpan>& spans) {
+  std::vector<MomentBlock> blocks;
+  int64_t last_end = 0;
+  for (const ParamSpan& s : spans) {
+    if (s.begin < last_end || s.end < s.begin) {
+      throw std::logic_error("dense_fp32_blocks: spans unsorted or overlapping");
+    }
+    for (int64_t pos = s.begin; pos < s.end;) {
+      const int64_t len = std::min((pos / kQuantBlock + 1) * kQuantBlock, s.end) - pos;
+      blocks.push_back({pos, pos, static_cast<int32_t>(len), 0, static_cast<uint16_t>(s.weight_decay ? 1 : 0)});
+      pos += len;
+    }
+    last_end = s.end;
+  }
+  return blocks;
+}
+
 void cpu_adamw_update_8bit(const CpuAdamWStep& s, const MomentBlock* blocks, int64_t num_blocks, float* param,
                            const MomentBuffers& mb, const void* grad, HostGradType grad_type, uint16_t* param_bf16) {
   const QuantTable& signed_map = quant_table(true);

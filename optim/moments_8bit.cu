@@ -1,6 +1,7 @@
 // The 8-bit AdamW update on the GPU (moments_8bit.h): each MomentBlock in one pass by one CUDA
 // block: dequantize both moments, update, find the new absmax values, quantize through the bucket
-// tables (Note [Quantizer buckets]; an fp32 block reads and writes its moments as they are). Every operation is
+// tables (Note [Quantizer buckets]; an fp32 block reads and writes its moments as they are, which
+// also makes this the device update of fp32 moments, optim/sharded_adamw.h). Every operation is
 // the CPU path's, spelled with explicit rounding intrinsics (no FMA contraction, IEEE division and
 // square root), so both give the same bits.
 #include <cuda_runtime.h>
@@ -62,6 +63,41 @@ __device__ __forceinline__ float update_element(const AdamWCoeffs& c, float deca
 
 __device__ __forceinline__ float bf16_to_float(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
 
+// kPerThread contiguous values at x (16-byte aligned) in two 16-byte loads, and back.
+__device__ __forceinline__ void load8(const float* x, float (&out)[kPerThread]) {
+  const float4 a = *reinterpret_cast<const float4*>(x), b = *reinterpret_cast<const float4*>(x + 4);
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+__device__ __forceinline__ void store8(float* x, const float (&in)[kPerThread]) {
+  *reinterpret_cast<float4*>(x) = make_float4(in[0], in[1], in[2], in[3]);
+  *reinterpret_cast<float4*>(x + 4) = make_float4(in[4], in[5], in[6], in[7]);
+}
+
+// The gradient of kPerThread elements from `at`: one 16-byte load of bf16 values, or two of fp32.
+template <bool kBf16Grad>
+__device__ __forceinline__ void load_grad8(const void* grad, int64_t at, float (&g)[kPerThread]) {
+  if constexpr (kBf16Grad) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(grad) + at);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      g[2 * k] = bf16_to_float(static_cast<uint16_t>(w[k] & 0xFFFFu));
+      g[2 * k + 1] = bf16_to_float(static_cast<uint16_t>(w[k] >> 16));
+    }
+  } else {
+    load8(static_cast<const float*>(grad) + at, g);
+  }
+}
+
+// The rounded parameters of kPerThread elements in one 16-byte store (nothing without a bf16 copy).
+__device__ __forceinline__ void store_bf16x8(uint16_t* param_bf16, int64_t at, const float (&p)[kPerThread]) {
+  if (param_bf16 == nullptr) return;
+  uint32_t w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) w[k] = static_cast<uint32_t>(to_bf16(p[2 * k])) | (static_cast<uint32_t>(to_bf16(p[2 * k + 1])) << 16);
+  *reinterpret_cast<uint4*>(param_bf16 + at) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // A whole 8-bit block of kQuantBlock elements, kPerThread contiguous ones per thread, every buffer
 // read and written in 8- and 16-byte vectors: all of a thread's loads are issued before its first
 // store, so each thread keeps several hundred bytes in flight (the update is bound by memory
@@ -72,24 +108,8 @@ __device__ __forceinline__ void update_full_block(const Adamw8bitArgs& a, const 
   const MomentBuffers& mb = a.moments;
   const int64_t at = blk.begin + static_cast<int64_t>(threadIdx.x) * kPerThread;
   float g[kPerThread], p[kPerThread], m[kPerThread], v[kPerThread];
-  if constexpr (kBf16Grad) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.grad) + at);
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      g[2 * k] = bf16_to_float(static_cast<uint16_t>(w[k] & 0xFFFFu));
-      g[2 * k + 1] = bf16_to_float(static_cast<uint16_t>(w[k] >> 16));
-    }
-  } else {
-    const float4 g0 = *reinterpret_cast<const float4*>(static_cast<const float*>(a.grad) + at);
-    const float4 g1 = *reinterpret_cast<const float4*>(static_cast<const float*>(a.grad) + at + 4);
-    g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w, g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
-  }
-  {
-    const float4 p0 = *reinterpret_cast<const float4*>(a.param + at);
-    const float4 p1 = *reinterpret_cast<const float4*>(a.param + at + 4);
-    p[0] = p0.x, p[1] = p0.y, p[2] = p0.z, p[3] = p0.w, p[4] = p1.x, p[5] = p1.y, p[6] = p1.z, p[7] = p1.w;
-  }
+  load_grad8<kBf16Grad>(a.grad, at, g);
+  load8(a.param + at, p);
   const uint2 mc = *reinterpret_cast<const uint2*>(mb.exp_avg_codes + at);
   const uint2 vc = *reinterpret_cast<const uint2*>(mb.exp_avg_sq_codes + at);
   const float m_scale = mb.exp_avg_absmax[blk.state], v_scale = mb.exp_avg_sq_absmax[blk.state];
@@ -106,14 +126,8 @@ __device__ __forceinline__ void update_full_block(const Adamw8bitArgs& a, const 
     m_amax = fmaxf(m_amax, fabsf(m[k]));
     v_amax = fmaxf(v_amax, fabsf(v[k]));
   }
-  *reinterpret_cast<float4*>(a.param + at) = make_float4(p[0], p[1], p[2], p[3]);
-  *reinterpret_cast<float4*>(a.param + at + 4) = make_float4(p[4], p[5], p[6], p[7]);
-  if (a.param_bf16 != nullptr) {
-    uint32_t w[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) w[k] = static_cast<uint32_t>(to_bf16(p[2 * k])) | (static_cast<uint32_t>(to_bf16(p[2 * k + 1])) << 16);
-    *reinterpret_cast<uint4*>(a.param_bf16 + at) = make_uint4(w[0], w[1], w[2], w[3]);
-  }
+  store8(a.param + at, p);
+  store_bf16x8(a.param_bf16, at, p);
   const float2 div = store_absmax(m_amax, v_amax, scratch, mb, blk.state);
   const float m_div = div.x, v_div = div.y;
   uint32_t mq[2] = {0, 0}, vq[2] = {0, 0};
@@ -124,6 +138,29 @@ __device__ __forceinline__ void update_full_block(const Adamw8bitArgs& a, const 
   }
   *reinterpret_cast<uint2*>(mb.exp_avg_codes + at) = make_uint2(mq[0], mq[1]);
   *reinterpret_cast<uint2*>(mb.exp_avg_sq_codes + at) = make_uint2(vq[0], vq[1]);
+}
+
+// A whole fp32-moment block, the same way: the gradient, parameters and both moments (at
+// exp_avg + state) loaded as vectors before anything is stored, then the parameters, moments and
+// bf16 copy stored as vectors. No barrier, no tables. Needs begin and state % kPerThread == 0 and
+// 16-byte aligned buffers (the caller checks).
+template <bool kBf16Grad, bool kLerpFromM>
+__device__ __forceinline__ void update_full_fp32_block(const Adamw8bitArgs& a, const MomentBlock& blk, float scale) {
+  const MomentBuffers& mb = a.moments;
+  const int64_t at = blk.begin + static_cast<int64_t>(threadIdx.x) * kPerThread;
+  const int64_t ms = blk.state + static_cast<int64_t>(threadIdx.x) * kPerThread;
+  float g[kPerThread], p[kPerThread], m[kPerThread], v[kPerThread];
+  load_grad8<kBf16Grad>(a.grad, at, g);
+  load8(a.param + at, p);
+  load8(mb.exp_avg + ms, m);
+  load8(mb.exp_avg_sq + ms, v);
+  const float decay = blk.weight_decay ? a.c.decay : 1.0f;
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) p[k] = update_element<kLerpFromM>(a.c, decay, scale, g[k], p[k], m[k], v[k]);
+  store8(a.param + at, p);
+  store8(mb.exp_avg + ms, m);
+  store8(mb.exp_avg_sq + ms, v);
+  store_bf16x8(a.param_bf16, at, p);
 }
 
 // Any other block (an fp32-moment one, a short or unaligned one): element threadIdx.x + k * kThreads.
@@ -170,12 +207,18 @@ __device__ __forceinline__ void update_any_block(const Adamw8bitArgs& a, const Q
   }
 }
 
+// Which whole blocks take the vector paths: the buffers each path reads are 16-byte aligned.
+struct VectorPaths {
+  bool quantized;  // update_full_block
+  bool fp32;       // update_full_fp32_block
+};
+
 template <bool kBf16Grad, bool kLerpFromM>
-__global__ void __launch_bounds__(kThreads) adamw_8bit_kernel(Adamw8bitArgs a, bool vectors) {
+__global__ void __launch_bounds__(kThreads) adamw_8bit_kernel(Adamw8bitArgs a, VectorPaths vectors) {
   __shared__ QuantTables tables;
   __shared__ float scratch[kThreads / 32];
   if (a.found_inf != nullptr && *a.found_inf != 0.0f) return;  // the whole grid returns: no barrier below
-  {  // the tables into shared memory once per CUDA block (~30 KB, word by word)
+  if (a.tables != nullptr) {  // the tables into shared memory once per CUDA block (~30 KB, word by word)
     static_assert(sizeof(QuantTables) % 4 == 0, "tables copy in words");
     auto* dst = reinterpret_cast<uint32_t*>(&tables);
     const auto* src = reinterpret_cast<const uint32_t*>(a.tables);
@@ -186,8 +229,13 @@ __global__ void __launch_bounds__(kThreads) adamw_8bit_kernel(Adamw8bitArgs a, b
       a.grad_scale_device != nullptr ? __fmul_rn(a.c.grad_scale, *a.grad_scale_device) : a.c.grad_scale;
   for (int64_t block = blockIdx.x; block < a.num_blocks; block += gridDim.x) {
     const MomentBlock blk = a.blocks[block];
-    if (vectors && blk.quantized != 0 && blk.len == kQuantBlock && blk.begin % kPerThread == 0) {
+    // The conditions depend on the block alone, so every thread of the CUDA block takes the same
+    // branch (the 8-bit paths have barriers).
+    const bool whole = blk.len == kQuantBlock && blk.begin % kPerThread == 0;
+    if (whole && blk.quantized != 0 && vectors.quantized) {
       update_full_block<kBf16Grad, kLerpFromM>(a, tables, scratch, blk, scale);
+    } else if (whole && blk.quantized == 0 && vectors.fp32 && blk.state % kPerThread == 0) {
+      update_full_fp32_block<kBf16Grad, kLerpFromM>(a, blk, scale);
     } else {
       update_any_block<kBf16Grad, kLerpFromM>(a, tables, scratch, blk, scale);
     }
@@ -201,12 +249,13 @@ cudaError_t launch_adamw_8bit(const Adamw8bitArgs& args, cudaStream_t stream) {
   const bool bf16 = args.grad_type == HostGradType::kBFloat16;
   const auto kernel = bf16 ? (args.c.lerp_from_m ? adamw_8bit_kernel<true, true> : adamw_8bit_kernel<true, false>)
                            : (args.c.lerp_from_m ? adamw_8bit_kernel<false, true> : adamw_8bit_kernel<false, false>);
-  // Whole blocks take the vector path when every buffer starts 16-byte aligned (a block's offset
-  // is then a multiple of kPerThread elements of each).
+  // Whole blocks take a vector path when every buffer it touches starts 16-byte aligned (a block's
+  // offsets are then multiples of kPerThread elements of each).
   const auto aligned = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const MomentBuffers& mb = args.moments;
-  const bool vectors = aligned(args.grad) && aligned(args.param) && aligned(args.param_bf16) &&
-                       aligned(mb.exp_avg_codes) && aligned(mb.exp_avg_sq_codes);
+  const bool common = aligned(args.grad) && aligned(args.param) && aligned(args.param_bf16);
+  const VectorPaths vectors{common && aligned(mb.exp_avg_codes) && aligned(mb.exp_avg_sq_codes),
+                            common && aligned(mb.exp_avg) && aligned(mb.exp_avg_sq)};
   // As many CUDA blocks as fit on the GPU at once walk the list, so each loads the tables once and
   // none waits for a place.
   int device = 0, sms = 0, per_sm = 0;

@@ -142,6 +142,19 @@ struct MomentBuffers {
 // 8-bit (tests, and anything that quantizes a plain array).
 std::vector<MomentBlock> contiguous_blocks(int64_t n, bool weight_decay);
 
+// A piece of one parameter inside a range, in the range's coordinates.
+struct ParamSpan {
+  int64_t begin = 0, end = 0;
+  bool weight_decay = false;
+};
+
+// The blocks of a range whose moments are all fp32 and dense over it (element i's at exp_avg[i],
+// as ShardedAdamW keeps them on the device): each span cut at the multiples of kQuantBlock of the
+// range, so a block is one parameter's, at most kQuantBlock long, and every block inside a span is
+// whole and starts on that grid (the GPU kernel's vector path). quantized = 0, state = begin.
+// Spans sorted by begin, not overlapping; empty ones are skipped. std::logic_error otherwise.
+std::vector<MomentBlock> dense_fp32_blocks(const std::vector<ParamSpan>& spans);
+
 // One AdamW update of the given blocks: at an 8-bit block both moments are dequantized into fp32,
 // updated by cpu_adamw_update (the same arithmetic as the fp32 path) and quantized again with new
 // absmax values; an fp32 block is cpu_adamw_update on its packed moments. s.weight_decay applies
@@ -153,11 +166,17 @@ void cpu_adamw_update_8bit(const CpuAdamWStep& s, const MomentBlock* blocks, int
 
 // The same update on the GPU, everything in device memory: each MomentBlock in one pass by one CUDA
 // block (a grid of a few blocks per SM walks the list, the tables in shared memory), the same bits
-// as cpu_adamw_update_8bit (explicit rounding, no FMA contraction). tables: quant_tables() copied
-// to the device. grad_scale_device (a device scalar, e.g. the clip coefficient) multiplies
-// c.grad_scale when given; when found_inf (a device scalar) holds nonzero nothing changes.
+// as cpu_adamw_update_8bit (explicit rounding, no FMA contraction). Whole blocks (kQuantBlock
+// elements, begin and, for fp32 moments, state multiples of 8, the buffers they use 16-byte
+// aligned) are read and written in 16-byte vectors, every load before the first store; other
+// blocks element by element. tables: quant_tables() copied to the device; may be null when no
+// block is quantized (fp32 moments only). grad_scale_device (a device scalar, e.g. the clip
+// coefficient) multiplies c.grad_scale when given: each gradient value g becomes g * s with
+// s = c.grad_scale * *grad_scale_device rounded to fp32 first (with c.grad_scale = 1, g times the
+// coefficient rounded once, the bits an in-place clip of an fp32 gradient gave). When found_inf (a
+// device scalar) holds nonzero nothing changes.
 struct Adamw8bitArgs {
-  const QuantTables* tables = nullptr;
+  const QuantTables* tables = nullptr;  // null: no 8-bit block in the list
   AdamWCoeffs c;  // with the weight decay of the decaying blocks
   const MomentBlock* blocks = nullptr;
   int64_t num_blocks = 0;

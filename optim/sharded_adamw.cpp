@@ -9,6 +9,7 @@
 #endif
 
 #include <algorithm>
+#include <utility>
 
 #include "optim/cpu_adamw.h"
 #include "src/base/errors.h"
@@ -42,6 +43,12 @@ HostGradType host_grad_type(at::ScalarType t) {
   return t == at::kFloat ? HostGradType::kFloat32 : HostGradType::kBFloat16;
 }
 
+#ifdef GPT2_WITH_CUDA
+constexpr bool kHaveKernel = true;
+#else
+constexpr bool kHaveKernel = false;  // CUDA tensors (a LibTorch with CUDA, our kernels not built) use ATen's
+#endif
+
 }  // namespace
 
 ShardedAdamW::ShardedAdamW(const std::vector<torch::Tensor>& params, const parallel::FlatLayout& layout,
@@ -49,6 +56,7 @@ ShardedAdamW::ShardedAdamW(const std::vector<torch::Tensor>& params, const paral
     : comm_(comm),
       options_(options),
       sharded_(options.sharded && comm.world_size() > 1),
+      kernel_update_(kernel_update(grad_flat.device(), options.offload)),
       moment_layout_(moment_params(params, layout)) {
   GPT2_ASSERT(grad_flat.numel() == layout.padded, "gradient buffer does not match the layout");
   begin_ = sharded_ ? layout.shard_begin(comm.rank()) : 0;
@@ -89,10 +97,8 @@ ShardedAdamW::ShardedAdamW(const std::vector<torch::Tensor>& params, const paral
     absmax_v_ = at::zeros({num_absmax}, where.dtype(at::kFloat));
     m32_ = at::zeros({num_fp32}, where.dtype(at::kFloat));
     v32_ = at::zeros({num_fp32}, where.dtype(at::kFloat));
-    if (param_flat_.is_cuda() && !options.offload) {
-      const auto bytes = static_cast<int64_t>(blocks_.size() * sizeof(MomentBlock));
-      blocks_device_ = at::empty({bytes}, param_flat_.options().dtype(at::kByte));
-      blocks_device_.copy_(at::from_blob(blocks_.data(), {bytes}, at::kByte));
+    if (kernel_update_) {
+      upload_blocks();
       const auto table_bytes = static_cast<int64_t>(sizeof(QuantTables));
       tables_device_ = at::empty({table_bytes}, param_flat_.options().dtype(at::kByte));
       tables_device_.copy_(at::from_blob(const_cast<QuantTables*>(&quant_tables()), {table_bytes}, at::kByte));
@@ -121,16 +127,22 @@ ShardedAdamW::ShardedAdamW(const std::vector<torch::Tensor>& params, const paral
     if (g != at::kFloat && g != at::kBFloat16) grad32_ = at::empty({n}, param_flat_.options().dtype(at::kFloat));
     return;
   }
-  AdamW::Group decay, no_decay;
-  decay.weight_decay = options.weight_decay;
-  if (low_precision) {
-    master_ = param_shard_.to(at::kFloat);  // fp32 master weights for the shard
-    if (grad_flat.scalar_type() != at::kFloat) grad32_ = at::empty({n}, master_.options());
-  }
+  if (low_precision) master_ = param_shard_.to(at::kFloat);  // fp32 master weights for the shard
   const at::Tensor& update = low_precision ? master_ : param_shard_;
-  const at::Tensor& grads = grad32_.defined() ? grad32_ : grad_shard_;
   m_ = at::zeros({n}, update.options().dtype(at::kFloat));
   v_ = at::zeros({n}, update.options().dtype(at::kFloat));
+  if (kernel_update_) {  // fp32 moments through the same kernel: dense blocks over m_ and v_
+    std::vector<ParamSpan> spans;
+    for (const Segment& s : segments_) spans.push_back({s.begin, s.end, s.weight_decay != 0});
+    blocks_ = dense_fp32_blocks(spans);
+    upload_blocks();
+    if (g != at::kFloat && g != at::kBFloat16) grad32_ = at::empty({n}, update.options().dtype(at::kFloat));
+    return;
+  }
+  AdamW::Group decay, no_decay;
+  decay.weight_decay = options.weight_decay;
+  if (low_precision && g != at::kFloat) grad32_ = at::empty({n}, master_.options());
+  const at::Tensor& grads = grad32_.defined() ? grad32_ : grad_shard_;
   for (const Segment& s : segments_) {
     auto& group = s.weight_decay != 0 ? decay : no_decay;
     group.params.push_back(update.narrow(0, s.begin, s.end - s.begin));
@@ -143,6 +155,16 @@ ShardedAdamW::ShardedAdamW(const std::vector<torch::Tensor>& params, const paral
 
 ShardedAdamW::~ShardedAdamW() = default;
 
+bool ShardedAdamW::kernel_update(const torch::Device& device, bool offload) {
+  return kHaveKernel && device.is_cuda() && !offload;
+}
+
+void ShardedAdamW::upload_blocks() {
+  const auto bytes = static_cast<int64_t>(blocks_.size() * sizeof(MomentBlock));
+  blocks_device_ = at::empty({bytes}, param_flat_.options().dtype(at::kByte));
+  blocks_device_.copy_(at::from_blob(blocks_.data(), {bytes}, at::kByte));
+}
+
 torch::Tensor ShardedAdamW::clip_grad_norm(double max_norm) {
   at::NoGradGuard no_grad;
   const auto acc = at::promote_types(grad_shard_.scalar_type(), at::kFloat);
@@ -152,7 +174,16 @@ torch::Tensor ShardedAdamW::clip_grad_norm(double max_norm) {
   auto sum_sq = (local * local).reshape({1});
   if (sharded_) comm_.all_reduce(sum_sq, parallel::ReduceOp::kSum)->wait();
   auto norm = sum_sq.sqrt().reshape({});
-  if (max_norm > 0) grad_shard_.mul_((max_norm / (norm + 1e-6)).clamp_max(1.0).to(grad_shard_.scalar_type()));
+  clip_coef_ = torch::Tensor();
+  if (max_norm <= 0) return norm;
+  auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  if (kernel_update_) {
+    // The kernel multiplies each gradient by it as it reads it, in fp32: the pass over the
+    // gradient that mul_ costs is saved, and a bf16 gradient is not rounded to bf16 once more.
+    clip_coef_ = coef.to(at::kFloat).reshape({1});
+  } else {
+    grad_shard_.mul_(coef.to(grad_shard_.scalar_type()));
+  }
   return norm;
 }
 
@@ -160,10 +191,10 @@ void ShardedAdamW::step(double lr, const torch::Tensor& found_inf) {
   at::NoGradGuard no_grad;
   if (options_.offload) {
     step_on_host(lr, found_inf);
-  } else if (options_.moments_8bit) {
-    step_8bit_on_device(lr, found_inf);
+  } else if (options_.moments_8bit || kernel_update_) {
+    step_blocks(lr, found_inf);
   } else {
-    step_on_device(lr, found_inf);
+    step_aten(lr, found_inf);
   }
 }
 
@@ -179,16 +210,22 @@ CpuAdamWStep ShardedAdamW::host_step(double lr) const {
 }
 
 MomentBuffers ShardedAdamW::moment_buffers() const {
-  return buffers_of(codes_m_, codes_v_, absmax_m_, absmax_v_, m32_, v32_);
+  if (options_.moments_8bit) return buffers_of(codes_m_, codes_v_, absmax_m_, absmax_v_, m32_, v32_);
+  MomentBuffers mb;  // dense fp32 moments: a block's are at its state = begin
+  mb.exp_avg = m_.data_ptr<float>();
+  mb.exp_avg_sq = v_.data_ptr<float>();
+  return mb;
 }
 
 MomentBuffers ShardedAdamW::ShardState::moment_buffers() const {
   return buffers_of(exp_avg_codes, exp_avg_sq_codes, exp_avg_absmax, exp_avg_sq_absmax, exp_avg, exp_avg_sq);
 }
 
-// 8-bit moments on the parameters' device: one pass over the shard's blocks that reads the
-// gradient as it is and writes the fp32 master and the bf16 parameters.
-void ShardedAdamW::step_8bit_on_device(double lr, const torch::Tensor& found_inf) {
+// One pass over the shard's blocks (8-bit moments on either device, fp32 moments on the GPU) that
+// reads the gradient as it is, times the clip coefficient on the GPU, and writes the fp32 master
+// and the bf16 parameters.
+void ShardedAdamW::step_blocks(double lr, const torch::Tensor& found_inf) {
+  const torch::Tensor clip = std::exchange(clip_coef_, torch::Tensor());  // this step's only
   if (found_inf.defined() && found_inf.item<float>() != 0) return;  // fp16 overflow: skip (host sync)
   ++steps_;
   const CpuAdamWStep st = host_step(lr);
@@ -202,7 +239,8 @@ void ShardedAdamW::step_8bit_on_device(double lr, const torch::Tensor& found_inf
   if (param_flat_.is_cuda()) {
 #ifdef GPT2_WITH_CUDA
     Adamw8bitArgs a;
-    a.tables = reinterpret_cast<const QuantTables*>(tables_device_.data_ptr<uint8_t>());
+    a.tables = tables_device_.defined() ? reinterpret_cast<const QuantTables*>(tables_device_.data_ptr<uint8_t>())
+                                        : nullptr;  // fp32 moments: no 8-bit block
     a.c = adamw_coeffs(st);
     a.blocks = reinterpret_cast<const MomentBlock*>(blocks_device_.data_ptr<uint8_t>());
     a.num_blocks = static_cast<int64_t>(blocks_.size());
@@ -211,9 +249,10 @@ void ShardedAdamW::step_8bit_on_device(double lr, const torch::Tensor& found_inf
     a.grad = grads.data_ptr();
     a.grad_type = grad_type;
     a.param_bf16 = param_bf16;
+    a.grad_scale_device = clip.defined() ? clip.data_ptr<float>() : nullptr;
     CUDA_CHECK(launch_adamw_8bit(a, at::cuda::getCurrentCUDAStream(param_flat_.device().index()).stream()));
 #endif
-  } else {
+  } else {  // CPU, 8-bit moments: the gradient was clipped in place
     at::parallel_for(0, static_cast<int64_t>(blocks_.size()), 16, [&](int64_t b, int64_t e) {
       cpu_adamw_update_8bit(st, blocks_.data() + b, e - b, param, mb, grads.data_ptr(), grad_type, param_bf16);
     });
@@ -221,7 +260,7 @@ void ShardedAdamW::step_8bit_on_device(double lr, const torch::Tensor& found_inf
   if (master_.defined() && !bf16) param_shard_.copy_(master_);  // fp16 parameters: round the masters
 }
 
-void ShardedAdamW::step_on_device(double lr, const torch::Tensor& found_inf) {
+void ShardedAdamW::step_aten(double lr, const torch::Tensor& found_inf) {
   if (grad32_.defined()) grad32_.copy_(grad_shard_);
   adamw_->step(lr, found_inf);
   if (master_.defined()) param_shard_.copy_(master_);  // round the masters into the compute copy
@@ -331,7 +370,7 @@ ShardedAdamW::ShardState ShardedAdamW::state(int64_t begin, int64_t end) const {
   ShardState s;
   s.moments_8bit = options_.moments_8bit;
   s.master = cpu(master_.defined() ? master_ : param_shard_, from, n).to(at::kFloat);
-  s.adam_step = options_.offload || options_.moments_8bit ? steps_ : adamw_->adam_step();
+  s.adam_step = adamw_ ? adamw_->adam_step() : steps_;
   if (!options_.moments_8bit) {
     s.exp_avg = cpu(options_.offload ? host_m_ : m_, from, n);
     s.exp_avg_sq = cpu(options_.offload ? host_v_ : v_, from, n);
@@ -376,12 +415,19 @@ void ShardedAdamW::load_state(const ShardState& s) {
   }
   m_.copy_(s.exp_avg);
   v_.copy_(s.exp_avg_sq);
-  adamw_->set_adam_step(s.adam_step);
+  if (adamw_) {
+    adamw_->set_adam_step(s.adam_step);
+  } else {
+    steps_ = s.adam_step;
+  }
 }
 
 int64_t ShardedAdamW::state_bytes() const {
   if (options_.offload) return 0;
-  int64_t bytes = adamw_ ? adamw_->state_bytes() : 0;
+  int64_t bytes = adamw_ ? adamw_->state_bytes() : 0;  // ATen's AdamW counts m_ and v_ (its views)
+  if (!adamw_) {
+    for (const auto* t : {&m_, &v_}) bytes += t->defined() ? static_cast<int64_t>(t->nbytes()) : 0;
+  }
   for (const auto* t : {&master_, &grad32_, &codes_m_, &codes_v_, &absmax_m_, &absmax_v_, &m32_, &v32_, &blocks_device_, &tables_device_}) {
     if (t->defined()) bytes += static_cast<int64_t>(t->nbytes());
   }

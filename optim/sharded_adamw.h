@@ -10,6 +10,15 @@
 // fp32 master weights for its shard and writes the rounded result into the parameters after each
 // update. The gradient buffer may be fp32 or the parameters' dtype (precision.reduce_dtype).
 //
+// The update on the GPU (no offload) is one pass over the shard (launch_adamw_8bit, moments_8bit.h,
+// for fp32 moments as for 8-bit ones): each element's gradient (fp32 or bf16 as the buffer holds
+// it, times the clip coefficient), master and moments are read once, and the master, moments and
+// bf16 parameters written once: 30 bytes per element with an fp32 gradient (28 with bf16), where a
+// clip pass over the gradient (8), ATen's fused AdamW (28) and the rounding copy into the bf16
+// parameters (6) moved 42, in three passes. Its arithmetic is cpu_adamw_update's (offload's), bit
+// for bit from the same gradient and coefficient; its step count is kept on the host. On the CPU
+// (tests, development) the update is ATen's fused AdamW.
+//
 // Offload (Options::offload): masters, moments and a gradient copy live in (pinned) host memory;
 // step() streams the gradient shard to the host chunk by chunk, a HostThreadPool runs CpuAdamW on
 // each chunk as it lands, and the updated parameters stream back, the three overlapping.
@@ -52,9 +61,16 @@ class ShardedAdamW {
   ~ShardedAdamW();
 
   // Global L2 norm of the gradient (a device scalar; no host sync) and clipping to max_norm
-  // (<= 0: no clipping). Reads only this rank's shard, then sums squares across ranks.
+  // (<= 0: no clipping) by the coefficient min(1, max_norm / (norm + 1e-6)). Reads only this rank's
+  // shard, then sums squares across ranks. Where the update is the GPU kernel (CUDA, no offload)
+  // the gradient is left as it is: the coefficient stays on the device and the next step()
+  // multiplies each gradient by it as it reads it (then forgets it; another clip_grad_norm before
+  // that step replaces it, measuring the unclipped gradient again). Elsewhere the gradient shard is
+  // scaled in place. So between this call and step() read the gradient through the optimizer only.
   torch::Tensor clip_grad_norm(double max_norm);
-  // found_inf (fp16 loss scaling): when it holds 1 nothing changes and the step does not count.
+  // found_inf (fp16 loss scaling): when it holds 1 nothing changes and the step does not count
+  // (where the step count is kept on the host, with the GPU kernel, offload or 8-bit moments, the
+  // flag is read first: one host sync).
   void step(double lr, const torch::Tensor& found_inf = {});
   // All-gathers the updated shards into every rank's parameters (sharded only).
   void gather();
@@ -88,9 +104,13 @@ class ShardedAdamW {
   bool moments_8bit() const { return options_.moments_8bit; }
   // Where 8-bit moments are in the flat space (built for fp32 moments too: checkpoints convert).
   const MomentLayout& moment_layout() const { return moment_layout_; }
-  // This rank's shard of the gradient (what clipping and loss-scale unscaling act on).
+  // This rank's shard of the gradient (what clipping and loss-scale unscaling act on; with the GPU
+  // kernel clipping only measures it, see clip_grad_norm).
   const torch::Tensor& grad_shard() const { return grad_shard_; }
   bool sharded() const { return sharded_; }
+  // Whether the update on this device is the GPU kernel (CUDA, no offload, the kernels built): it
+  // reads fp32 and bf16 gradients as they are and clips them as it reads them.
+  static bool kernel_update(const torch::Device& device, bool offload);
   // Host bytes offload needs for a shard of n elements with these dtypes (for the memory check).
   static int64_t host_bytes_for(int64_t n, at::ScalarType param_dtype, at::ScalarType grad_dtype, bool moments_8bit);
 
@@ -99,11 +119,12 @@ class ShardedAdamW {
     int64_t begin, end;
     double weight_decay;
   };
-  void step_on_device(double lr, const torch::Tensor& found_inf);
-  void step_8bit_on_device(double lr, const torch::Tensor& found_inf);
+  void step_aten(double lr, const torch::Tensor& found_inf);    // ATen's AdamW (CPU, fp32 moments)
+  void step_blocks(double lr, const torch::Tensor& found_inf);  // the GPU kernel, or CPU 8-bit
+  void upload_blocks();                                          // blocks_ into blocks_device_
   void step_on_host(double lr, const torch::Tensor& found_inf);
-  CpuAdamWStep host_step(double lr) const;  // the update's constants at steps_ (8-bit and offload)
-  MomentBuffers moment_buffers() const;     // 8-bit
+  CpuAdamWStep host_step(double lr) const;  // the update's constants at steps_ (all but ATen's AdamW)
+  MomentBuffers moment_buffers() const;     // 8-bit, or m_ and v_ for the GPU kernel
 
   parallel::Communicator& comm_;
   Options options_;
@@ -113,13 +134,18 @@ class ShardedAdamW {
   torch::Tensor param_shard_;  // view of param_flat_
   torch::Tensor grad_shard_;   // view of the gradient buffer
   torch::Tensor master_;       // fp32 shard when the params are not fp32 (device), or the host master
-  torch::Tensor grad32_;       // device: fp32 copy of a low-precision gradient shard for the fused kernel
-  torch::Tensor m_, v_;        // device: the moments, flat over the shard (AdamW works on views)
+  torch::Tensor grad32_;       // device: fp32 copy of a gradient shard the update cannot read as it is
+  torch::Tensor m_, v_;        // device: fp32 moments, flat over the shard (AdamW works on views)
   std::vector<Segment> segments_;
-  std::unique_ptr<AdamW> adamw_;  // device path
+  std::unique_ptr<AdamW> adamw_;  // CPU without offload or 8-bit moments
+  // The update is launch_adamw_8bit (CUDA, no offload): clipping hands it clip_coef_ (a 1-element
+  // fp32 device tensor, until the next step) instead of scaling the gradient.
+  bool kernel_update_ = false;
+  torch::Tensor clip_coef_;
 
   // 8-bit moments (on the device, or in host memory with offload): this shard's blocks, the codes
-  // over the shard, one absmax per 8-bit block, the packed fp32 moments of small parameters.
+  // over the shard, one absmax per 8-bit block, the packed fp32 moments of small parameters. fp32
+  // moments with the GPU kernel: blocks_ = the segments cut into dense_fp32_blocks over m_ and v_.
   MomentLayout moment_layout_;
   std::vector<MomentBlock> blocks_;
   torch::Tensor blocks_device_, tables_device_;  // blocks_ and quant_tables() as bytes on the GPU
@@ -128,7 +154,7 @@ class ShardedAdamW {
   // Host path (offload).
   torch::Tensor host_m_, host_v_, host_grad_, host_param_out_;
   std::unique_ptr<HostThreadPool> pool_;
-  int64_t steps_ = 0;  // bias-correction step count of the host-driven updates (offload, 8-bit)
+  int64_t steps_ = 0;  // bias-correction step count of every update but ATen's AdamW
 };
 
 }  // namespace gpt2::optim

@@ -9,9 +9,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "optim/moment_layout.h"
@@ -379,6 +381,70 @@ TEST(MomentLayout, UpdateOverMixedBlocksIsTheFp32PathBetweenDequantizeAndQuantiz
   // The fp32 moments are the small parameters' values exactly (b, then d), not quantized.
   EXPECT_EQ(m32_ref[0], m[a]);
   EXPECT_EQ(m32_ref[b], m[a + b + c]);
+}
+
+// ShardedAdamW's fp32 moments on the GPU (dense over the shard): each parameter's span cut at the
+// multiples of kQuantBlock, so the blocks inside a span are whole and on the grid (the kernel's
+// vector path) and the pieces at span ends are short; the update over those blocks is
+// cpu_adamw_update over each span, bit for bit.
+TEST(MomentLayout, DenseFp32BlocksCutSpansOnTheGrid) {
+  const int64_t g = kQuantBlock;
+  const std::vector<ParamSpan> spans = {{0, 2 * g + 5, true},
+                                        {2 * g + 5, 2 * g + 705, false},
+                                        {2 * g + 705, 5 * g + 100, true},
+                                        {5 * g + 100, 5 * g + 100, false}};  // empty: no block
+  const auto blocks = dense_fp32_blocks(spans);
+  struct Want {
+    int64_t begin, len;
+    uint16_t decay;
+  };
+  const Want want[] = {{0, g, 1},          {g, g, 1},         {2 * g, 5, 1},     {2 * g + 5, 700, 0},
+                       {2 * g + 705, g - 705, 1}, {3 * g, g, 1}, {4 * g, g, 1}, {5 * g, 100, 1}};
+  ASSERT_EQ(blocks.size(), std::size(want));
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    SCOPED_TRACE("block " + std::to_string(k));
+    EXPECT_EQ(blocks[k].begin, want[k].begin);
+    EXPECT_EQ(blocks[k].state, want[k].begin);  // dense moments: a block's are at its own offset
+    EXPECT_EQ(blocks[k].len, want[k].len);
+    EXPECT_EQ(blocks[k].quantized, 0);
+    EXPECT_EQ(blocks[k].weight_decay, want[k].decay);
+  }
+  EXPECT_THROW(dense_fp32_blocks({{0, 10, true}, {5, 20, false}}), std::logic_error);
+  EXPECT_THROW(dense_fp32_blocks({{10, 5, true}}), std::logic_error);
+
+  const int64_t n = 5 * g + 100;
+  std::mt19937 gen(11);
+  std::normal_distribution<float> normal;
+  auto randn = [&](float scale) {
+    std::vector<float> x(n);
+    for (auto& v : x) v = normal(gen) * scale;
+    return x;
+  };
+  auto p = randn(0.02f), grad = randn(1e-3f), m = randn(1e-3f), v = randn(1e-3f);
+  for (auto& x : v) x *= x;
+  auto p_ref = p, m_ref = m, v_ref = v;
+  std::vector<uint16_t> out(n), out_ref(n);
+  CpuAdamWStep s;
+  s.lr = 6e-4;
+  s.weight_decay = 0.1;
+  s.step = 5;
+  s.grad_scale = 0.3;
+  for (const ParamSpan& span : spans) {
+    CpuAdamWStep ss = s;
+    ss.weight_decay = span.weight_decay ? s.weight_decay : 0.0;
+    const int64_t b = span.begin;
+    cpu_adamw_update(ss, span.end - b, p_ref.data() + b, m_ref.data() + b, v_ref.data() + b, grad.data() + b,
+                     HostGradType::kFloat32, out_ref.data() + b);
+  }
+  MomentBuffers mb;
+  mb.exp_avg = m.data();
+  mb.exp_avg_sq = v.data();
+  cpu_adamw_update_8bit(s, blocks.data(), static_cast<int64_t>(blocks.size()), p.data(), mb, grad.data(),
+                        HostGradType::kFloat32, out.data());
+  EXPECT_EQ(p, p_ref);
+  EXPECT_EQ(m, m_ref);
+  EXPECT_EQ(v, v_ref);
+  EXPECT_EQ(out, out_ref);
 }
 
 }  // namespace

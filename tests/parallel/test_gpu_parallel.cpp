@@ -2,7 +2,8 @@
 // references, on one GPU: under mpiexec -n 3 the ranks share the GPU through the MPI backend
 // (parallel.backend = mpi stages CUDA tensors through host memory), so ZeRO, offload, fp16's loss
 // scaling and checkpoints run their CUDA code with several ranks; under mpiexec -n 1 NCCL runs
-// every collective the trainer uses, and trains as the MPI backend does.
+// every collective the trainer uses, and trains as the MPI backend does, and one rank without
+// accumulation trains with bf16 gradients.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -72,6 +73,37 @@ TEST(GpuNccl, TrainsAsTheMpiBackendOnOneRank) {
     for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].value(), b[i].value())) << dtype << " " << a[i].key();
     EXPECT_EQ(nccl.losses, mpi.losses) << dtype;
   }
+}
+
+// One CUDA rank without accumulation in bf16 keeps a bf16 gradient buffer although reduce_dtype is
+// fp32 (Note [bf16 gradients on one rank] in trainer.cpp): bit for bit the run that asks for a bf16
+// buffer, and within the bf16 variant bounds of offload, which keeps the fp32 buffer and runs the
+// same AdamW arithmetic on the host (only the gradient norm, summed over fp32 values there, differs).
+TEST(GpuOneRank, WithoutAccumulationKeepsBf16Gradients) {
+  SKIP_WITHOUT_GPU();
+  if (world_size() != 1) GTEST_SKIP() << "runs under mpiexec -n 1";
+  SharedTokenFile file;
+  const parallel::RankEnv world(MPI_COMM_WORLD);
+  quiet_logs(world);
+  auto cfg = gpu_config(file.path(), "bf16");
+  cfg.train.micro_batch = 4;
+  cfg.train.batch_tokens = 4 * 16;  // one micro-step
+  cfg.validate();
+  ASSERT_EQ(cfg.grad_accum_steps(1), 1);
+  ASSERT_EQ(cfg.precision.reduce_dtype, "fp32");
+  TrainResult kept = train(cfg, world);
+  auto asked = cfg;
+  asked.precision.reduce_dtype = "bf16";
+  TrainResult bf16 = train(asked, world);
+  EXPECT_EQ(kept.losses, bf16.losses);
+  auto a = kept.model->named_parameters(), b = bf16.model->named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].value(), b[i].value())) << a[i].key();
+  auto offload = cfg;
+  offload.parallel.offload = "optimizer";
+  offload.parallel.offload_threads = 2;
+  TrainResult fp32_buffer = train(offload, world);
+  test::expect_same_training(kept, fp32_buffer, cfg.model.n_embd, test::kBf16Tolerances.variants.param,
+                             test::kBf16Tolerances.variants.loss);
 }
 
 // fp32 on the GPU: ZeRO 1/2, offload and recomputation within 1e-6 of ZeRO 0 (the same sums;
