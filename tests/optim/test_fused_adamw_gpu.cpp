@@ -24,36 +24,13 @@
 #include "optim/sharded_adamw.h"
 #include "parallel/flat_layout.h"
 #include "tests/optim/bf16_grads.h"
+#include "tests/optim/host_buffers.h"
 #include "tests/optim/one_rank.h"
 
 namespace gpt2::optim {
 namespace {
 
 #ifdef GPT2_WITH_CUDA
-std::vector<float> randn(int64_t n, float scale, uint32_t seed, bool square = false) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> x(static_cast<size_t>(n));
-  for (auto& v : x) {
-    v = normal(gen) * scale;
-    if (square) v *= v;
-  }
-  return x;
-}
-
-template <typename T>
-torch::Tensor on_gpu(const std::vector<T>& v, torch::ScalarType t) {
-  return torch::from_blob(const_cast<T*>(v.data()), {static_cast<int64_t>(v.size())}, t).to(torch::kCUDA);
-}
-
-template <typename T>
-std::vector<T> to_host(const torch::Tensor& t) {
-  auto c = t.cpu().contiguous();
-  std::vector<T> out(static_cast<size_t>(c.numel()));
-  std::memcpy(out.data(), c.data_ptr(), out.size() * sizeof(T));
-  return out;
-}
-
 // Four parameters end to end: decay, none, none, decay; only the first starts on the grid.
 std::vector<ParamSpan> four_spans(int64_t* total) {
   const int64_t a = 3 * kQuantBlock + 515, b = 700, c = 2 * kQuantBlock + 100, d = 3000;
