@@ -43,6 +43,17 @@ HostGradType host_grad_type(at::ScalarType t) {
   return t == at::kFloat ? HostGradType::kFloat32 : HostGradType::kBFloat16;
 }
 
+// `bytes` bytes from the host as a uint8 tensor where `options` says (the GPU kernel's block list
+// and quantization tables).
+at::Tensor bytes_on(const void* data, size_t bytes, const at::TensorOptions& options) {
+  const auto n = static_cast<int64_t>(bytes);
+  auto out = at::empty({n}, options.dtype(at::kByte));
+  out.copy_(at::from_blob(const_cast<void*>(data), {n}, at::kByte));
+  return out;
+}
+
+int64_t bytes_of(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
+
 #ifdef GPT2_WITH_CUDA
 constexpr bool kHaveKernel = true;
 #else
@@ -99,9 +110,7 @@ ShardedAdamW::ShardedAdamW(const std::vector<torch::Tensor>& params, const paral
     v32_ = at::zeros({num_fp32}, where.dtype(at::kFloat));
     if (kernel_update_) {
       upload_blocks();
-      const auto table_bytes = static_cast<int64_t>(sizeof(QuantTables));
-      tables_device_ = at::empty({table_bytes}, param_flat_.options().dtype(at::kByte));
-      tables_device_.copy_(at::from_blob(const_cast<QuantTables*>(&quant_tables()), {table_bytes}, at::kByte));
+      tables_device_ = bytes_on(&quant_tables(), sizeof(QuantTables), param_flat_.options());
     }
   }
 
@@ -160,9 +169,7 @@ bool ShardedAdamW::kernel_update(const torch::Device& device, bool offload) {
 }
 
 void ShardedAdamW::upload_blocks() {
-  const auto bytes = static_cast<int64_t>(blocks_.size() * sizeof(MomentBlock));
-  blocks_device_ = at::empty({bytes}, param_flat_.options().dtype(at::kByte));
-  blocks_device_.copy_(at::from_blob(blocks_.data(), {bytes}, at::kByte));
+  blocks_device_ = bytes_on(blocks_.data(), blocks_.size() * sizeof(MomentBlock), param_flat_.options());
 }
 
 torch::Tensor ShardedAdamW::clip_grad_norm(double max_norm) {
@@ -424,12 +431,10 @@ void ShardedAdamW::load_state(const ShardState& s) {
 
 int64_t ShardedAdamW::state_bytes() const {
   if (options_.offload) return 0;
-  int64_t bytes = adamw_ ? adamw_->state_bytes() : 0;  // ATen's AdamW counts m_ and v_ (its views)
-  if (!adamw_) {
-    for (const auto* t : {&m_, &v_}) bytes += t->defined() ? static_cast<int64_t>(t->nbytes()) : 0;
-  }
+  // ATen's AdamW counts m_ and v_ (it holds views of them) with its step counts.
+  int64_t bytes = adamw_ ? adamw_->state_bytes() : bytes_of(m_) + bytes_of(v_);
   for (const auto* t : {&master_, &grad32_, &codes_m_, &codes_v_, &absmax_m_, &absmax_v_, &m32_, &v32_, &blocks_device_, &tables_device_}) {
-    if (t->defined()) bytes += static_cast<int64_t>(t->nbytes());
+    bytes += bytes_of(*t);
   }
   return bytes;
 }
@@ -439,7 +444,7 @@ int64_t ShardedAdamW::host_state_bytes() const {
   int64_t bytes = 0;
   for (const auto* t : {&master_, &host_m_, &host_v_, &host_grad_, &host_param_out_, &codes_m_, &codes_v_, &absmax_m_,
                         &absmax_v_, &m32_, &v32_}) {
-    if (t->defined()) bytes += static_cast<int64_t>(t->nbytes());
+    bytes += bytes_of(*t);
   }
   return bytes;
 }

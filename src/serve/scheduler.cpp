@@ -204,11 +204,8 @@ void Scheduler::prefill_group(const std::vector<Slot*>& group) {
   const auto t0 = Clock::now();
   const auto n = static_cast<int64_t>(group.size());
   const auto T = static_cast<int64_t>(group.front()->sequence->spec.prompt.size());
-  std::vector<int64_t> ids, rows;
-  for (const Slot* slot : group) {
-    ids.insert(ids.end(), slot->sequence->spec.prompt.begin(), slot->sequence->spec.prompt.end());
-    rows.push_back(slot - slots_.data());
-  }
+  std::vector<int64_t> rows;
+  for (const Slot* slot : group) rows.push_back(slot - slots_.data());
   torch::Tensor logits;  // (n, V)
   std::vector<int64_t> greedy;
   if (n == 1) {
@@ -218,6 +215,8 @@ void Scheduler::prefill_group(const std::vector<Slot*>& group) {
     greedy = {r.greedy};
   } else {
     // n prompts in one forward into a cache of their own, then their keys and values into the slots.
+    std::vector<int64_t> ids;
+    for (const Slot* slot : group) ids.insert(ids.end(), slot->sequence->spec.prompt.begin(), slot->sequence->spec.prompt.end());
     const auto ids_t = torch::tensor(ids, torch::kLong).view({n, T}).to(device_);
     KVCache fresh = model_->make_kv_cache(T, std::vector<int64_t>(n, 0));
     logits = model_->forward_cached(ids_t, fresh);

@@ -27,6 +27,12 @@ torch::Tensor on_gpu(const std::vector<T>& v, torch::ScalarType t) {
   return torch::from_blob(const_cast<T*>(v.data()), {static_cast<int64_t>(v.size())}, t).to(torch::kCUDA);
 }
 
+// `count` values of T as raw bytes in a uint8 GPU tensor (the kernels' block lists and tables).
+template <typename T>
+torch::Tensor bytes_on_gpu(const T* data, size_t count) {
+  return torch::from_blob(const_cast<T*>(data), {static_cast<int64_t>(count * sizeof(T))}, torch::kUInt8).to(torch::kCUDA);
+}
+
 template <typename T>
 std::vector<T> to_host(const torch::Tensor& t) {
   auto c = t.cpu().contiguous();

@@ -72,11 +72,8 @@ void expect_kernel_equals_cpu(const KernelCase& kc) {
   auto d_out = torch::zeros({off + n}, torch::dtype(torch::kInt16).device(torch::kCUDA));
   auto d_scale = torch::full({1}, kc.device_scale, torch::dtype(torch::kFloat).device(torch::kCUDA));
   auto d_inf = torch::full({1}, kc.skip ? 1.0f : 0.0f, torch::dtype(torch::kFloat).device(torch::kCUDA));
-  const auto block_bytes = static_cast<int64_t>(blocks.size() * sizeof(MomentBlock));
-  auto d_blocks = torch::from_blob(blocks.data(), {block_bytes}, torch::kUInt8).to(torch::kCUDA);
-  const auto table_bytes = static_cast<int64_t>(sizeof(QuantTables));
-  auto d_tables =
-      torch::from_blob(const_cast<QuantTables*>(&quant_tables()), {table_bytes}, torch::kUInt8).to(torch::kCUDA);
+  auto d_blocks = bytes_on_gpu(blocks.data(), blocks.size());
+  auto d_tables = bytes_on_gpu(&quant_tables(), 1);
 
   CpuAdamWStep s;
   s.lr = 6e-4;

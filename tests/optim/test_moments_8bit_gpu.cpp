@@ -59,8 +59,7 @@ void expect_gpu_equals_cpu(bool bf16_grad, float device_scale, bool skip) {
   auto d_out = torch::zeros({n}, torch::dtype(torch::kInt16).device(torch::kCUDA));
   auto d_scale = torch::full({1}, device_scale, torch::dtype(torch::kFloat).device(torch::kCUDA));
   auto d_inf = torch::full({1}, skip ? 1.0f : 0.0f, torch::dtype(torch::kFloat).device(torch::kCUDA));
-  const auto block_bytes = static_cast<int64_t>(blocks.size() * sizeof(MomentBlock));
-  auto d_blocks = torch::from_blob(const_cast<MomentBlock*>(blocks.data()), {block_bytes}, torch::kUInt8).to(torch::kCUDA);
+  auto d_blocks = bytes_on_gpu(blocks.data(), blocks.size());
 
   CpuAdamWStep s;
   s.lr = 6e-4;
@@ -68,8 +67,7 @@ void expect_gpu_equals_cpu(bool bf16_grad, float device_scale, bool skip) {
   s.step = 3;
   s.grad_scale = 0.5;
   Adamw8bitArgs a;
-  const auto table_bytes = static_cast<int64_t>(sizeof(QuantTables));
-  auto d_tables = torch::from_blob(const_cast<QuantTables*>(&quant_tables()), {table_bytes}, torch::kUInt8).to(torch::kCUDA);
+  auto d_tables = bytes_on_gpu(&quant_tables(), 1);
   a.tables = reinterpret_cast<const QuantTables*>(d_tables.data_ptr<uint8_t>());
   a.c = adamw_coeffs(s);
   a.blocks = reinterpret_cast<const MomentBlock*>(d_blocks.data_ptr<uint8_t>());
