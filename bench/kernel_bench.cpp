@@ -1,9 +1,10 @@
-// Kernel timings on the GPU: the residual LayerNorm's forward and backward (launch.h) for
+// Kernel timings on the GPU: GPT-2's training GEMMs under train.gemm_tuning (gemm.h), the loss kernels, the residual LayerNorm's forward and backward (launch.h) for
 // gpt2-124m's and gpt2-1558m's activations in bf16, and the AdamW update of gpt2-1558m's 1.56B
 // parameters with fp32 moments (ATen's fused AdamW + the bf16 copy, what ShardedAdamW runs) and
 // with 8-bit moments (moments_8bit.h), with the bandwidth the bytes each call must move make (an
 // H200 streams about 4.8 TB/s). Correctness lives in tests/kernels and tests/optim.
 //   build-gpu/bin/kernel_bench
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 #include <torch/torch.h>
@@ -14,6 +15,7 @@
 
 #include "src/base/cuda_check.h"
 #include "optim/moments_8bit.h"
+#include "src/kernels/gemm.h"
 #include "src/kernels/launch.h"
 
 namespace {
@@ -21,18 +23,13 @@ namespace {
 // Mean milliseconds per call of fn over `iters` calls after a warm-up.
 double time_ms(const std::function<void()>& fn, int iters = 50) {
   fn();
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  CUDA_CHECK(cudaEventRecord(start, c10::cuda::getCurrentCUDAStream().stream()));
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);  // timing events
+  start.record(stream);
   for (int i = 0; i < iters; ++i) fn();
-  CUDA_CHECK(cudaEventRecord(stop, c10::cuda::getCurrentCUDAStream().stream()));
-  CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0.0f;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
-  return ms / iters;
+  stop.record(stream);
+  stop.synchronize();
+  return start.elapsed_time(stop) / iters;
 }
 
 void layer_norm(int64_t rows, int64_t cols) {
@@ -63,6 +60,35 @@ void layer_norm(int64_t rows, int64_t cols) {
   });
   std::printf("LN backward %6ld x %4ld: %7.1f us  %6.0f GB/s (dout, ds, s in; dx out)\n", static_cast<long>(rows),
               static_cast<long>(cols), bwd * 1e3, 4 * mb / bwd);
+}
+
+// The loss kernels over (rows, 50304) bf16 logits (gpt2's padded vocabulary): forward reads them
+// once, backward reads them and writes the gradient over them.
+void cross_entropy(int64_t rows) {
+  using namespace gpt2::kernels;
+  const int64_t Vp = 50304, V = 50257;
+  const auto opts = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
+  const auto f32 = torch::dtype(torch::kFloat).device(torch::kCUDA);
+  auto logits = torch::randn({rows, Vp}, opts) * 3;
+  auto targets = torch::randint(0, V, {rows}, torch::dtype(torch::kLong).device(torch::kCUDA));
+  auto loss = torch::empty({rows}, f32), lse = torch::empty({rows}, f32), scale = torch::ones({1}, f32);
+  auto grad = torch::empty_like(logits);
+  const auto stream = c10::cuda::getCurrentCUDAStream().stream();
+  const double gb = rows * Vp * 2 / 1e9;
+  const double fwd = time_ms([&] {
+    CUDA_CHECK(launch_cross_entropy_forward(Dtype::kBF16, logits.data_ptr(), targets.data_ptr<int64_t>(), rows, Vp, V,
+                                            -1, loss.data_ptr<float>(), lse.data_ptr<float>(), BadTargetNote{nullptr, 1},
+                                            stream));
+  }, 20);
+  const double bwd = time_ms([&] {
+    CUDA_CHECK(launch_cross_entropy_backward(Dtype::kBF16, logits.data_ptr(), targets.data_ptr<int64_t>(),
+                                             lse.data_ptr<float>(), scale.data_ptr<float>(), rows, Vp, V, -1,
+                                             grad.data_ptr(), stream));
+  }, 20);
+  std::printf("CE forward  %6ld x %ld: %7.3f ms  %6.0f GB/s\n", static_cast<long>(rows), static_cast<long>(Vp), fwd,
+              gb / fwd * 1e3);
+  std::printf("CE backward %6ld x %ld: %7.3f ms  %6.0f GB/s\n", static_cast<long>(rows), static_cast<long>(Vp), bwd,
+              2 * gb / bwd * 1e3);
 }
 
 // One AdamW step over n fp32 masters with fp32 gradients (the accumulated ones) and bf16 parameters.
@@ -112,6 +138,57 @@ void adamw_update(int64_t n) {
   std::printf("AdamW 8-bit moments %ld values: %7.2f ms  %6.0f GB/s\n", static_cast<long>(n), ms, gb / ms * 1e3);
 }
 
+// Each training GEMM of a GPT-2 step (tokens M, width C, padded vocabulary V) timed as
+// train.gemm_tuning times it: ATen's, cuBLASLt's first choice, the fastest candidate; and what
+// the fastest saves per step (n_layer blocks, one head).
+void gemms(const char* name, int64_t M, int64_t C, int64_t layers, int64_t V = 50304) {
+  const auto opts = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
+  struct Product {
+    const char* what;
+    int64_t rows, inner, cols;  // d (rows, cols) = a (rows, inner) b (inner, cols)
+    bool a_t, b_t;              // a / b stored transposed (the .t() of a contiguous buffer)
+    bool bias;
+    int64_t per_step;
+  };
+  const Product products[] = {
+      {"qkv fwd", M, C, 3 * C, false, true, true, layers},
+      {"attn proj fwd", M, C, C, false, true, true, layers},
+      {"mlp proj fwd", M, 4 * C, C, false, true, true, layers},
+      {"head fwd", M, C, V, false, true, false, 1},
+      {"qkv dx", M, 3 * C, C, false, false, false, layers},
+      {"attn proj dx", M, C, C, false, false, false, layers},
+      {"fc dx", M, 4 * C, C, false, false, false, layers},
+      {"mlp proj dx", M, C, 4 * C, false, false, false, layers},
+      {"head dx", M, V, C, false, false, false, 1},
+      {"qkv dw", 3 * C, M, C, true, false, false, layers},
+      {"attn proj dw", C, M, C, true, false, false, layers},
+      {"fc dw", 4 * C, M, C, true, false, false, layers},
+      {"mlp proj dw", C, M, 4 * C, true, false, false, layers},
+      {"head dw", V, M, C, true, false, false, 1},
+  };
+  double aten_total = 0, best_total = 0;
+  std::printf("GEMMs of %s (M=%ld tokens, C=%ld, %ld layers), ms: aten / lt0 / best (which, of how many)\n", name,
+              static_cast<long>(M), static_cast<long>(C), static_cast<long>(layers));
+  for (const Product& p : products) {
+    auto a = p.a_t ? torch::randn({p.inner, p.rows}, opts).t() : torch::randn({p.rows, p.inner}, opts);
+    auto b = p.b_t ? torch::randn({p.cols, p.inner}, opts).t() : torch::randn({p.inner, p.cols}, opts);
+    auto bias = p.bias ? torch::randn({p.cols}, opts) : torch::Tensor();
+    const auto times = gpt2::kernels::time_gemm_candidates(a, b, bias);
+    size_t best = 0;
+    for (size_t i = 1; i < times.size(); ++i) {
+      if (times[i].ms < times[best].ms) best = i;
+    }
+    const double tflops = 2.0 * p.rows * p.inner * p.cols / (times[best].ms * 1e9);
+    std::printf("  %-14s %6.3f / %6.3f / %6.3f (%s of %zu) %4.0f TFLOP/s x%ld\n", p.what, times[0].ms,
+                times.size() > 1 ? times[1].ms : 0.0, times[best].ms, times[best].name.c_str(), times.size(), tflops,
+                static_cast<long>(p.per_step));
+    aten_total += times[0].ms * p.per_step;
+    best_total += times[best].ms * p.per_step;
+  }
+  std::printf("  per step: aten %.2f ms, tuned %.2f ms (%.2f ms less)\n", aten_total, best_total,
+              aten_total - best_total);
+}
+
 }  // namespace
 
 int main() try {
@@ -119,6 +196,9 @@ int main() try {
     std::printf("kernel_bench: needs a CUDA device\n");
     return 0;
   }
+  gemms("gpt2-124m B=32", 32 * 1024, 768, 12);
+  gemms("gpt2-1558m B=8", 8 * 1024, 1600, 48);
+  cross_entropy(32 * 1024);  // gpt2-124m, B=32
   layer_norm(32 * 1024, 768);  // gpt2-124m, B=32
   layer_norm(8 * 1024, 1600);  // gpt2-1558m, B=8
   adamw_update(1'557'611'200);  // gpt2-1558m's parameters

@@ -12,6 +12,7 @@
 
 #include "src/base/errors.h"
 #include "src/kernels/dtype.h"
+#include "src/kernels/gemm.h"
 #include "src/kernels/target_check.h"
 
 #ifdef GPT2_WITH_CUDA
@@ -161,7 +162,7 @@ class HeadCrossEntropy : public torch::autograd::Function<HeadCrossEntropy> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w,
                                const torch::Tensor& targets, int64_t vocab, int64_t ignore_index, int64_t positions,
                                bool want_grad) {
-    auto logits = at::mm(h, w.t());  // (N, Vp) in the compute dtype
+    auto logits = gemm(h, w.t());  // (N, Vp) in the compute dtype (gemm.h)
     auto f = loss_forward(logits, targets, vocab, ignore_index, positions, "kernels::head_cross_entropy");
     if (want_grad) {
       ctx->save_for_backward({h, w, targets, f.lse, f.count});
@@ -190,8 +191,8 @@ class HeadCrossEntropy : public torch::autograd::Function<HeadCrossEntropy> {
     loss_backward(g, saved[2], saved[3], saved[4], grads[0], ctx->saved_data["vocab"].toInt(),
                   ctx->saved_data["ignore_index"].toInt(), g, "kernels::head_cross_entropy");
     torch::Tensor dh, dw;
-    if (ctx->needs_input_grad(0)) dh = at::mm(g, w);
-    if (ctx->needs_input_grad(1)) dw = at::mm(g.t(), h);
+    if (ctx->needs_input_grad(0)) dh = gemm(g, w);
+    if (ctx->needs_input_grad(1)) dw = gemm(g.t(), h);
     ctx->saved_data.erase("logits");  // they hold the gradient now; their memory goes back with g
     ctx->saved_data["backward_done"] = true;
     return {dh, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};

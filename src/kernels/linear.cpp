@@ -1,13 +1,13 @@
-// Linear and the MLP (linear.h) as autograd functions: GEMMs through ATen (c_fc's with its bias
-// and GELU through a cuBLASLt epilogue, gemm_epilogue.h), bias gradients and the GELU backward
-// through this folder's kernels.
+// Linear and the MLP (linear.h) as autograd functions: GEMMs through gemm.h (ATen's, or the
+// algorithm timed fastest per shape; c_fc's with its bias and GELU in a cuBLASLt epilogue), bias
+// gradients and the GELU backward through this folder's kernels.
 #include "src/kernels/linear.h"
 
 #include <torch/torch.h>
 
 #include <stdexcept>
 
-#include "src/kernels/gemm_epilogue.h"
+#include "src/kernels/gemm.h"
 
 #ifdef GPT2_WITH_CUDA
 #include "src/base/cuda_check.h"
@@ -33,7 +33,7 @@ std::pair<torch::Tensor, torch::Tensor> weight_and_bias_grads(const torch::Tenso
                                                               bool need_w, bool need_b) {
   torch::Tensor dw, db;
   if (need_b) db = torch::empty({dy.size(1)}, dy.options());
-  if (need_w) dw = at::mm(dy.t(), x);
+  if (need_w) dw = gemm(dy.t(), x);
   if (need_b) {
     auto partial = partial_for(dy);
     CUDA_CHECK(launch_column_sum(dtype_of(dy, "kernels::linear"), dy.data_ptr(), dy.size(0), dy.size(1),
@@ -47,7 +47,9 @@ class Linear : public torch::autograd::Function<Linear> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
                                const torch::Tensor& bias) {
     ctx->save_for_backward({x, weight});
-    return at::linear(x, weight, bias);
+    auto sizes = x.sizes().vec();
+    sizes.back() = weight.size(0);
+    return gemm_bias(x.reshape({-1, x.size(-1)}), weight, bias).view(sizes);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -55,7 +57,7 @@ class Linear : public torch::autograd::Function<Linear> {
     const auto &x = saved[0], &weight = saved[1];
     const auto dy = grads[0].contiguous().view({-1, weight.size(0)});
     torch::Tensor dx;
-    if (ctx->needs_input_grad(0)) dx = at::mm(dy, weight).view(x.sizes());
+    if (ctx->needs_input_grad(0)) dx = gemm(dy, weight).view(x.sizes());
     auto [dw, db] = weight_and_bias_grads(dy, x.reshape({-1, x.size(-1)}), ctx->needs_input_grad(1),
                                           ctx->needs_input_grad(2));
     return {dx, dw, db};
@@ -72,7 +74,7 @@ class Mlp : public torch::autograd::Function<Mlp> {
     auto pre = torch::empty({x2.size(0), fc_w.size(0)}, x.options());  // the GELU input, kept for backward
     auto h = torch::empty_like(pre);                                   // the GELU output
     if (!gemm_bias_gelu(x2, fc_w, fc_b, h, pre)) {
-      pre = at::linear(x2, fc_w, fc_b);
+      pre = gemm_bias(x2, fc_w, fc_b);
       h = at::gelu(pre, "tanh");
     }
     if (keep_gelu_output) {
@@ -80,7 +82,7 @@ class Mlp : public torch::autograd::Function<Mlp> {
     } else {
       ctx->save_for_backward({x, fc_w, proj_w, pre});
     }
-    auto y = at::linear(h, proj_w, proj_b);  // (N, C)
+    auto y = gemm_bias(h, proj_w, proj_b);  // (N, C)
     auto sizes = x.sizes().vec();
     sizes.back() = proj_w.size(0);
     return y.view(sizes);
@@ -95,13 +97,13 @@ class Mlp : public torch::autograd::Function<Mlp> {
     // The GELU input gradient and c_fc's bias gradient in one pass.
     auto dpre = torch::empty_like(pre);
     auto dfc_b = torch::empty({fc_w.size(0)}, dy.options());
-    const auto dh = at::mm(dy, proj_w);
+    const auto dh = gemm(dy, proj_w);
     auto partial = partial_for(dh);
     CUDA_CHECK(launch_gelu_backward(dtype_of(dh, "kernels::mlp"), dh.data_ptr(), pre.data_ptr(), dh.size(0), dh.size(1),
                                     dpre.data_ptr(), partial.data_ptr<float>(), dfc_b.data_ptr(), stream_of(dh)));
     torch::Tensor dx, dfc_w;
-    if (ctx->needs_input_grad(0)) dx = at::mm(dpre, fc_w).view(x.sizes());
-    if (ctx->needs_input_grad(1)) dfc_w = at::mm(dpre.t(), x.reshape({-1, x.size(-1)}));
+    if (ctx->needs_input_grad(0)) dx = gemm(dpre, fc_w).view(x.sizes());
+    if (ctx->needs_input_grad(1)) dfc_w = gemm(dpre.t(), x.reshape({-1, x.size(-1)}));
     return {dx, dfc_w, ctx->needs_input_grad(2) ? dfc_b : torch::Tensor(), dproj_w, dproj_b, torch::Tensor()};
   }
 };

@@ -73,6 +73,9 @@ OptionList bind_options(Config& c) {
   o.add("train.fused_kernels", &c.train.fused_kernels,
         "fused head + cross-entropy (CPU and CUDA), LayerNorm and linear kernels (CUDA) (src/kernels); false = "
         "LibTorch's ops");
+  o.add("train.gemm_tuning", &c.train.gemm_tuning,
+        "CUDA bf16/fp16: time ATen's and cuBLASLt's algorithms for each GEMM shape in the first step and keep the "
+        "fastest (src/kernels/gemm.h); false = ATen's GEMMs");
   o.add("train.init_from", &c.train.init_from,
         "none | weights to fine-tune: a checkpoint, a model file (gpt2-ckpt consolidate/import-hf) or a Hugging Face dir");
   o.add("precision.dtype", &c.precision.dtype, "bf16 | fp16 | fp32");

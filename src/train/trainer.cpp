@@ -39,9 +39,11 @@
 #include "parallel/flat_layout.h"
 #include "parallel/grad_buckets.h"
 #include "src/base/errors.h"
+#include "src/base/files.h"
 #include "src/base/log.h"
 #include "src/io/checkpoint.h"
 #include "src/io/model_weights.h"
+#include "src/kernels/gemm.h"
 #include "src/model/generate.h"
 #include "src/train/fault_injection.h"
 #include "src/train/profiler.h"
@@ -99,6 +101,41 @@ std::string checkpoint_to_resume(const CheckpointConfig& cc) {
   }
   return found;
 }
+
+// Note [GEMM tuning table]
+// With train.gemm_tuning each rank times its GEMM shapes in its first step and keeps the fastest
+// algorithms (src/kernels/gemm.h). Another process could time other winners, and another algorithm
+// sums in another order, so a resumed run would differ in the last bits from the run it continues.
+// Each rank therefore keeps its table in checkpoint.dir/gemm_choices.rank<R> (rewritten, durably,
+// after any step that tuned new shapes) and loads it at start: a run resumed from that directory
+// multiplies as the first one did. The table is a cache: one from another GPU model or cuBLASLt is
+// ignored (shapes are timed afresh).
+class GemmTuningTable {
+ public:
+  GemmTuningTable(const Config& cfg, int rank, torch::Device device) {
+    kernels::set_gemm_tuning(cfg.train.gemm_tuning);
+    if (!cfg.train.gemm_tuning || !device.is_cuda() || cfg.checkpoint.dir.empty()) return;
+    path_ = files::join(cfg.checkpoint.dir, "gemm_choices.rank" + std::to_string(rank));
+    if (files::exists(path_)) {
+      const int64_t n = kernels::load_gemm_choices(files::read_file(path_), path_);
+      log::info(n > 0 ? log::format("GEMM algorithms of %lld shapes from %s", (long long)n, path_.c_str())
+                      : "GEMM tuning table " + path_ + " is from another GPU or cuBLASLt: timing afresh");
+    }
+    saved_ = kernels::gemm_choices_count();
+  }
+
+  // After a step: writes the table when the step tuned new shapes.
+  void save_new() {
+    if (path_.empty() || kernels::gemm_choices_count() == saved_) return;
+    files::create_directories(files::parent_path(path_));
+    files::write_file_durably(path_, kernels::gemm_choices_bytes());
+    saved_ = kernels::gemm_choices_count();
+  }
+
+ private:
+  std::string path_;
+  int64_t saved_ = 0;
+};
 
 // GPT-2 init from train.seed (the same on every rank: identical weights without a broadcast), or
 // train.init_from's weights when not resuming; recompute, loss and kernel choices from the config.
@@ -300,6 +337,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   const Precision precision = precision_for(cfg, world, accum, device);
   const std::string resume_from = checkpoint_to_resume(cfg.checkpoint);
   GPT2 model = build_model(cfg, device, precision.compute, /*resuming=*/!resume_from.empty());
+  GemmTuningTable gemm_table(cfg, rank, device);  // Note [GEMM tuning table]
   const int64_t num_params = model->num_parameters(/*count_padding=*/true);
   log_settings(cfg, env, device, accum, num_params);
   log_placement(env, device);
@@ -418,6 +456,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
       buckets.zero();
     }
     profiler.step_end(step);
+    gemm_table.save_new();
 
     // ---- log (the loss reduction on all ranks, printing on rank 0) -----------------------------
     const double step_loss =

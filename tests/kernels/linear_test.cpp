@@ -15,6 +15,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+#include "src/kernels/gemm.h"
 #include "src/kernels/linear.h"
 #include "tests/kernels/compare.h"
 
@@ -148,6 +149,19 @@ TEST(FusedMlp, AsAccurateAsLibTorch) {
     compare_mlp(dtype, {2, 300, 64}, 100);    // a hidden width off multiples of 8: the kernels instead
     compare_mlp(dtype, {7, 32}, 128);
   }
+}
+
+// The same with train.gemm_tuning's timed GEMM algorithms (gemm.h) in every product.
+TEST(FusedLinearAndMlp, AsAccurateAsLibTorchWithTunedGemms) {
+  REQUIRE_CUDA();
+  kernels::set_gemm_tuning(true);
+  for (auto dtype : {torch::kBFloat16, torch::kHalf}) {
+    for (bool frozen : {false, true}) compare_linear(dtype, {4, 256, 768}, 2304, frozen);
+    compare_linear(dtype, {2, 300, 64}, 37, false);
+    compare_mlp(dtype, {4, 256, 768}, 3072);
+    compare_mlp(dtype, {7, 32}, 128);
+  }
+  kernels::set_gemm_tuning(false);
 }
 
 TEST(FusedLinear, AppliesOnlyWithinTheContract) {

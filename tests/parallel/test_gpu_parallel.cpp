@@ -12,6 +12,8 @@
 
 #include "parallel/communicator.h"
 #include "parallel/rank_env.h"
+#include "src/base/files.h"
+#include "src/kernels/gemm.h"
 #include "src/train/trainer.h"
 #include "tests/parallel/collective_checks.h"
 #include "tests/parallel/training_fixtures.h"
@@ -30,8 +32,11 @@ using test::world_size;
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
 
 // The tiny model on the GPU, every rank on cuda:0 (pick_device: local rank % devices), MPI backend.
+// No checkpoint.dir unless a test sets one: the GEMM tuning tables (Note [GEMM tuning table]) of
+// concurrent test processes would otherwise share one.
 Config gpu_config(const std::string& train, const std::string& dtype) {
   auto cfg = tiny_config(train, 2 * 2 * 16 * world_size(), 0.01);
+  cfg.checkpoint.dir = "";
   cfg.train.device = "cuda";
   cfg.parallel.backend = "mpi";
   cfg.precision.dtype = dtype;
@@ -104,6 +109,41 @@ TEST(GpuOneRank, WithoutAccumulationKeepsBf16Gradients) {
   TrainResult fp32_buffer = train(offload, world);
   test::expect_same_training(kept, fp32_buffer, cfg.model.n_embd, test::kBf16Tolerances.variants.param,
                              test::kBf16Tolerances.variants.loss);
+}
+
+// train.gemm_tuning keeps each rank's GEMM choices in checkpoint.dir (Note [GEMM tuning table]):
+// a run resumed in a process that has timed nothing (its choices cleared) loads them, runs the same
+// algorithms without timing again, and continues the straight run bit for bit.
+TEST(GpuOneRank, ResumesBitForBitWithTheTunedGemmsOfTheRunItContinues) {
+  SKIP_WITHOUT_GPU();
+  if (world_size() != 1) GTEST_SKIP() << "runs under mpiexec -n 1";
+  SharedTokenFile file;
+  SharedDir dir;
+  const parallel::RankEnv world(MPI_COMM_WORLD);
+  quiet_logs(world);
+  auto cfg = gpu_config(file.path(), "bf16");
+  ASSERT_TRUE(cfg.train.gemm_tuning);
+  cfg.checkpoint.dir = dir.file("ckpt");
+  cfg.checkpoint.every = 10;
+  kernels::clear_gemm_choices();
+  TrainResult straight = train(cfg, world);
+  const std::string table = cfg.checkpoint.dir + "/gemm_choices.rank0";
+  ASSERT_TRUE(files::exists(table));
+  const std::string tuned = kernels::gemm_choices_bytes();
+  EXPECT_GT(kernels::gemm_choices_count(), 5);
+  EXPECT_EQ(files::read_file(table), tuned);
+
+  kernels::clear_gemm_choices();  // a new process
+  auto resumed = cfg;
+  resumed.checkpoint.every = 0;
+  resumed.checkpoint.resume = cfg.checkpoint.dir + "/step_0000010";
+  TrainResult again = train(resumed, world);
+  ASSERT_EQ(again.start_step, 10);
+  EXPECT_EQ(kernels::gemm_choices_bytes(), tuned) << "the resumed run timed shapes again";
+  for (size_t s = 10; s < 20; ++s) EXPECT_EQ(again.losses[s], straight.losses[s]) << "step " << s;
+  auto a = again.model->named_parameters(), b = straight.model->named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].value(), b[i].value())) << a[i].key();
+  kernels::set_gemm_tuning(false);
 }
 
 // fp32 on the GPU: ZeRO 1/2, offload and recomputation within 1e-6 of ZeRO 0 (the same sums;
