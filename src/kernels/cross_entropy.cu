@@ -27,21 +27,24 @@ __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
   return {m, a.s * __expf(a.m - m) + b.s * __expf(b.m - m)};
 }
 
-// (max, sum of exp) of a pack's class columns (j < vocab; padding columns count for nothing).
+// Adds a pack's class columns (j < vocab; padding columns count for nothing) to a thread's running
+// (max, sum): one exp per element, and a rescale of the sum only when the pack raises the max.
 template <typename T, int VEC>
-__device__ __forceinline__ MaxSum pack_max_sum(const Pack<T, VEC>& pk, int64_t p, int64_t vocab) {
-  float m = -INFINITY;
+__device__ __forceinline__ void add_pack(const Pack<T, VEC>& pk, int64_t p, int64_t vocab, MaxSum& acc) {
+  float v[VEC];
+  const bool whole = (p + 1) * VEC <= vocab;
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) {
-    if (p * VEC + i < vocab) m = fmaxf(m, to_float(pk.v[i]));
-  }
-  if (m == -INFINITY) return {m, 0.0f};
-  float s = 0.0f;
+  for (int i = 0; i < VEC; ++i) v[i] = whole || p * VEC + i < vocab ? to_float(pk.v[i]) : -INFINITY;
+  float pm = v[0];
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) {
-    if (p * VEC + i < vocab) s += __expf(to_float(pk.v[i]) - m);
+  for (int i = 1; i < VEC; ++i) pm = fmaxf(pm, v[i]);
+  if (pm == -INFINITY) return;  // all padding (or all -inf): nothing to add
+  if (pm > acc.m) {
+    acc.s *= __expf(acc.m - pm);  // 0 while acc.m is -inf
+    acc.m = pm;
   }
-  return {m, s};
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) acc.s += __expf(v[i] - acc.m);
 }
 
 // A pack of the gradient (exp(x - l) - one_hot(t)) * k over the classes, 0 on padding columns.
@@ -81,8 +84,21 @@ __global__ void __launch_bounds__(kThreads)
   const T* x = logits + row * row_stride;
   const int64_t packs = row_stride / VEC;
   MaxSum acc{-INFINITY, 0.0f};
-  for (int64_t p = threadIdx.x; p < packs; p += kThreads) {
-    acc = merge(acc, pack_max_sum<T, VEC>(reinterpret_cast<const P*>(x)[p], p, vocab));
+  // kUnroll loads in flight per thread before any of them is used: the loop is otherwise bound by
+  // one load's latency at a time.
+  constexpr int kUnroll = 4;
+  for (int64_t p0 = threadIdx.x; p0 < packs; p0 += kThreads * kUnroll) {
+    P pk[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t p = p0 + u * kThreads;
+      if (p < packs) pk[u] = reinterpret_cast<const P*>(x)[p];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t p = p0 + u * kThreads;
+      if (p < packs) add_pack<T, VEC>(pk[u], p, vocab, acc);
+    }
   }
 
   // Block reduction: warps by shuffles, then the first warp over the warps' results.
