@@ -29,6 +29,8 @@ int main(int argc, char** argv) {
   const double stall = std::atof(argv[1]), timeout = std::atof(argv[2]);
   const int count = std::atoi(argv[3]);
   gpt2::log::init(0, 1);
+  // The CUDA context first, so that the communicator's set-up, which shares the timeout, is only NCCL's.
+  CUDA_CHECK(cudaFree(nullptr));
   auto comm = gpt2::parallel::make_communicator(MPI_COMM_WORLD, torch::Device(torch::kCUDA, 0), "nccl", timeout);
   int khz = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
