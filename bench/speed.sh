@@ -25,7 +25,7 @@ fi
 
 # ours NAME SIZE B STEPS ARGS...: a run of gpt2-train, summarised into the table.
 ours() {
-  local name=$1 size=$2 B=$3 steps=$4; shift 4
+  local name=$1 size=$2 B=$3 steps=$4 t0=$SECONDS; shift 4
   build-gpu/bin/gpt2-train --config "configs/gpt2-$size.ini" --data.train="$out/tok/train.h5" --data.val=none \
     --train.micro_batch="$B" --train.batch_tokens=$((B * 1024)) --train.max_steps="$steps" --train.warmup_steps=5 \
     --train.sample_tokens=0 --log.every=5 --log.metrics="$out/$name.jsonl" --checkpoint.resume=none "$@" \
@@ -37,13 +37,13 @@ last = [r for r in rows if r["step"] >= 10] or rows[1:]
 tok = sum(r["tokens_per_sec"] for r in last) / len(last); ms = sum(r["ms_per_step"] for r in last) / len(last)
 print(f"| {'ours ' + sys.argv[1]:<44} | {tok:10,.0f} | {ms:9.1f} | {rows[-1]['peak_mem_gib']:8.2f} | {100*rows[-1]['mfu']:5.1f}% |")
 PY
-  tail -1 "$table"
+  echo "$(tail -1 "$table") ($((SECONDS - t0)) s; ${SECONDS} s into the call)"
 }
 peer() {
-  local name=$1; shift
+  local name=$1 t0=$SECONDS; shift
   local line
   line=$(python3 .device-deps/torch_peer.py "$@" 2>&1 | grep RESULT)
-  echo "$line"
+  echo "$line ($((SECONDS - t0)) s; ${SECONDS} s into the call)"
   python3 - "$name" "$line" >>"$table" <<'PY'
 import re, sys
 name, line = sys.argv[1], sys.argv[2]
