@@ -270,14 +270,17 @@ bool capturing() {
 }
 
 // The algorithm to run g with, tuned on first use when tuning is on (Note [GEMM tuning]);
-// nullopt when there is none (only without an ATen path: the GELU epilogue).
-std::optional<Choice> choose(const LtGemm& g, const Descriptors& desc, const std::function<void()>& aten) {
+// nullopt when there is none (only without an ATen path: the GELU epilogue). Builds cuBLASLt's
+// descriptors only for a shape met the first time: a cached choice needs none.
+std::optional<Choice> choose(const LtGemm& g, const std::function<void()>& aten) {
   const Key key = key_of(g);
   auto& cache = choice_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
   if (tuning_on && !capturing()) {
     auto it = cache.tuned.find(key);
     if (it != cache.tuned.end()) return it->second;
+    Descriptors desc;
+    build(g, &desc);
     const auto algos = heuristic_algos(g, desc, kCandidates);
     const auto times = time_candidates(g, desc, algos, aten);
     size_t best = 0;
@@ -299,6 +302,8 @@ std::optional<Choice> choose(const LtGemm& g, const Descriptors& desc, const std
   if (aten) return Choice{};
   auto it = cache.first.find(key);
   if (it == cache.first.end()) {
+    Descriptors desc;
+    build(g, &desc);
     const auto algos = heuristic_algos(g, desc, 1);
     std::optional<Choice> first;
     if (!algos.empty()) first = Choice{false, algos.front()};
@@ -315,23 +320,34 @@ bool tunable(const torch::Tensor& a, std::initializer_list<const torch::Tensor*>
   return true;
 }
 
-// d = a b [+ bias] by the chosen algorithm; false when a or b is not a plain or transposed matrix.
-bool tuned_product(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& bias, torch::Tensor& d) {
+// d = a b [+ bias] as cuBLASLt sees it; nullopt when a or b is not a plain or transposed matrix.
+std::optional<LtGemm> describe_product(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& bias,
+                                       torch::Tensor& d) {
   auto g = describe(a, b, d);
-  if (!g) return false;
-  if (bias.defined()) {
+  if (g && bias.defined()) {
     g->epilogue = CUBLASLT_EPILOGUE_BIAS;
     g->bias = bias.data_ptr();
   }
+  return g;
+}
+
+// The same product by ATen's GEMM.
+void aten_product(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& bias, torch::Tensor& d) {
+  bias.defined() ? at::addmm_out(d, bias, a, b) : at::mm_out(d, a, b);
+}
+
+// d = a b [+ bias] by the chosen algorithm; false when a or b is not a plain or transposed matrix.
+bool tuned_product(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& bias, torch::Tensor& d) {
+  const auto g = describe_product(a, b, bias, d);
+  if (!g) return false;
+  const auto choice = choose(*g, [&] { aten_product(a, b, bias, d); });
+  if (choice->aten) {
+    aten_product(a, b, bias, d);
+    return true;
+  }
   Descriptors desc;
   build(*g, &desc);
-  const auto aten = [&] { bias.defined() ? at::addmm_out(d, bias, a, b) : at::mm_out(d, a, b); };
-  const auto choice = choose(*g, desc, aten);
-  if (choice->aten) {
-    aten();
-  } else {
-    check_run(run_algo(*g, desc, choice->algo));
-  }
+  check_run(run_algo(*g, desc, choice->algo));
   return true;
 }
 
@@ -375,10 +391,10 @@ bool gemm_bias_gelu(const torch::Tensor& x, const torch::Tensor& w, const torch:
   g->epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
   g->bias = b.data_ptr();
   g->aux = pre.data_ptr();
+  const auto choice = choose(*g, nullptr);
+  if (!choice) return false;
   Descriptors desc;
   build(*g, &desc);
-  const auto choice = choose(*g, desc, nullptr);
-  if (!choice) return false;
   const cublasStatus_t rc = run_algo(*g, desc, choice->algo);
   if (rc == CUBLAS_STATUS_NOT_SUPPORTED) return false;
   check_run(rc);
@@ -393,16 +409,11 @@ std::vector<GemmCandidateTime> time_gemm_candidates(const torch::Tensor& a, cons
                                                     const torch::Tensor& bias) {
 #ifdef GPT2_WITH_CUDA
   auto d = torch::empty({a.size(0), b.size(1)}, a.options());
-  auto g = describe(a, b, d);
+  const auto g = describe_product(a, b, bias, d);
   if (!g) throw std::invalid_argument("time_gemm_candidates: a and b must be plain or transposed CUDA matrices");
-  if (bias.defined()) {
-    g->epilogue = CUBLASLT_EPILOGUE_BIAS;
-    g->bias = bias.data_ptr();
-  }
   Descriptors desc;
   build(*g, &desc);
-  return time_candidates(*g, desc, heuristic_algos(*g, desc, kCandidates),
-                         [&] { bias.defined() ? at::addmm_out(d, bias, a, b) : at::mm_out(d, a, b); });
+  return time_candidates(*g, desc, heuristic_algos(*g, desc, kCandidates), [&] { aten_product(a, b, bias, d); });
 #else
   (void)a, (void)b, (void)bias;
   throw std::logic_error("time_gemm_candidates: this build has no CUDA");
