@@ -1,9 +1,11 @@
-// Kernel timings on the GPU: GPT-2's training GEMMs under train.gemm_tuning (gemm.h), the loss kernels, the residual LayerNorm's forward and backward (launch.h) for
-// gpt2-124m's and gpt2-1558m's activations in bf16, and the AdamW update of gpt2-1558m's 1.56B
-// parameters with fp32 moments (ATen's fused AdamW + the bf16 copy, what ShardedAdamW runs) and
-// with 8-bit moments (moments_8bit.h), with the bandwidth the bytes each call must move make (an
-// H200 streams about 4.8 TB/s). Correctness lives in tests/kernels and tests/optim.
-//   build-gpu/bin/kernel_bench
+// Kernel timings on the GPU: GPT-2's training GEMMs under train.gemm_tuning (gemm.h), the GELU
+// backward with its bias gradient, the loss kernels, the residual LayerNorm's forward and backward
+// (launch.h) for gpt2-124m's and gpt2-1558m's activations in bf16, and the AdamW update of
+// gpt2-1558m's 1.56B parameters: ATen's fused AdamW + the bf16 copy, ours with 8-bit moments
+// (moments_8bit.h) and ours with fp32 moments and bf16 gradients (what ShardedAdamW runs on one
+// GPU), with the bandwidth the bytes each call must move make (an H200 streams about 4.8 TB/s).
+// Correctness lives in tests/kernels and tests/optim.
+//   build-gpu/bin/kernel_bench [passes]
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -12,6 +14,7 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <string>
 
 #include "src/base/cuda_check.h"
 #include "optim/moments_8bit.h"
@@ -60,6 +63,23 @@ void layer_norm(int64_t rows, int64_t cols) {
   });
   std::printf("LN backward %6ld x %4ld: %7.1f us  %6.0f GB/s (dout, ds, s in; dx out)\n", static_cast<long>(rows),
               static_cast<long>(cols), bwd * 1e3, 4 * mb / bwd);
+}
+
+// The MLP's GELU backward with its bias gradient over (rows, cols) bf16: reads the output gradient
+// and the GELU input, writes the input gradient (the fp32 column partials are small).
+void gelu_backward(int64_t rows, int64_t cols) {
+  using namespace gpt2::kernels;
+  const auto opts = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
+  auto dout = torch::randn({rows, cols}, opts), pre = torch::randn({rows, cols}, opts) * 2;
+  auto dpre = torch::empty_like(dout), dbias = torch::empty({cols}, opts);
+  auto partial = torch::empty({column_sum_chunks(rows) * cols}, torch::dtype(torch::kFloat).device(torch::kCUDA));
+  const auto stream = c10::cuda::getCurrentCUDAStream().stream();
+  const double ms = time_ms([&] {
+    CUDA_CHECK(launch_gelu_backward(Dtype::kBF16, dout.data_ptr(), pre.data_ptr(), rows, cols, dpre.data_ptr(),
+                                    partial.data_ptr<float>(), dbias.data_ptr(), stream));
+  }, 20);
+  std::printf("GELU backward + bias %6ld x %4ld: %7.1f us  %6.0f GB/s (dout, pre in; dpre out)\n", static_cast<long>(rows),
+              static_cast<long>(cols), ms * 1e3, 3.0 * rows * cols * 2 / 1e9 / ms * 1e3);
 }
 
 // The loss kernels over (rows, 50304) bf16 logits (gpt2's padded vocabulary): forward reads them
@@ -136,6 +156,24 @@ void adamw_update(int64_t n) {
   const double ms = time_ms([&] { CUDA_CHECK(launch_adamw_8bit(a, c10::cuda::getCurrentCUDAStream().stream())); }, 10);
   gb = n * (4.0 + 4 + 2 + 4 + 2 + 2) / 1e9;  // master, grad, codes in; master, codes, bf16 out
   std::printf("AdamW 8-bit moments %ld values: %7.2f ms  %6.0f GB/s\n", static_cast<long>(n), ms, gb / ms * 1e3);
+  // What ShardedAdamW runs on one GPU: the same kernel over dense fp32 moments, bf16 gradients.
+  m_codes = v_codes = torch::Tensor();
+  auto m = torch::zeros({n}, f32), v = torch::zeros({n}, f32), grad16 = grad.to(torch::kBFloat16);
+  const auto dense = dense_fp32_blocks({ParamSpan{0, n, true}});
+  auto dense_device = torch::from_blob(const_cast<MomentBlock*>(dense.data()),
+                                       {static_cast<int64_t>(dense.size() * sizeof(MomentBlock))}, torch::kUInt8).to(u8);
+  a.tables = nullptr;
+  a.blocks = reinterpret_cast<const MomentBlock*>(dense_device.data_ptr<uint8_t>());
+  a.num_blocks = static_cast<int64_t>(dense.size());
+  a.moments = MomentBuffers{};
+  a.moments.exp_avg = m.data_ptr<float>();
+  a.moments.exp_avg_sq = v.data_ptr<float>();
+  a.grad = grad16.data_ptr();
+  a.grad_type = HostGradType::kBFloat16;
+  const double dense_ms = time_ms([&] { CUDA_CHECK(launch_adamw_8bit(a, c10::cuda::getCurrentCUDAStream().stream())); }, 10);
+  gb = n * 28.0 / 1e9;  // master, m, v in and out (24), bf16 grad in, bf16 parameters out
+  std::printf("AdamW fp32 moments, bf16 grads (ours) %ld values: %7.2f ms  %6.0f GB/s\n", static_cast<long>(n), dense_ms,
+              gb / dense_ms * 1e3);
 }
 
 // Each training GEMM of a GPT-2 step (tokens M, width C, padded vocabulary V) timed as
@@ -191,13 +229,18 @@ void gemms(const char* name, int64_t M, int64_t C, int64_t layers, int64_t V = 5
 
 }  // namespace
 
-int main() try {
+// kernel_bench [passes]: "passes" leaves out the GEMMs and times the memory-bound passes alone.
+int main(int argc, char** argv) try {
   if (!torch::cuda::is_available()) {
     std::printf("kernel_bench: needs a CUDA device\n");
     return 0;
   }
-  gemms("gpt2-124m B=32", 32 * 1024, 768, 12);
-  gemms("gpt2-1558m B=8", 8 * 1024, 1600, 48);
+  if (!(argc > 1 && std::string(argv[1]) == "passes")) {
+    gemms("gpt2-124m B=32", 32 * 1024, 768, 12);
+    gemms("gpt2-1558m B=8", 8 * 1024, 1600, 48);
+  }
+  gelu_backward(32 * 1024, 4 * 768);  // gpt2-124m, B=32
+  gelu_backward(8 * 1024, 4 * 1600);  // gpt2-1558m, B=8
   cross_entropy(32 * 1024);  // gpt2-124m, B=32
   layer_norm(32 * 1024, 768);  // gpt2-124m, B=32
   layer_norm(8 * 1024, 1600);  // gpt2-1558m, B=8

@@ -1,7 +1,8 @@
-// LayerNorm with an optional residual add in front (launch.h). One warp per row, a lane handling
-// PPL packs of it: forward keeps them in registers, so it reads x (and y) once and writes s and
-// out once; backward reads dout, s (and ds) once from memory and writes dx once. The weight/bias
-// gradients are summed per block (fp32) and a second kernel sums the blocks.
+// LayerNorm with an optional residual add in front (launch.h). Forward: one warp per row, a lane
+// handling PPL packs of it in registers, so it reads x (and y) once and writes s and out once.
+// Backward: a row over G warps, a lane one pack (backward_grouped); it reads dout, s (and ds) once
+// from memory and writes dx once. The weight/bias gradients are summed per block (fp32) and a
+// second kernel sums the blocks.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -75,33 +76,43 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// A lane owns the same columns in every row, so it keeps their dgamma/dbeta sums in registers;
-// the second pass over a row re-reads dout and s, which the warp has just loaded (L1 hits).
-template <typename T, int VEC, int PPL>
+// A row belongs to a group of G warps (G > 1 for wide rows, so that a lane holds at most a few
+// packs and enough warps fit on an SM to keep memory busy); the group's partial row sums meet in
+// shared memory. A lane owns the same columns in every row, so it keeps their dgamma/dbeta sums in
+// registers; the second pass over a row re-reads dout and s, which the warp has just loaded (L1 hits).
+template <typename T, int VEC, int PPL, int G>
 __global__ void __launch_bounds__(kWarps * 32)
     layer_norm_backward_kernel(const T* __restrict__ dout, const T* __restrict__ ds, const T* __restrict__ s,
                                const float* __restrict__ mean, const float* __restrict__ rstd,
                                const T* __restrict__ gamma, int64_t rows, int cols, T* __restrict__ dx,
                                float* __restrict__ partial) {
+  static_assert(kWarps % G == 0, "a block holds whole groups");
+  constexpr int kGroups = kWarps / G;  // rows a block works on at once
   using P = Pack<T, VEC>;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, group = warp / G, member = warp % G;
   const int packs = cols / VEC;
+  // The pack a lane handles i-th: consecutive lanes on consecutive packs, the group's warps side by side.
+  const auto pack = [&](int i) { return 32 * (i * G + member) + lane; };
+  __shared__ float2 group_sums[2][kWarps];  // by iteration parity, so one barrier a row suffices
   float dg[PPL][VEC], db[PPL][VEC];
 #pragma unroll
   for (int i = 0; i < PPL; ++i) {
 #pragma unroll
     for (int k = 0; k < VEC; ++k) dg[i][k] = db[i][k] = 0.0f;
   }
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
-       row += static_cast<int64_t>(gridDim.x) * kWarps) {
+  int parity = 0;
+  // The loop bound is the block's, not the warp's, so every warp meets every barrier.
+  for (int64_t tile = blockIdx.x; tile * kGroups < rows; tile += gridDim.x, parity ^= 1) {
+    const int64_t row = tile * kGroups + group;
+    const bool live = row < rows;
     const int64_t base = row * cols;
-    const float m = mean[row], r = rstd[row];
+    const float m = live ? mean[row] : 0.0f, r = live ? rstd[row] : 0.0f;
     float sum_g = 0.0f, sum_gx = 0.0f;  // sums of g = dout * gamma and of g * xhat
     P res[PPL];                         // ds, loaded with the rest so the row waits on memory once
 #pragma unroll
     for (int i = 0; i < PPL; ++i) {
-      const int p = lane + 32 * i;
-      if (p < packs) {
+      const int p = pack(i);
+      if (live && p < packs) {
         if (ds != nullptr) res[i] = reinterpret_cast<const P*>(ds + base)[p];
         const P dp = reinterpret_cast<const P*>(dout + base)[p], sp = reinterpret_cast<const P*>(s + base)[p];
         const P gp = reinterpret_cast<const P*>(gamma)[p];
@@ -115,11 +126,24 @@ __global__ void __launch_bounds__(kWarps * 32)
         }
       }
     }
-    const float mean_g = warp_sum(sum_g) / cols, mean_gx = warp_sum(sum_gx) / cols;
+    sum_g = warp_sum(sum_g);
+    sum_gx = warp_sum(sum_gx);
+    if constexpr (G > 1) {
+      if (lane == 0) group_sums[parity][warp] = make_float2(sum_g, sum_gx);
+      __syncthreads();
+      sum_g = sum_gx = 0.0f;
+#pragma unroll
+      for (int j = 0; j < G; ++j) {  // the same order in every warp of the group
+        const float2 t = group_sums[parity][group * G + j];
+        sum_g += t.x;
+        sum_gx += t.y;
+      }
+    }
+    const float mean_g = sum_g / cols, mean_gx = sum_gx / cols;
 #pragma unroll
     for (int i = 0; i < PPL; ++i) {
-      const int p = lane + 32 * i;
-      if (p < packs) {
+      const int p = pack(i);
+      if (live && p < packs) {
         const P dp = reinterpret_cast<const P*>(dout + base)[p], sp = reinterpret_cast<const P*>(s + base)[p];
         const P gp = reinterpret_cast<const P*>(gamma)[p];
         P o;
@@ -142,7 +166,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (warp == w) {
 #pragma unroll
       for (int i = 0; i < PPL; ++i) {
-        const int p = lane + 32 * i;
+        const int p = pack(i);
         if (p < packs) {
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
@@ -168,7 +192,7 @@ cudaError_t forward_rows(const LayerNormArgs& a, float eps, const void* y, void*
   return cudaGetLastError();
 }
 
-template <typename T, int VEC, int PPL>
+template <typename T, int VEC, int PPL, int G>
 cudaError_t backward_rows(const LayerNormArgs& a, const void* dout, const void* ds, const float* mean,
                           const float* rstd, void* dx, float* partial, void* dgamma, void* dbeta, cudaStream_t stream) {
   // As many blocks as fit on the GPU at once (at most the bound the caller sized `partial` for).
@@ -177,12 +201,12 @@ cudaError_t backward_rows(const LayerNormArgs& a, const void* dout, const void* 
   cudaError_t rc = cudaGetDevice(&device);
   if (rc == cudaSuccess) rc = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (rc == cudaSuccess) {
-    rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, layer_norm_backward_kernel<T, VEC, PPL>, kWarps * 32, smem);
+    rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, layer_norm_backward_kernel<T, VEC, PPL, G>, kWarps * 32, smem);
   }
   if (rc != cudaSuccess) return rc;
   const int64_t bound = layer_norm_backward_blocks(a.rows), fit = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
   const int64_t blocks = bound < fit ? bound : fit;
-  layer_norm_backward_kernel<T, VEC, PPL><<<static_cast<unsigned>(blocks), kWarps * 32, smem, stream>>>(
+  layer_norm_backward_kernel<T, VEC, PPL, G><<<static_cast<unsigned>(blocks), kWarps * 32, smem, stream>>>(
       static_cast<const T*>(dout), static_cast<const T*>(ds), static_cast<const T*>(a.s), mean, rstd,
       static_cast<const T*>(a.gamma), a.rows, static_cast<int>(a.cols), static_cast<T*>(dx), partial);
   launch_finish_column_sums<T>(partial, blocks, a.cols, dgamma, dbeta, stream);
@@ -230,17 +254,30 @@ cudaError_t forward_typed(const LayerNormArgs& a, float eps, const void* y, void
 #undef GPT2_CALL
 }
 
+// Backward's warps per row: the fewest that leave a lane one pack. The lane's register-held
+// dgamma/dbeta sums grow with its packs: gpt2-1558m's 1600 columns at one warp a row took 219
+// registers (one block per SM, 1.2 TB/s); one pack a lane takes 48. Measured on an H200 (bf16,
+// kernel_bench): 8192 x 1600 87.9 -> 50.9 us, 32768 x 768 81.8 -> 77.2 us; two packs a lane gave
+// 52.4 and 80.8.
+template <typename T, int VEC>
+cudaError_t backward_grouped(const LayerNormArgs& a, const void* dout, const void* ds, const float* mean,
+                             const float* rstd, void* dx, float* partial, void* dgamma, void* dbeta, cudaStream_t stream) {
+  const int64_t packs = a.cols / VEC;
+#define GPT2_CALL(G) backward_rows<T, VEC, 1, G>(a, dout, ds, mean, rstd, dx, partial, dgamma, dbeta, stream)
+  if (packs <= 32) return GPT2_CALL(1);
+  if (packs <= 64) return GPT2_CALL(2);
+  if (packs <= 128) return GPT2_CALL(4);
+  if (packs <= 32 * kWarps) return GPT2_CALL(8);
+  return cudaErrorInvalidValue;
+#undef GPT2_CALL
+}
+
 template <typename T>
 cudaError_t backward_typed(const LayerNormArgs& a, const void* dout, const void* ds, const float* mean,
                            const float* rstd, void* dx, float* partial, void* dgamma, void* dbeta, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
-  if (vec_for<T>(a, {a.s, dout, ds, dx}) == kVec) {
-#define GPT2_CALL(V, N) backward_rows<T, V, N>(a, dout, ds, mean, rstd, dx, partial, dgamma, dbeta, stream)
-    GPT2_LN_DISPATCH(kVec, (packs_per_lane<T, kVec>(a.cols)), GPT2_CALL)
-  }
-  if (packs_per_lane<T, 1>(a.cols) > kMaxPacksPerLane) return cudaErrorInvalidValue;
-  return GPT2_CALL(1, kMaxPacksPerLane);
-#undef GPT2_CALL
+  if (vec_for<T>(a, {a.s, dout, ds, dx}) == kVec) return backward_grouped<T, kVec>(a, dout, ds, mean, rstd, dx, partial, dgamma, dbeta, stream);
+  return backward_grouped<T, 1>(a, dout, ds, mean, rstd, dx, partial, dgamma, dbeta, stream);
 }
 
 }  // namespace
