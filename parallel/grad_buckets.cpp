@@ -38,18 +38,11 @@ GradBuckets::GradBuckets(const std::vector<torch::Tensor>& params, const FlatLay
     GPT2_ASSERT(p.dtype() == options.dtype() && p.device() == options.device(),
                 "bucketed parameters must share one dtype and device");
   }
-  const bool convert = grad_dtype != at::ScalarType::Undefined && grad_dtype != options.dtype().toScalarType();
-  flat_ = torch::zeros({layout.padded}, convert ? options.dtype(grad_dtype) : options);
-  if (convert) {
-    params_ = params;
-    fresh_.assign(params.size(), 1);
-  } else {
-    // The accumulator adds into an existing .grad in place, so gradients land in the flat buffer.
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto p = params[i];
-      p.mutable_grad() = flat_.narrow(0, layout.offset[i], layout.numel[i]).view(p.sizes());
-    }
-  }
+  convert_ = grad_dtype != at::ScalarType::Undefined && grad_dtype != options.dtype().toScalarType();
+  flat_ = torch::zeros({layout.padded}, convert_ ? options.dtype(grad_dtype) : options);
+  params_ = params;
+  fresh_.resize(params.size());
+  zero();  // also drops a stale .grad, which would be added to, then taken
   const int64_t element = static_cast<int64_t>(flat_.element_size());
   for (int i : layout.order) {
     if (buckets_.empty() || (buckets_.back().end - buckets_.back().begin) * element >= bucket_bytes) {
@@ -66,7 +59,7 @@ GradBuckets::GradBuckets(const std::vector<torch::Tensor>& params, const FlatLay
     auto acc = torch::autograd::impl::grad_accumulator(params[i]);
     hook_keys_.push_back(
         acc->add_post_hook(std::make_unique<AccumulatedHook>([this, i] {
-          if (!params_.empty()) add_converted(static_cast<int>(i));
+          take_gradient(static_cast<int>(i));
           mark_ready(static_cast<int>(i));
         })));
     accumulators_.push_back(std::move(acc));
@@ -88,25 +81,59 @@ void GradBuckets::prepare_backward(bool reduce) {
 }
 
 void GradBuckets::zero() {
-  flat_.zero_();
+  // Nothing is filled: each parameter's first gradient since now is copied over its slot, and
+  // finish() zeroes the slots of those that got none (Note [Gradient hand-over]).
   std::fill(fresh_.begin(), fresh_.end(), 1);
+  for (auto& p : params_) p.mutable_grad().reset();
+  // The padding is no parameter's, but a clip by a non-finite norm scales it to NaN with the rest.
+  if (layout_.padded > layout_.total) flat_.narrow(0, layout_.total, layout_.padded - layout_.total).zero_();
 }
 
-void GradBuckets::add_converted(int param) {
+// Note [Gradient hand-over]
+// A parameter whose .grad is undefined gets backward's gradient tensor as is (the accumulator
+// steals it, no kernel); a defined .grad is added to in place. So after zero() the hook copies the
+// first gradient into the parameter's slot of the flat buffer: one pass that reads and writes a
+// gradient, where zeroing the buffer and adding into it took three (gpt2-1558m: 3 GiB each). In
+// the parameters' dtype the slot then becomes .grad, so later micro-steps add into it in place; in
+// another dtype the hook adds each later gradient in, converting it, and drops .grad.
+void GradBuckets::take_gradient(int param) {
   auto& p = params_[param];
   const at::Tensor grad = p.grad();
   if (!grad.defined()) return;
-  at::NoGradGuard no_grad;
-  auto dst = flat_.narrow(0, layout_.offset[param], layout_.numel[param]).view(p.sizes());
-  // The first gradient since zero() is a converting copy (one vectorised pass); an fp32 += bf16
-  // add runs as a slower mixed-dtype kernel.
-  if (fresh_[param]) {
-    dst.copy_(grad);
-    fresh_[param] = 0;
-  } else {
-    dst.add_(grad);
+  auto dst = slot(param);
+  if (!fresh_[param]) {
+    if (convert_) {
+      at::NoGradGuard no_grad;
+      dst.add_(grad);
+      p.mutable_grad().reset();
+    }
+    return;  // same dtype: the accumulator added into the slot itself
   }
-  p.mutable_grad().reset();  // the next backward hands its gradient over without an add
+  fresh_[param] = 0;
+  {
+    at::NoGradGuard no_grad;
+    dst.copy_(grad);  // converting where the dtypes differ
+  }
+  if (convert_) {
+    p.mutable_grad().reset();
+  } else {
+    p.mutable_grad() = dst;
+  }
+}
+
+at::Tensor GradBuckets::slot(int param) const {
+  return flat_.narrow(0, layout_.offset[param], layout_.numel[param]).view(params_[param].sizes());
+}
+
+void GradBuckets::zero_missing() {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < fresh_.size(); ++i) {
+    if (!fresh_[i]) continue;
+    auto dst = slot(static_cast<int>(i));
+    dst.zero_();
+    if (!convert_) params_[i].mutable_grad() = dst;
+    fresh_[i] = 0;
+  }
 }
 
 void GradBuckets::mark_ready(int param) {
@@ -135,8 +162,10 @@ void GradBuckets::launch(int b) {
 
 void GradBuckets::finish() {
   GPT2_ASSERT(reduce_, "finish() after a backward that was not prepared with reduce = true");
-  // Parameters that got no gradient never fired their hook: reduce their buckets now, still in
-  // index order, so every rank issues the same sequence.
+  // Parameters that got no gradient never fired their hook: their slots still hold the last
+  // step's values, so zero them, then reduce their buckets now, still in index order, so every
+  // rank issues the same sequence.
+  zero_missing();
   while (next_to_launch_ < num_buckets()) launch(next_to_launch_++);
   for (auto& b : buckets_) {
     for (auto& w : b.work) w->wait();

@@ -36,12 +36,13 @@ struct Stack {
   }
 };
 
-// Each rank's gradients computed alone, summed over ranks: the expected reduction.
-std::vector<torch::Tensor> expected_sum(int layers, int width, int world, int skip_layer = -1) {
+// Each rank's gradients computed alone, summed over ranks: the expected reduction. Rank
+// `skip_rank` leaves out layer `skip_layer` (its gradient there is zero).
+std::vector<torch::Tensor> expected_sum(int layers, int width, int world, int skip_rank = -1, int skip_layer = -1) {
   std::vector<torch::Tensor> sum;
   for (int r = 0; r < world; ++r) {
     Stack s(layers, width);
-    s.loss(s.input(r), skip_layer).backward();
+    s.loss(s.input(r), r == skip_rank ? skip_layer : -1).backward();
     for (int i = 0; i < layers; ++i) {
       auto g = s.weights[i].grad().defined() ? s.weights[i].grad() : torch::zeros_like(s.weights[i]);
       if (r == 0) sum.push_back(g.clone()); else sum[i] += g;
@@ -162,16 +163,35 @@ TEST(GradBuckets, ParameterWithoutGradientOnOneRankDoesNotHang) {
   s.loss(s.input(comm->rank()), skip).backward();
   buckets.finish();
   // Expected: each rank's own gradients (rank 1's layer-2 gradient is zero) summed.
-  std::vector<torch::Tensor> want;
-  for (int r = 0; r < comm->world_size(); ++r) {
-    Stack ref(4, 8);
-    ref.loss(ref.input(r), r == 1 ? 2 : -1).backward();
-    for (int i = 0; i < 4; ++i) {
-      auto g = ref.weights[i].grad().defined() ? ref.weights[i].grad() : torch::zeros_like(ref.weights[i]);
-      if (r == 0) want.push_back(g.clone()); else want[i] += g;
-    }
-  }
+  const auto want = expected_sum(4, 8, comm->world_size(), /*skip_rank=*/1, /*skip_layer=*/2);
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(torch::allclose(s.weights[i].grad(), want[i], 1e-12, 1e-12)) << i;
+}
+
+// zero() fills nothing (Note [Gradient hand-over]): a step's first gradient is copied over the
+// slot, .grad becomes the slot, and a parameter that gets none this step reads zero, not the last
+// step's gradient. Step 1: every rank computes every layer; step 2: rank 0 skips layer 1.
+TEST(GradBuckets, AParameterWithoutGradientInALaterStepReadsZeroNotTheLastStep) {
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD, kTimeoutSeconds);
+  Stack s(3, 8);
+  const FlatLayout layout(s.weights, comm->world_size());
+  GradBuckets buckets(s.weights, layout, 1, *comm);
+  buckets.prepare_backward(true);
+  s.loss(s.input(comm->rank())).backward();
+  buckets.finish();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(s.weights[i].grad().data_ptr(), buckets.flat().narrow(0, layout.offset[i], 1).data_ptr()) << i;
+  }
+  buckets.zero();
+  EXPECT_FALSE(s.weights[0].grad().defined());
+  const int skip = comm->rank() == 0 ? 1 : -1;
+  buckets.prepare_backward(true);
+  s.loss(s.input(comm->rank()), skip).backward();
+  buckets.finish();
+  const auto want = expected_sum(3, 8, comm->world_size(), /*skip_rank=*/0, /*skip_layer=*/1);
+  for (int i = 0; i < 3; ++i) {
+    const auto got = buckets.flat().narrow(0, layout.offset[i], layout.numel[i]).view(want[i].sizes());
+    EXPECT_TRUE(torch::allclose(got, want[i], 1e-12, 1e-12)) << i;
+  }
 }
 
 TEST(GradBuckets, Zero2SumsEachShardOntoItsOwnerOnly) {
