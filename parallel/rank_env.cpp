@@ -1,8 +1,10 @@
 #include "parallel/rank_env.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 
 #include "src/base/mpi_check.h"
 #include "src/base/log.h"
@@ -26,6 +28,18 @@ MpiSession::MpiSession(int* argc, char*** argv) {
 
 MpiSession::~MpiSession() {
   if (finalize_) MPI_Finalize();
+}
+
+std::unique_ptr<MpiProcess> MpiProcess::start(const char* tool, int* argc, char*** argv) {
+  std::unique_ptr<MpiProcess> process;
+  try {
+    process = std::make_unique<MpiProcess>(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: cannot start MPI: %s\n", tool, e.what());
+    return nullptr;
+  }
+  log::init(process->env.rank(), process->env.world_size());
+  return process;
 }
 
 namespace {

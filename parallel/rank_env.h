@@ -6,6 +6,7 @@
 // peer is left waiting in a collective.
 #include <mpi.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,17 @@ class RankEnv {
   int num_nodes_ = 1;
   int node_index_ = 0;
   std::string node_name_;
+};
+
+// A command-line tool's MPI: the session, then the job's RankEnv, ended in reverse. start()
+// returns nullptr after printing "<tool>: cannot start MPI: why" to stderr (there is no log before
+// MPI names the rank); on success the log knows the rank and the job's size (log::init).
+struct MpiProcess {
+  MpiProcess(int* argc, char*** argv) : session(argc, argv), env(MPI_COMM_WORLD) {}
+  static std::unique_ptr<MpiProcess> start(const char* tool, int* argc, char*** argv);
+
+  MpiSession session;
+  RankEnv env;
 };
 
 }  // namespace gpt2::parallel

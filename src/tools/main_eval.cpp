@@ -115,24 +115,17 @@ int run(int argc, char** argv, const gpt2::parallel::RankEnv& env) {
 
 int main(int argc, char** argv) {
   using namespace gpt2;
-  std::unique_ptr<parallel::MpiSession> mpi;
-  std::unique_ptr<parallel::RankEnv> env;
-  try {
-    mpi = std::make_unique<parallel::MpiSession>(&argc, &argv);
-    env = std::make_unique<parallel::RankEnv>(MPI_COMM_WORLD);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpt2-eval: cannot start MPI: %s\n", e.what());
-    return kExitFailure;
-  }
-  log::init(env->rank(), env->world_size());
+  const auto process = parallel::MpiProcess::start("gpt2-eval", &argc, &argv);
+  if (!process) return kExitFailure;
+  const parallel::RankEnv& env = process->env;
   // Bad input is the same on every rank: each exits 2 on its own, rank 0 says why.
   try {
-    return run(argc, argv, *env);
+    return run(argc, argv, env);
   } catch (const UserError& e) {
-    if (env->is_main()) std::cerr << "gpt2-eval: " << e.what() << "\n";
+    if (env.is_main()) std::cerr << "gpt2-eval: " << e.what() << "\n";
     return kExitUsage;
   } catch (const std::exception& e) {
-    std::cerr << "gpt2-eval failed on rank " << env->rank() << ": " << e.what() << "\n";
+    std::cerr << "gpt2-eval failed on rank " << env.rank() << ": " << e.what() << "\n";
     parallel::RankEnv::abort(kExitFailure);
   }
 }

@@ -14,33 +14,26 @@
 
 int main(int argc, char** argv) {
   using namespace gpt2;
-  std::unique_ptr<parallel::MpiSession> mpi;
-  std::unique_ptr<parallel::RankEnv> env;
-  try {
-    mpi = std::make_unique<parallel::MpiSession>(&argc, &argv);
-    env = std::make_unique<parallel::RankEnv>(MPI_COMM_WORLD);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpt2-train: cannot start MPI: %s\n", e.what());
-    return kExitFailure;
-  }
-  log::init(env->rank(), env->world_size());
+  const auto process = parallel::MpiProcess::start("gpt2-train", &argc, &argv);
+  if (!process) return kExitFailure;
+  const parallel::RankEnv& env = process->env;
 
   // Config errors are the same on every rank: rank 0 reports, every rank exits 2 on its own.
   ParseResult parsed;
   try {
     parsed = parse_config(argc, argv);
   } catch (const UserError& e) {
-    if (env->is_main()) log::error(e.what());
+    if (env.is_main()) log::error(e.what());
     return kExitUsage;
   }
   if (parsed.help) {
-    if (env->is_main()) std::cout << "usage: gpt2-train --config FILE [--section.key=value ...]\n" << parsed.help_text;
+    if (env.is_main()) std::cout << "usage: gpt2-train --config FILE [--section.key=value ...]\n" << parsed.help_text;
     return kExitOk;
   }
 
   // Errors from here on may hit one rank only: end the whole job so no peer hangs.
   try {
-    if (train(parsed.config, *env).preempted) return kExitPreempted;
+    if (train(parsed.config, env).preempted) return kExitPreempted;
   } catch (const UserError& e) {
     log::error(e.what());
     parallel::RankEnv::abort(kExitUsage);
