@@ -20,6 +20,7 @@
 #include "optim/moments_8bit.h"
 #include "src/kernels/gemm.h"
 #include "src/kernels/launch.h"
+#include "tests/optim/host_buffers.h"
 
 namespace {
 
@@ -130,10 +131,8 @@ void adamw_update(int64_t n) {
   }
   const auto u8 = torch::dtype(torch::kUInt8).device(torch::kCUDA);
   const auto blocks = contiguous_blocks(n, true);
-  auto blocks_device = torch::from_blob(const_cast<MomentBlock*>(blocks.data()),
-                                        {static_cast<int64_t>(blocks.size() * sizeof(MomentBlock))}, torch::kUInt8).to(u8);
-  auto tables = torch::from_blob(const_cast<QuantTables*>(&quant_tables()), {static_cast<int64_t>(sizeof(QuantTables))},
-                                 torch::kUInt8).to(u8);
+  auto blocks_device = bytes_on_gpu(blocks.data(), blocks.size());
+  auto tables = bytes_on_gpu(&quant_tables(), 1);
   const int64_t nb = static_cast<int64_t>(blocks.size());
   auto m_codes = torch::full({n}, 128, u8), v_codes = torch::zeros({n}, u8);
   auto m_absmax = torch::zeros({nb}, f32), v_absmax = torch::zeros({nb}, f32);
@@ -160,8 +159,7 @@ void adamw_update(int64_t n) {
   m_codes = v_codes = torch::Tensor();
   auto m = torch::zeros({n}, f32), v = torch::zeros({n}, f32), grad16 = grad.to(torch::kBFloat16);
   const auto dense = dense_fp32_blocks({ParamSpan{0, n, true}});
-  auto dense_device = torch::from_blob(const_cast<MomentBlock*>(dense.data()),
-                                       {static_cast<int64_t>(dense.size() * sizeof(MomentBlock))}, torch::kUInt8).to(u8);
+  auto dense_device = bytes_on_gpu(dense.data(), dense.size());
   a.tables = nullptr;
   a.blocks = reinterpret_cast<const MomentBlock*>(dense_device.data_ptr<uint8_t>());
   a.num_blocks = static_cast<int64_t>(dense.size());

@@ -100,19 +100,17 @@ void GradBuckets::take_gradient(int param) {
   auto& p = params_[param];
   const at::Tensor grad = p.grad();
   if (!grad.defined()) return;
-  auto dst = slot(param);
-  if (!fresh_[param]) {
-    if (convert_) {
-      at::NoGradGuard no_grad;
-      dst.add_(grad);
-      p.mutable_grad().reset();
-    }
-    return;  // same dtype: the accumulator added into the slot itself
-  }
+  const bool first = fresh_[param];
+  if (!first && !convert_) return;  // same dtype: the accumulator added into the slot itself
   fresh_[param] = 0;
+  auto dst = slot(param);
   {
     at::NoGradGuard no_grad;
-    dst.copy_(grad);  // converting where the dtypes differ
+    if (first) {
+      dst.copy_(grad);  // converting where the dtypes differ
+    } else {
+      dst.add_(grad);
+    }
   }
   if (convert_) {
     p.mutable_grad().reset();

@@ -14,7 +14,6 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>

@@ -1,10 +1,8 @@
 // gpt2-train: a thin entry point. Parse the config, train, and on any error make sure the whole
 // job ends (MPI_Abort) with the error in the log and a non-zero exit code.
 //   mpirun -np 2 build/bin/gpt2-train --config configs/tiny.ini [--section.key=value ...]
-#include <cstdio>
 #include <exception>
 #include <iostream>
-#include <memory>
 
 #include "parallel/rank_env.h"
 #include "src/base/errors.h"

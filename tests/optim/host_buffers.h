@@ -1,5 +1,5 @@
 #pragma once
-// For the GPU optimizer tests: random host vectors and their trips to the GPU and back, so the
+// For the GPU optimizer tests (and bench/kernel_bench's uploads): random host vectors and their trips to the GPU and back, so the
 // kernels' results can be compared element by element with the CPU path's.
 #include <torch/torch.h>
 
