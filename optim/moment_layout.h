@@ -8,7 +8,7 @@
 // is one MomentBlock. A parameter of at least kMinQuantNumel values has 8-bit moments, one absmax
 // per piece; a smaller one (biases, LayerNorm) keeps fp32 moments. The cut depends only on the
 // parameters' offsets and sizes, never on the world size, so a shard that starts and ends on the
-// grid (FlatLayout's shard_multiple) holds whole blocks, and any world size and ZeRO stage sees the
+// grid (FlatLayout::kGrid is a multiple of kQuantBlock) holds whole blocks, and any world size and ZeRO stage sees the
 // same blocks: ZeRO 1/2 equal ZeRO 0, and checkpoints resume on any number of ranks. Absmax values
 // and fp32 moments are numbered in flat order over the whole space (a shard owns a contiguous
 // range of each), which is how the checkpoint stores them.
@@ -62,5 +62,9 @@ void quantize_moments(const MomentLayout& layout, int64_t begin, int64_t end, co
                       const float* exp_avg_sq, const MomentBuffers& out);
 void dequantize_moments(const MomentLayout& layout, int64_t begin, int64_t end, const MomentBuffers& in,
                         float* exp_avg, float* exp_avg_sq);
+// Checkpoints written before Note [Second moment as its root] quantized v itself: their second
+// moments' codes and absmax values over [begin, end) (relative, as above) become those of sqrt(v),
+// in place.
+void roots_from_plain_second_moments(const MomentLayout& layout, int64_t begin, int64_t end, const MomentBuffers& state);
 
 }  // namespace gpt2::optim

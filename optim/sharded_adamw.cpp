@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "optim/cpu_adamw.h"
+#include "optim/grad_norm.h"
 #include "src/base/errors.h"
 #ifdef GPT2_WITH_CUDA
 #include "src/base/cuda_check.h"
@@ -54,10 +55,13 @@ at::Tensor bytes_on(const void* data, size_t bytes, const at::TensorOptions& opt
 
 int64_t bytes_of(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
 
+// Shards are whole cells of the layout's grid, so whole quantization blocks.
+static_assert(parallel::FlatLayout::kGrid % kQuantBlock == 0, "the flat grid must hold whole quantization blocks");
+
 #ifdef GPT2_WITH_CUDA
 constexpr bool kHaveKernel = true;
 #else
-constexpr bool kHaveKernel = false;  // CUDA tensors (a LibTorch with CUDA, our kernels not built) use ATen's
+constexpr bool kHaveKernel = false;
 #endif
 
 }  // namespace
@@ -70,6 +74,10 @@ ShardedAdamW::ShardedAdamW(const std::vector<torch::Tensor>& params, const paral
       kernel_update_(kernel_update(grad_flat.device(), options.offload)),
       moment_layout_(moment_params(params, layout)) {
   GPT2_ASSERT(grad_flat.numel() == layout.padded, "gradient buffer does not match the layout");
+  if (grad_flat.is_cuda() && !kHaveKernel) {
+    throw Error("this build of gpt2-dist has no CUDA kernels (no nvcc when it was configured): it cannot update "
+                "CUDA parameters; rebuild with the CUDA toolkit");
+  }
   begin_ = sharded_ ? layout.shard_begin(comm.rank()) : 0;
   end_ = sharded_ ? layout.shard_end(comm.rank()) : layout.padded;
   const int64_t n = end_ - begin_;
@@ -138,28 +146,16 @@ ShardedAdamW::ShardedAdamW(const std::vector<torch::Tensor>& params, const paral
   }
   if (low_precision) master_ = param_shard_.to(at::kFloat);  // fp32 master weights for the shard
   const at::Tensor& update = low_precision ? master_ : param_shard_;
+  GPT2_ASSERT(update.scalar_type() == at::kFloat, "the optimizer updates fp32 parameters or fp32 masters");
   m_ = at::zeros({n}, update.options().dtype(at::kFloat));
   v_ = at::zeros({n}, update.options().dtype(at::kFloat));
-  if (kernel_update_) {  // fp32 moments through the same kernel: dense blocks over m_ and v_
-    std::vector<ParamSpan> spans;
-    for (const Segment& s : segments_) spans.push_back({s.begin, s.end, s.weight_decay != 0});
-    blocks_ = dense_fp32_blocks(spans);
-    upload_blocks();
-    if (g != at::kFloat && g != at::kBFloat16) grad32_ = at::empty({n}, update.options().dtype(at::kFloat));
-    return;
-  }
-  AdamW::Group decay, no_decay;
-  decay.weight_decay = options.weight_decay;
-  if (low_precision && g != at::kFloat) grad32_ = at::empty({n}, master_.options());
-  const at::Tensor& grads = grad32_.defined() ? grad32_ : grad_shard_;
-  for (const Segment& s : segments_) {
-    auto& group = s.weight_decay != 0 ? decay : no_decay;
-    group.params.push_back(update.narrow(0, s.begin, s.end - s.begin));
-    group.grads.push_back(grads.narrow(0, s.begin, s.end - s.begin));
-    group.exp_avg.push_back(m_.narrow(0, s.begin, s.end - s.begin));
-    group.exp_avg_sq.push_back(v_.narrow(0, s.begin, s.end - s.begin));
-  }
-  adamw_ = std::make_unique<AdamW>(std::vector<AdamW::Group>{decay, no_decay}, options.adamw);
+  // fp32 moments through the blocks' update too: dense blocks over m_ and v_.
+  std::vector<ParamSpan> spans;
+  for (const Segment& s : segments_) spans.push_back({s.begin, s.end, s.weight_decay != 0});
+  blocks_ = dense_fp32_blocks(spans);
+  if (kernel_update_) upload_blocks();
+  // The update reads fp32 and bf16 gradients as they are; others (fp16) through an fp32 copy.
+  if (g != at::kFloat && g != at::kBFloat16) grad32_ = at::empty({n}, update.options().dtype(at::kFloat));
 }
 
 ShardedAdamW::~ShardedAdamW() = default;
@@ -174,13 +170,14 @@ void ShardedAdamW::upload_blocks() {
 
 torch::Tensor ShardedAdamW::clip_grad_norm(double max_norm) {
   at::NoGradGuard no_grad;
-  const auto acc = at::promote_types(grad_shard_.scalar_type(), at::kFloat);
-  // A reduction in acc without a full-size temporary (a .to(acc).pow(2) copy of a 1.5B-element
-  // shard is 6 GiB of peak memory).
-  auto local = at::linalg_vector_norm(grad_shard_, 2, c10::nullopt, /*keepdim=*/false, acc);
-  auto sum_sq = (local * local).reshape({1});
-  if (sharded_) comm_.all_reduce(sum_sq, parallel::ReduceOp::kSum)->wait();
-  auto norm = sum_sq.sqrt().reshape({});
+  // Note [Partition-free arithmetic]: each cell's sum of squares, then all cells' in flat order.
+  auto cells = block_sum_squares(grad_shard_, parallel::FlatLayout::kGrid);
+  if (sharded_) {
+    auto all = at::empty({cells.numel() * comm_.world_size()}, cells.options());
+    comm_.all_gather(all, cells)->wait();
+    cells = all;
+  }
+  auto norm = ordered_sum(cells).sqrt();
   clip_coef_ = torch::Tensor();
   if (max_norm <= 0) return norm;
   auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
@@ -198,10 +195,8 @@ void ShardedAdamW::step(double lr, const torch::Tensor& found_inf) {
   at::NoGradGuard no_grad;
   if (options_.offload) {
     step_on_host(lr, found_inf);
-  } else if (options_.moments_8bit || kernel_update_) {
-    step_blocks(lr, found_inf);
   } else {
-    step_aten(lr, found_inf);
+    step_blocks(lr, found_inf);
   }
 }
 
@@ -228,9 +223,9 @@ MomentBuffers ShardedAdamW::ShardState::moment_buffers() const {
   return buffers_of(exp_avg_codes, exp_avg_sq_codes, exp_avg_absmax, exp_avg_sq_absmax, exp_avg, exp_avg_sq);
 }
 
-// One pass over the shard's blocks (8-bit moments on either device, fp32 moments on the GPU) that
-// reads the gradient as it is, times the clip coefficient on the GPU, and writes the fp32 master
-// and the bf16 parameters.
+// One pass over the shard's blocks (8-bit or fp32 moments, on either device) that reads the
+// gradient as it is, times the clip coefficient on the GPU, and writes the fp32 master and the bf16
+// parameters.
 void ShardedAdamW::step_blocks(double lr, const torch::Tensor& found_inf) {
   const torch::Tensor clip = std::exchange(clip_coef_, torch::Tensor());  // this step's only
   if (found_inf.defined() && found_inf.item<float>() != 0) return;  // fp16 overflow: skip (host sync)
@@ -259,18 +254,12 @@ void ShardedAdamW::step_blocks(double lr, const torch::Tensor& found_inf) {
     a.grad_scale_device = clip.defined() ? clip.data_ptr<float>() : nullptr;
     CUDA_CHECK(launch_adamw_8bit(a, at::cuda::getCurrentCUDAStream(param_flat_.device().index()).stream()));
 #endif
-  } else {  // CPU, 8-bit moments: the gradient was clipped in place
+  } else {  // CPU: the gradient was clipped in place; blocks are independent, so any split gives the same bits
     at::parallel_for(0, static_cast<int64_t>(blocks_.size()), 16, [&](int64_t b, int64_t e) {
       cpu_adamw_update_8bit(st, blocks_.data() + b, e - b, param, mb, grads.data_ptr(), grad_type, param_bf16);
     });
   }
   if (master_.defined() && !bf16) param_shard_.copy_(master_);  // fp16 parameters: round the masters
-}
-
-void ShardedAdamW::step_aten(double lr, const torch::Tensor& found_inf) {
-  if (grad32_.defined()) grad32_.copy_(grad_shard_);
-  adamw_->step(lr, found_inf);
-  if (master_.defined()) param_shard_.copy_(master_);  // round the masters into the compute copy
 }
 
 // Note [Offload pipeline]
@@ -377,7 +366,7 @@ ShardedAdamW::ShardState ShardedAdamW::state(int64_t begin, int64_t end) const {
   ShardState s;
   s.moments_8bit = options_.moments_8bit;
   s.master = cpu(master_.defined() ? master_ : param_shard_, from, n).to(at::kFloat);
-  s.adam_step = adamw_ ? adamw_->adam_step() : steps_;
+  s.adam_step = steps_;
   if (!options_.moments_8bit) {
     s.exp_avg = cpu(options_.offload ? host_m_ : m_, from, n);
     s.exp_avg_sq = cpu(options_.offload ? host_v_ : v_, from, n);
@@ -422,17 +411,12 @@ void ShardedAdamW::load_state(const ShardState& s) {
   }
   m_.copy_(s.exp_avg);
   v_.copy_(s.exp_avg_sq);
-  if (adamw_) {
-    adamw_->set_adam_step(s.adam_step);
-  } else {
-    steps_ = s.adam_step;
-  }
+  steps_ = s.adam_step;
 }
 
 int64_t ShardedAdamW::state_bytes() const {
   if (options_.offload) return 0;
-  // ATen's AdamW counts m_ and v_ (it holds views of them) with its step counts.
-  int64_t bytes = adamw_ ? adamw_->state_bytes() : bytes_of(m_) + bytes_of(v_);
+  int64_t bytes = bytes_of(m_) + bytes_of(v_);
   for (const auto* t : {&master_, &grad32_, &codes_m_, &codes_v_, &absmax_m_, &absmax_v_, &m32_, &v32_, &blocks_device_, &tables_device_}) {
     bytes += bytes_of(*t);
   }

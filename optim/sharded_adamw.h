@@ -3,38 +3,38 @@
 // (stage 0). The parameters become views into one flat buffer (FlatLayout order); the rank keeps
 // AdamW state only for its shard [shard_begin, shard_end), cut into segments at parameter
 // boundaries so weight decay still applies to 2-D tensors only. After step(), gather() all-gathers
-// the updated shards so every rank holds the whole model again. The global gradient norm is the
-// norm over the shards, summed across ranks.
+// the updated shards so every rank holds the whole model again. The global gradient norm and every
+// update are computed so that ZeRO 1/2 and offload give ZeRO 0's bits (Note [Partition-free
+// arithmetic], grad_norm.h).
 //
 // Precision: when the parameters are bf16/fp16 (what the GPU computes with), the optimizer keeps
 // fp32 master weights for its shard and writes the rounded result into the parameters after each
 // update. The gradient buffer may be fp32 or the parameters' dtype (precision.reduce_dtype).
 //
-// The update on the GPU (no offload) is one pass over the shard (launch_adamw_8bit, moments_8bit.h,
-// for fp32 moments as for 8-bit ones): each element's gradient (fp32 or bf16 as the buffer holds
-// it, times the clip coefficient), master and moments are read once, and the master, moments and
-// bf16 parameters written once: 30 bytes per element with an fp32 gradient (28 with bf16), where a
-// clip pass over the gradient (8), ATen's fused AdamW (28) and the rounding copy into the bf16
-// parameters (6) moved 42, in three passes. Its arithmetic is cpu_adamw_update's (offload's), bit
-// for bit from the same gradient and coefficient; its step count is kept on the host. On the CPU
-// (tests, development) the update is ATen's fused AdamW.
+// The update (no offload) is one pass over the shard's blocks (moments_8bit.h, for fp32 moments as
+// for 8-bit ones): one CUDA kernel on the GPU (launch_adamw_8bit), cpu_adamw_update_8bit on the
+// CPU, the same arithmetic as torch.optim.AdamW(fused=True) element by element (cpu_adamw.h). On
+// the GPU each element's gradient (fp32 or bf16 as the buffer holds it, times the clip
+// coefficient), master and moments are read once, and the master, moments and bf16 parameters
+// written once: 30 bytes per element with an fp32 gradient (28 with bf16), where a clip pass over
+// the gradient (8), ATen's fused AdamW (28) and the rounding copy into the bf16 parameters (6) moved
+// 42, in three passes. The step count is kept on the host.
 //
 // Offload (Options::offload): masters, moments and a gradient copy live in (pinned) host memory;
 // step() streams the gradient shard to the host chunk by chunk, a HostThreadPool runs CpuAdamW on
 // each chunk as it lands, and the updated parameters stream back, the three overlapping.
 //
 // 8-bit moments (Options::moments_8bit, moment_layout.h): both moments block-wise quantized, fp32
-// for parameters under kMinQuantNumel values; the update is one pass over the shard's blocks (one
-// CUDA kernel on the GPU, cpu_adamw_update_8bit on the host). The layout's shards must be whole
-// quantization blocks (FlatLayout's shard_multiple = kQuantBlock). Its step count is kept on the
-// host, so with found_inf (fp16) the step reads the flag first (one host sync).
+// for parameters under kMinQuantNumel values. Shards are whole quantization blocks (FlatLayout's
+// grid). With found_inf (fp16) the step reads the flag first (one host sync), since the step count
+// is on the host.
 #include <torch/types.h>
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
-#include "optim/adamw.h"
+#include "optim/cpu_adamw.h"
 #include "optim/moment_layout.h"
 #include "parallel/communicator.h"
 #include "parallel/flat_layout.h"
@@ -42,6 +42,12 @@
 namespace gpt2::optim {
 
 class HostThreadPool;
+
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+};
 
 class ShardedAdamW {
  public:
@@ -60,17 +66,16 @@ class ShardedAdamW {
                const torch::Tensor& grad_flat, parallel::Communicator& comm, Options options);
   ~ShardedAdamW();
 
-  // Global L2 norm of the gradient (a device scalar; no host sync) and clipping to max_norm
+  // Global L2 norm of the gradient (an fp64 device scalar; no host sync) and clipping to max_norm
   // (<= 0: no clipping) by the coefficient min(1, max_norm / (norm + 1e-6)). Reads only this rank's
-  // shard, then sums squares across ranks. Where the update is the GPU kernel (CUDA, no offload)
+  // shard; its cells' sums of squares are all-gathered (Note [Partition-free arithmetic]). Where the update is the GPU kernel (CUDA, no offload)
   // the gradient is left as it is: the coefficient stays on the device and the next step()
   // multiplies each gradient by it as it reads it (then forgets it; another clip_grad_norm before
   // that step replaces it, measuring the unclipped gradient again). Elsewhere the gradient shard is
   // scaled in place. So between this call and step() read the gradient through the optimizer only.
   torch::Tensor clip_grad_norm(double max_norm);
   // found_inf (fp16 loss scaling): when it holds 1 nothing changes and the step does not count
-  // (where the step count is kept on the host, with the GPU kernel, offload or 8-bit moments, the
-  // flag is read first: one host sync).
+  // (the flag is read first: one host sync).
   void step(double lr, const torch::Tensor& found_inf = {});
   // All-gathers the updated shards into every rank's parameters (sharded only).
   void gather();
@@ -119,12 +124,11 @@ class ShardedAdamW {
     int64_t begin, end;
     double weight_decay;
   };
-  void step_aten(double lr, const torch::Tensor& found_inf);    // ATen's AdamW (CPU, fp32 moments)
-  void step_blocks(double lr, const torch::Tensor& found_inf);  // the GPU kernel, or CPU 8-bit
+  void step_blocks(double lr, const torch::Tensor& found_inf);  // the GPU kernel, or the CPU blocks
   void upload_blocks();                                          // blocks_ into blocks_device_
   void step_on_host(double lr, const torch::Tensor& found_inf);
-  CpuAdamWStep host_step(double lr) const;  // the update's constants at steps_ (all but ATen's AdamW)
-  MomentBuffers moment_buffers() const;     // 8-bit, or m_ and v_ for the GPU kernel
+  CpuAdamWStep host_step(double lr) const;  // the update's constants at steps_
+  MomentBuffers moment_buffers() const;     // 8-bit, or m_ and v_ (dense fp32 blocks)
 
   parallel::Communicator& comm_;
   Options options_;
@@ -135,9 +139,8 @@ class ShardedAdamW {
   torch::Tensor grad_shard_;   // view of the gradient buffer
   torch::Tensor master_;       // fp32 shard when the params are not fp32 (device), or the host master
   torch::Tensor grad32_;       // device: fp32 copy of a gradient shard the update cannot read as it is
-  torch::Tensor m_, v_;        // device: fp32 moments, flat over the shard (AdamW works on views)
+  torch::Tensor m_, v_;        // fp32 moments, flat over the shard (no offload)
   std::vector<Segment> segments_;
-  std::unique_ptr<AdamW> adamw_;  // CPU without offload or 8-bit moments
   // The update is launch_adamw_8bit (CUDA, no offload): clipping hands it clip_coef_ (a 1-element
   // fp32 device tensor, until the next step) instead of scaling the gradient.
   bool kernel_update_ = false;
@@ -145,7 +148,7 @@ class ShardedAdamW {
 
   // 8-bit moments (on the device, or in host memory with offload): this shard's blocks, the codes
   // over the shard, one absmax per 8-bit block, the packed fp32 moments of small parameters. fp32
-  // moments with the GPU kernel: blocks_ = the segments cut into dense_fp32_blocks over m_ and v_.
+  // moments: blocks_ = the segments cut into dense_fp32_blocks over m_ and v_.
   MomentLayout moment_layout_;
   std::vector<MomentBlock> blocks_;
   torch::Tensor blocks_device_, tables_device_;  // blocks_ and quant_tables() as bytes on the GPU
@@ -154,7 +157,7 @@ class ShardedAdamW {
   // Host path (offload).
   torch::Tensor host_m_, host_v_, host_grad_, host_param_out_;
   std::unique_ptr<HostThreadPool> pool_;
-  int64_t steps_ = 0;  // bias-correction step count of every update but ATen's AdamW
+  int64_t steps_ = 0;  // bias-correction step count
 };
 
 }  // namespace gpt2::optim

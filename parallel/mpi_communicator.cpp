@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <functional>
 #include <limits>
 #include <thread>
 #include <utility>
@@ -53,23 +54,49 @@ void check_cpu_contiguous(const torch::Tensor& t, const char* what) {
   }
 }
 
+// Note [Rank-order sums]
+// MPI picks a reduction's algorithm by message size and world size, and with three or more ranks a
+// float sum rounds differently under each: MPI_Ireduce (ZeRO 2) and MPI_Iallreduce (ZeRO 0/1) of the
+// same buffers differed in the last bit. So this communicator takes floating-point sums itself, in
+// rank order, ((x_0 + x_1) + x_2) + ..., element by element: the values reach the rank that sums them
+// through MPI_Iallgather, MPI_Igather or MPI_Ialltoall, which move bytes and never round. all_reduce
+// (every rank gathers all and sums), reduce (gather to the root, sum there) and reduce_scatter (each
+// rank's chunk from every rank) give every element the same bits, on any world size and whatever
+// the tensor's length or where it was cut (Note [Partition-free arithmetic], optim/grad_norm.h).
+// Each is one non-blocking MPI call, so a collective a peer abandoned (a timeout) still completes on
+// the others. The cost: all_reduce receives (N - 1) copies of the tensor where a ring receives
+// 2 (N - 1) / N, and holds N copies; the MPI backend is for tests, ranks sharing a GPU and machines
+// without NCCL. Integer sums and maxima are exact in any order and stay MPI's own.
+bool rank_order_sum(const torch::Tensor& t, ReduceOp op) {
+  return op != ReduceOp::kMax && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble);
+}
+
+// out = chunks[0] + chunks[1] + ... in that order (chunks: [world, n], out: n elements). An
+// element-wise add rounds once per element whatever the vector width.
+void sum_in_rank_order(const torch::Tensor& chunks, torch::Tensor out) {
+  out.copy_(chunks[0]);
+  for (int64_t r = 1; r < chunks.size(0); ++r) out.add_(chunks[r]);
+}
+
 using Clock = std::chrono::steady_clock;
 
-// A collective's request and the buffer MPI writes, with its deadline: enqueue time plus the
-// timeout, counted from the enqueue as NCCL's watchdog does.
+// A non-blocking MPI collective with the buffers MPI reads and writes, and its deadline: enqueue time
+// plus the timeout, counted from the enqueue as NCCL's watchdog does. Once the request completes,
+// `finish` (if any) does the local work that completes the result (a sum, a division).
 class MpiWork : public Work {
  public:
-  MpiWork(MPI_Request request, torch::Tensor result, double divide_by, const char* what, double timeout_seconds)
+  MpiWork(MPI_Request request, std::vector<torch::Tensor> buffers, const char* what, double timeout_seconds,
+          std::function<void()> finish)
       : request_(request),
-        result_(std::move(result)),
-        divide_by_(divide_by),
+        buffers_(std::move(buffers)),
+        finish_(std::move(finish)),
         what_(what),
         timeout_(timeout_seconds),
         deadline_(Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_seconds))) {}
   ~MpiWork() override {
     // A request must complete before its buffers go away; normally wait() already did this. On an
     // error path (an exception unwinding, a peer gone) waiting could last forever: give up at the
-    // deadline, or at once while an exception unwinds, and keep the buffer (the job is ending).
+    // deadline, or at once while an exception unwinds, and keep the buffers (the job is ending).
     if (request_ == MPI_REQUEST_NULL) return;
     int done = 0;
     while (std::uncaught_exceptions() == 0 && Clock::now() < deadline_) {
@@ -79,6 +106,12 @@ class MpiWork : public Work {
     abandon();
   }
   void wait() override {
+    complete_request();
+    if (finish_) std::exchange(finish_, nullptr)();  // a second wait() has nothing left to do
+  }
+
+ private:
+  void complete_request() {
     // Spin on MPI_Test first (a reduction on the critical path is usually done within
     // microseconds of its last peer arriving), then poll more gently.
     for (int polls = 0; request_ != MPI_REQUEST_NULL; ++polls) {
@@ -93,25 +126,21 @@ class MpiWork : public Work {
       }
       if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
-    if (divide_by_ != 1.0) {
-      result_.div_(divide_by_);
-      divide_by_ = 1.0;
-    }
   }
 
- private:
   // A started non-blocking collective can be neither cancelled nor freed (MPI 3.1, 5.12), and MPI
-  // may still write its buffer: both are kept for the rest of the process (never destroyed, so
+  // may still write its buffers: both are kept for the rest of the process (never destroyed, so
   // nothing waits for them at exit). Only the thread that calls MPI gets here (MPI_THREAD_FUNNELED).
   void abandon() {
-    static auto* abandoned = new std::vector<std::pair<MPI_Request, torch::Tensor>>();
-    abandoned->emplace_back(request_, result_);
+    static auto* abandoned = new std::vector<std::pair<MPI_Request, std::vector<torch::Tensor>>>();
+    abandoned->emplace_back(request_, buffers_);
     request_ = MPI_REQUEST_NULL;
+    finish_ = nullptr;
   }
 
   MPI_Request request_;
-  torch::Tensor result_;  // keeps the buffer alive while MPI writes it
-  double divide_by_;
+  std::vector<torch::Tensor> buffers_;  // keeps what MPI reads and writes alive while it does
+  std::function<void()> finish_;
   const char* what_;  // the collective, for the timeout message
   double timeout_;
   Clock::time_point deadline_;
@@ -129,19 +158,47 @@ class MpiCommunicator : public Communicator {
 
   std::unique_ptr<Work> all_reduce(torch::Tensor t, ReduceOp op) override {
     check_cpu_contiguous(t, "all_reduce tensor");
+    if (!rank_order_sum(t, op)) {
+      MPI_Request req;
+      MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), count(t), mpi_type(t), mpi_op(op), comm_, &req));
+      return work(req, {t}, "all_reduce", divide_after(t, op));
+    }
+    // Note [Rank-order sums]: every rank gathers every rank's tensor and sums them itself.
+    auto received = at::empty({world_size_, t.numel()}, t.options());
     MPI_Request req;
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), count(t), mpi_type(t), mpi_op(op),
-                             comm_, &req));
-    return work(req, t, op == ReduceOp::kAvg ? world_size_ : 1.0, "all_reduce");
+    MPI_CHECK(MPI_Iallgather(t.data_ptr(), count(t), mpi_type(t), received.data_ptr(), count(t), mpi_type(t), comm_,
+                             &req));
+    auto finish = [t, received, divide = divisor(op)]() mutable {
+      auto flat = t.view({-1});
+      sum_in_rank_order(received, flat);
+      if (divide != 1.0) flat.div_(divide);
+    };
+    return work(req, {t, received}, "all_reduce", finish);
   }
 
   std::unique_ptr<Work> reduce(torch::Tensor t, int root, ReduceOp op) override {
     check_cpu_contiguous(t, "reduce tensor");
     MPI_Request req;
-    // The root reduces in place; the others only send (their buffer is not written).
-    const void* send = rank_ == root ? MPI_IN_PLACE : t.data_ptr();
-    MPI_CHECK(MPI_Ireduce(send, t.data_ptr(), count(t), mpi_type(t), mpi_op(op), root, comm_, &req));
-    return work(req, t, op == ReduceOp::kAvg && rank_ == root ? world_size_ : 1.0, "reduce");
+    if (!rank_order_sum(t, op)) {
+      // The root reduces in place; the others only send (their buffer is not written).
+      const void* send = rank_ == root ? MPI_IN_PLACE : t.data_ptr();
+      MPI_CHECK(MPI_Ireduce(send, t.data_ptr(), count(t), mpi_type(t), mpi_op(op), root, comm_, &req));
+      return work(req, {t}, "reduce", rank_ == root ? divide_after(t, op) : nullptr);
+    }
+    // Note [Rank-order sums]: every rank's tensor is gathered to the root, which sums them.
+    if (rank_ != root) {
+      MPI_CHECK(MPI_Igather(t.data_ptr(), count(t), mpi_type(t), nullptr, 0, mpi_type(t), root, comm_, &req));
+      return work(req, {t}, "reduce");
+    }
+    auto received = at::empty({world_size_, t.numel()}, t.options());
+    MPI_CHECK(MPI_Igather(t.data_ptr(), count(t), mpi_type(t), received.data_ptr(), count(t), mpi_type(t), root, comm_,
+                          &req));
+    auto finish = [t, received, divide = divisor(op)]() mutable {
+      auto flat = t.view({-1});
+      sum_in_rank_order(received, flat);
+      if (divide != 1.0) flat.div_(divide);
+    };
+    return work(req, {t, received}, "reduce", finish);
   }
 
   std::unique_ptr<Work> reduce_scatter(torch::Tensor out, torch::Tensor in, ReduceOp op) override {
@@ -149,9 +206,21 @@ class MpiCommunicator : public Communicator {
     check_cpu_contiguous(in, "reduce_scatter input");
     GPT2_ASSERT(in.numel() == out.numel() * world_size_, "reduce_scatter: input must be world_size x output");
     MPI_Request req;
-    MPI_CHECK(MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), count(out), mpi_type(in),
-                                        mpi_op(op), comm_, &req));
-    return work(req, out, op == ReduceOp::kAvg ? world_size_ : 1.0, "reduce_scatter");
+    if (!rank_order_sum(in, op)) {
+      MPI_CHECK(MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), count(out), mpi_type(in), mpi_op(op), comm_,
+                                          &req));
+      return work(req, {out, in}, "reduce_scatter", divide_after(out, op));
+    }
+    // Note [Rank-order sums]: chunk `rank` of every rank's input comes here and is summed in order.
+    auto received = at::empty({world_size_, out.numel()}, in.options());
+    MPI_CHECK(MPI_Ialltoall(in.data_ptr(), count(out), mpi_type(in), received.data_ptr(), count(out), mpi_type(in),
+                            comm_, &req));
+    auto finish = [out, received, divide = divisor(op)]() mutable {
+      auto flat = out.view({-1});
+      sum_in_rank_order(received, flat);
+      if (divide != 1.0) flat.div_(divide);
+    };
+    return work(req, {out, in, received}, "reduce_scatter", finish);
   }
 
   std::unique_ptr<Work> all_gather(torch::Tensor out, torch::Tensor in) override {
@@ -164,25 +233,33 @@ class MpiCommunicator : public Communicator {
     const bool in_place = in.data_ptr() == static_cast<char*>(out.data_ptr()) + rank_ * in.nbytes();
     MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data_ptr(), n, mpi_type(in), out.data_ptr(), n,
                              mpi_type(out), comm_, &req));
-    return work(req, out, 1.0, "all_gather");
+    return work(req, {out, in}, "all_gather");
   }
 
   std::unique_ptr<Work> broadcast(torch::Tensor t, int root) override {
     check_cpu_contiguous(t, "broadcast tensor");
     MPI_Request req;
     MPI_CHECK(MPI_Ibcast(t.data_ptr(), count(t), mpi_type(t), root, comm_, &req));
-    return work(req, t, 1.0, "broadcast");
+    return work(req, {t}, "broadcast");
   }
 
   void barrier() override {  // non-blocking too, so it times out like the others
     MPI_Request req;
     MPI_CHECK(MPI_Ibarrier(comm_, &req));
-    work(req, torch::Tensor(), 1.0, "barrier")->wait();
+    work(req, {}, "barrier")->wait();
   }
 
  private:
-  std::unique_ptr<Work> work(MPI_Request req, torch::Tensor result, double divide_by, const char* what) const {
-    return std::make_unique<MpiWork>(req, std::move(result), divide_by, what, timeout_);
+  double divisor(ReduceOp op) const { return op == ReduceOp::kAvg ? world_size_ : 1.0; }
+  // kAvg after MPI's own sum: the division, once the sum is there.
+  std::function<void()> divide_after(torch::Tensor t, ReduceOp op) const {
+    if (op != ReduceOp::kAvg) return {};
+    return [t, divide = divisor(op)]() mutable { t.div_(divide); };
+  }
+
+  std::unique_ptr<Work> work(MPI_Request req, std::vector<torch::Tensor> buffers, const char* what,
+                             std::function<void()> finish = {}) const {
+    return std::make_unique<MpiWork>(req, std::move(buffers), what, timeout_, std::move(finish));
   }
 
   MPI_Comm comm_;

@@ -348,7 +348,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   std::vector<torch::Tensor> params = model->parameters();
   const auto comm = parallel::make_communicator(env.comm(), device, cfg.parallel.backend, cfg.parallel.timeout_s);
   // 8-bit moments: every shard is whole quantization blocks (Note [Moment blocks]).
-  const parallel::FlatLayout layout(params, world, cfg.memory.optimizer_moments == "8bit" ? optim::kQuantBlock : 1);
+  const parallel::FlatLayout layout(params, world);
   parallel::GradBuckets buckets(params, layout, static_cast<int64_t>(cfg.parallel.bucket_mb * (1 << 20)), *comm,
                                 /*reduce_to_owners=*/cfg.parallel.zero_stage == 2, precision.grads);
   const auto opt_options = optimizer_options(cfg, env, layout, precision);

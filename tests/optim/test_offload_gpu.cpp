@@ -73,7 +73,7 @@ TEST(EightBitMomentsOnCuda, KernelOffloadAndCpuGiveTheSameBits) {
       return ps;
     };
     std::vector<torch::Tensor> params[3] = {make(torch::kCUDA), make(torch::kCUDA), make(torch::kCPU)};
-    const parallel::FlatLayout layout(params[0], 1, kQuantBlock);
+    const parallel::FlatLayout layout(params[0], 1);
     test::OneRank one;
     ShardedAdamW::Options options;
     options.weight_decay = 0.1;

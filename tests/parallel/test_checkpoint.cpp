@@ -395,7 +395,7 @@ optim::ShardedAdamW::ShardState load_and_save(const Config& cfg, const std::stri
                                               std::unique_ptr<optim::MomentLayout>* moment_layout = nullptr) {
   GPT2 model(cfg.model);
   const auto params = model->parameters();
-  const parallel::FlatLayout layout(params, env.world_size(), moments_8bit ? optim::kQuantBlock : 1);
+  const parallel::FlatLayout layout(params, env.world_size());
   const auto comm = parallel::make_communicator(env.comm(), torch::kCPU, "mpi", 60);
   const auto grads = torch::zeros({layout.padded});
   optim::ShardedAdamW::Options o;

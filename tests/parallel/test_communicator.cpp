@@ -36,6 +36,52 @@ TEST(MpiCommunicator, EveryCollectiveOnEveryDtype) {
   EXPECT_THROW(g.comm->all_reduce(strided.to(torch::kBFloat16), ReduceOp::kSum), Error);
 }
 
+// Note [Rank-order sums]: every floating-point sum is ((x_0 + x_1) + x_2) + ... element by element,
+// whichever collective takes it and whatever the length. Rank r's values span 16 orders of
+// magnitude with alternating signs, so another order gives other bits (with 3 ranks, 1 + 1e8 - 1e8
+// is 0 in this order and 1 in another); the expected values are that loop, written out in fp32 and
+// fp64 here.
+TEST(MpiCommunicator, FloatSumsAreTakenInRankOrder) {
+  Group g;
+  const double scales[] = {1.0, 1e8, -1e8, 3.0, -7e-9};
+  auto value = [&](int r, int64_t e) { return scales[r % 5] * (1.0 + 1e-3 * static_cast<double>(e)); };
+  for (auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const int64_t len = 1001;  // not a multiple of 2 or 3: all_reduce pads its chunks
+    auto mine = torch::empty({len}, torch::kFloat64);
+    for (int64_t e = 0; e < len; ++e) mine[e] = value(g.rank, e);
+    mine = mine.to(dtype);
+    auto expected = torch::empty({len}, dtype);
+    for (int64_t e = 0; e < len; ++e) {
+      if (dtype == torch::kFloat32) {
+        float sum = static_cast<float>(value(0, e));
+        for (int r = 1; r < g.n; ++r) sum += static_cast<float>(value(r, e));
+        expected[e] = sum;
+      } else {
+        double sum = value(0, e);
+        for (int r = 1; r < g.n; ++r) sum += value(r, e);
+        expected[e] = sum;
+      }
+    }
+    auto all = mine.clone();
+    g.comm->all_reduce(all, ReduceOp::kSum)->wait();
+    EXPECT_TRUE(torch::equal(all, expected)) << "all_reduce";
+    auto avg = mine.clone();
+    g.comm->all_reduce(avg, ReduceOp::kAvg)->wait();
+    EXPECT_TRUE(torch::equal(avg, expected / g.n)) << "all_reduce, average";
+    for (int root : {0, g.n - 1}) {
+      auto t = mine.clone();
+      g.comm->reduce(t, root, ReduceOp::kSum)->wait();
+      EXPECT_TRUE(torch::equal(t, g.rank == root ? expected : mine)) << "reduce to " << root;
+    }
+    const int64_t chunk = len / g.n;
+    auto in = mine.narrow(0, 0, chunk * g.n).contiguous();
+    auto out = torch::empty({chunk}, dtype);
+    g.comm->reduce_scatter(out, in, ReduceOp::kSum)->wait();
+    EXPECT_TRUE(torch::equal(out, expected.narrow(0, g.rank * chunk, chunk))) << "reduce_scatter";
+  }
+}
+
 // The time `fn` takes, in seconds, and the message of the gpt2::Error it throws ("" if none).
 template <typename Fn>
 std::pair<double, std::string> timed_error(Fn&& fn) {
