@@ -68,8 +68,7 @@ void quantize_moments(const MomentLayout& layout, int64_t begin, int64_t end, co
       continue;
     }
     quantize_blocks(quant_table(true), exp_avg + b.begin, b.len, out.exp_avg_codes + b.begin, out.exp_avg_absmax + b.state);
-    quantize_blocks(quant_table(false), exp_avg_sq + b.begin, b.len, out.exp_avg_sq_codes + b.begin,
-                    out.exp_avg_sq_absmax + b.state);
+    quantize_second_moments(exp_avg_sq + b.begin, b.len, out.exp_avg_sq_codes + b.begin, out.exp_avg_sq_absmax + b.state);
   }
 }
 
@@ -82,8 +81,18 @@ void dequantize_moments(const MomentLayout& layout, int64_t begin, int64_t end, 
       continue;
     }
     dequantize_blocks(quant_table(true), in.exp_avg_codes + b.begin, in.exp_avg_absmax + b.state, b.len, exp_avg + b.begin);
-    dequantize_blocks(quant_table(false), in.exp_avg_sq_codes + b.begin, in.exp_avg_sq_absmax + b.state, b.len,
-                      exp_avg_sq + b.begin);
+    dequantize_second_moments(in.exp_avg_sq_codes + b.begin, in.exp_avg_sq_absmax + b.state, b.len, exp_avg_sq + b.begin);
+  }
+}
+
+void roots_from_plain_second_moments(const MomentLayout& layout, int64_t begin, int64_t end, const MomentBuffers& state) {
+  alignas(64) float v[kQuantBlock];
+  for (const MomentBlock& b : layout.blocks(begin, end)) {
+    if (!b.quantized) continue;
+    uint8_t* codes = state.exp_avg_sq_codes + b.begin;
+    float* absmax = state.exp_avg_sq_absmax + b.state;
+    dequantize_blocks(quant_table(false), codes, absmax, b.len, v);
+    quantize_second_moments(v, b.len, codes, absmax);
   }
 }
 

@@ -169,6 +169,20 @@ void dequantize_blocks(const QuantTable& t, const uint8_t* codes, const float* a
   }
 }
 
+void quantize_second_moments(const float* v, int64_t n, uint8_t* codes, float* absmax) {
+  alignas(64) float root[kQuantBlock];
+  for (int64_t b0 = 0, block = 0; b0 < n; b0 += kQuantBlock, ++block) {
+    const int64_t len = std::min(kQuantBlock, n - b0);
+    for (int64_t i = 0; i < len; ++i) root[i] = std::sqrt(v[b0 + i]);
+    quantize_blocks(quant_table(false), root, len, codes + b0, absmax + block);
+  }
+}
+
+void dequantize_second_moments(const uint8_t* codes, const float* absmax, int64_t n, float* v) {
+  dequantize_blocks(quant_table(false), codes, absmax, n, v);
+  for (int64_t i = 0; i < n; ++i) v[i] = v[i] * v[i];
+}
+
 size_t first_block_at(const std::vector<MomentBlock>& blocks, int64_t pos) {
   return static_cast<size_t>(
       std::lower_bound(blocks.begin(), blocks.end(), pos, [](const MomentBlock& b, int64_t x) { return b.begin < x; }) -
@@ -204,7 +218,6 @@ std::vector<MomentBlock> dense_fp32_blocks(const std::vector<ParamSpan>& spans) 
 void cpu_adamw_update_8bit(const CpuAdamWStep& s, const MomentBlock* blocks, int64_t num_blocks, float* param,
                            const MomentBuffers& mb, const void* grad, HostGradType grad_type, uint16_t* param_bf16) {
   const QuantTable& signed_map = quant_table(true);
-  const QuantTable& unsigned_map = quant_table(false);
   const int64_t grad_bytes = grad_type == HostGradType::kBFloat16 ? 2 : 4;
   CpuAdamWStep no_decay = s;
   no_decay.weight_decay = 0;
@@ -221,10 +234,10 @@ void cpu_adamw_update_8bit(const CpuAdamWStep& s, const MomentBlock* blocks, int
       continue;
     }
     dequantize_blocks(signed_map, mb.exp_avg_codes + b.begin, mb.exp_avg_absmax + b.state, b.len, m);
-    dequantize_blocks(unsigned_map, mb.exp_avg_sq_codes + b.begin, mb.exp_avg_sq_absmax + b.state, b.len, v);
+    dequantize_second_moments(mb.exp_avg_sq_codes + b.begin, mb.exp_avg_sq_absmax + b.state, b.len, v);
     cpu_adamw_update(step, b.len, param + b.begin, m, v, g, grad_type, out);
     quantize_blocks(signed_map, m, b.len, mb.exp_avg_codes + b.begin, mb.exp_avg_absmax + b.state);
-    quantize_blocks(unsigned_map, v, b.len, mb.exp_avg_sq_codes + b.begin, mb.exp_avg_sq_absmax + b.state);
+    quantize_second_moments(v, b.len, mb.exp_avg_sq_codes + b.begin, mb.exp_avg_sq_absmax + b.state);
   }
 }
 

@@ -121,8 +121,10 @@ __device__ __forceinline__ void update_full_block(const Adamw8bitArgs& a, const 
   for (int k = 0; k < kPerThread; ++k) {
     const uint32_t mw = k < 4 ? mc.x : mc.y, vw = k < 4 ? vc.x : vc.y;
     m[k] = __fmul_rn(st.map[(mw >> (8 * (k % 4))) & 0xFFu], m_scale);
-    v[k] = __fmul_rn(ut.map[(vw >> (8 * (k % 4))) & 0xFFu], v_scale);
+    const float root = __fmul_rn(ut.map[(vw >> (8 * (k % 4))) & 0xFFu], v_scale);  // Note [Second moment as its root]
+    v[k] = __fmul_rn(root, root);
     p[k] = update_element<kLerpFromM>(a.c, decay, scale, g[k], p[k], m[k], v[k]);
+    v[k] = __fsqrt_rn(v[k]);
     m_amax = fmaxf(m_amax, fabsf(m[k]));
     v_amax = fmaxf(v_amax, fabsf(v[k]));
   }
@@ -184,7 +186,12 @@ __device__ __forceinline__ void update_any_block(const Adamw8bitArgs& a, const Q
     const int64_t at = blk.begin + i;
     const float g0 = kBf16Grad ? bf16_to_float(static_cast<const uint16_t*>(a.grad)[at]) : static_cast<const float*>(a.grad)[at];
     m[k] = quantized ? __fmul_rn(st.map[mb.exp_avg_codes[at]], m_scale) : mb.exp_avg[blk.state + i];
-    v[k] = quantized ? __fmul_rn(ut.map[mb.exp_avg_sq_codes[at]], v_scale) : mb.exp_avg_sq[blk.state + i];
+    if (quantized) {  // Note [Second moment as its root]
+      const float root = __fmul_rn(ut.map[mb.exp_avg_sq_codes[at]], v_scale);
+      v[k] = __fmul_rn(root, root);
+    } else {
+      v[k] = mb.exp_avg_sq[blk.state + i];
+    }
     const float p1 = update_element<kLerpFromM>(a.c, decay, scale, g0, a.param[at], m[k], v[k]);
     a.param[at] = p1;
     if (a.param_bf16 != nullptr) a.param_bf16[at] = to_bf16(p1);
@@ -192,6 +199,7 @@ __device__ __forceinline__ void update_any_block(const Adamw8bitArgs& a, const Q
       mb.exp_avg[blk.state + i] = m[k];
       mb.exp_avg_sq[blk.state + i] = v[k];
     }
+    v[k] = __fsqrt_rn(v[k]);
     m_amax = fmaxf(m_amax, fabsf(m[k]));
     v_amax = fmaxf(v_amax, fabsf(v[k]));
   }

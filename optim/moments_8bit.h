@@ -19,6 +19,18 @@
 //
 // Tensors under kMinQuantNumel values (biases, LayerNorm) keep fp32 moments, as bitsandbytes does;
 // moment_layout.h makes that choice and cuts the flat space into MomentBlocks.
+//
+// Note [Second moment as its root]
+// The 8-bit state of the second moment v is sqrt(v), quantized with the unsigned map (its absmax
+// is the block's largest root). v = E[g^2] spans twice the decades of m = E[g]: quantized as it is,
+// the v of an element whose gradient is under ~1/4500 of its block's largest falls below the map's
+// smallest step (1e-7 of the absmax) and decodes to 0, while its m, ~1/4500 of m's absmax, survives,
+// so the update m / (sqrt(0) + eps) is orders of magnitude too large. Embedding rows of rare tokens
+// did this on configs/tiny.ini: the loss jumped from 7.2 to 75.7 at step 37 where fp32 moments gave
+// 7.19. Kept as its root, v resolves gradients down to 1e-7 of the block's largest, as m does. The
+// update squares the decoded root and takes the root of the new v (IEEE multiply and square root:
+// the same bits on CPU and GPU). Checkpoints say so (manifest exp_avg_sq_8bit = "root"; older 8-bit
+// checkpoints held v itself and are converted on load, moment_layout.h).
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -111,6 +123,10 @@ GPT2_HOST_DEVICE uint8_t quantize_with(const QuantTable& t, float x) {
 // absmax per block (ceil(n / kQuantBlock)). A block of zeros has absmax 0 and decodes to zeros.
 void quantize_blocks(const QuantTable& t, const float* x, int64_t n, uint8_t* codes, float* absmax);
 void dequantize_blocks(const QuantTable& t, const uint8_t* codes, const float* absmax, int64_t n, float* out);
+// The second moment's blocks (Note [Second moment as its root]): v (n values, never negative) into
+// the codes and absmax values of sqrt(v), and back into v.
+void quantize_second_moments(const float* v, int64_t n, uint8_t* codes, float* absmax);
+void dequantize_second_moments(const uint8_t* codes, const float* absmax, int64_t n, float* v);
 
 // A run of at most kQuantBlock elements of one parameter that the update takes as a unit: a
 // quantization block (8-bit moments, one absmax per moment), or a piece of a parameter that keeps
@@ -155,7 +171,8 @@ struct ParamSpan {
 // Spans sorted by begin, not overlapping; empty ones are skipped. std::logic_error otherwise.
 std::vector<MomentBlock> dense_fp32_blocks(const std::vector<ParamSpan>& spans);
 
-// One AdamW update of the given blocks: at an 8-bit block both moments are dequantized into fp32,
+// One AdamW update of the given blocks: at an 8-bit block both moments are dequantized into fp32 (v
+// from its root),
 // updated by cpu_adamw_update (the same arithmetic as the fp32 path) and quantized again with new
 // absmax values; an fp32 block is cpu_adamw_update on its packed moments. s.weight_decay applies
 // to blocks whose weight_decay is 1, none to the others. grad, grad_type and param_bf16 as for

@@ -51,7 +51,7 @@ json::Value CheckpointManifest::to_json() const {
   for (const auto& f : files) fs.push_back({{"name", f.name}, {"bytes", static_cast<int64_t>(f.bytes)}, {"crc32c", f.crc32c}});
   json::Value cfg = json::Value::object();
   for (const auto& [k, v] : config) cfg[k] = v;
-  return {{"format", kCheckpointFormat},
+  json::Value out = {{"format", kCheckpointFormat},
           {"format_version", kCheckpointVersion},
           {"step", step},
           {"world_size", world_size},
@@ -67,6 +67,8 @@ json::Value CheckpointManifest::to_json() const {
           {"data", {{"seed", static_cast<int64_t>(seed)}, {"next_step", step}}},
           {"config", cfg},
           {"files", fs}};
+  if (optimizer_moments == "8bit") out["exp_avg_sq_8bit"] = exp_avg_sq_8bit;
+  return out;
 }
 
 CheckpointManifest CheckpointManifest::read(const std::string& dir) {
@@ -96,6 +98,13 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
     m.optimizer_moments = json::as_string(*moments, "optimizer_moments");
     if (m.optimizer_moments != "fp32" && m.optimizer_moments != "8bit") {
       throw UserError(path + ": optimizer_moments is '" + m.optimizer_moments + "', expected fp32 or 8bit");
+    }
+  }
+  if (m.optimizer_moments == "8bit") {
+    const json::Value* sq = json::find(v, "exp_avg_sq_8bit");
+    m.exp_avg_sq_8bit = sq != nullptr ? json::as_string(*sq, "exp_avg_sq_8bit") : "plain";
+    if (m.exp_avg_sq_8bit != "root" && m.exp_avg_sq_8bit != "plain") {
+      throw UserError(path + ": exp_avg_sq_8bit is '" + m.exp_avg_sq_8bit + "', expected root or plain");
     }
   }
   m.flat_total = json::as_int(json::at(v, "flat_total", what), "flat_total");

@@ -39,6 +39,9 @@ struct CheckpointManifest {
   int64_t zero_stage = 0;
   std::string offload, dtype;
   std::string optimizer_moments = "fp32";  // fp32 | 8bit: which datasets the shards hold (DESIGN.md)
+  // 8bit: what exp_avg_sq's codes hold: "root", sqrt(v) (Note [Second moment as its root]), or
+  // "plain", v itself (checkpoints written before it, which have no such key).
+  std::string exp_avg_sq_8bit = "root";
   int64_t flat_total = 0, flat_padded = 0;
   std::vector<Param> params;
   std::vector<Shard> shards;

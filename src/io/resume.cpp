@@ -187,7 +187,13 @@ void read_8bit_moments(const CheckpointManifest& m, const optim::MomentLayout& m
     }
   }
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT64_T, MPI_MIN, env.comm()));
-  if (bad == std::numeric_limits<int64_t>::max()) return;
+  if (bad == std::numeric_limits<int64_t>::max()) {
+    if (m.exp_avg_sq_8bit == "plain") {  // Note [Second moment as its root]: an older checkpoint
+      log::info("checkpoint ", m.dir, " holds 8-bit second moments as v: converting them to sqrt(v)");
+      optim::roots_from_plain_second_moments(ml, begin, end, s->moment_buffers());
+    }
+    return;
+  }
   const int64_t index = bad / 2;
   const char* name = bad % 2 == 0 ? "exp_avg_absmax" : "exp_avg_sq_absmax";
   const optim::MomentBlock block = ml.absmax_block(index);

@@ -198,8 +198,9 @@ int nearest(const QuantMap& m, double x) {
   return best;
 }
 
-// One step of AdamW with 8-bit moments against the same algorithm in float64: dequantize, update
-// (decoupled decay, bias correction), and quantize with new absmax values. The parameters agree to
+// One step of AdamW with 8-bit moments against the same algorithm in float64: dequantize (the second
+// moment from its root, Note [Second moment as its root]), update (decoupled decay, bias
+// correction), and quantize with new absmax values. The parameters agree to
 // fp32 rounding of the update; the new codes agree except where the fp32 and float64 moments fall
 // on either side of a midpoint between two entries (a handful in 10^4).
 TEST(Moments8bit, UpdateEqualsAFloat64ReferenceOfTheSameAlgorithm) {
@@ -213,7 +214,7 @@ TEST(Moments8bit, UpdateEqualsAFloat64ReferenceOfTheSameAlgorithm) {
   std::vector<float> ma(blocks), va(blocks);
   const auto m0 = moment_like(n, true, 3), v0 = moment_like(n, false, 4);
   quantize_blocks(quant_table(true), m0.data(), n, mc.data(), ma.data());
-  quantize_blocks(quant_table(false), v0.data(), n, vc.data(), va.data());
+  quantize_second_moments(v0.data(), n, vc.data(), va.data());
 
   CpuAdamWStep s;
   s.lr = 1e-3;
@@ -225,7 +226,8 @@ TEST(Moments8bit, UpdateEqualsAFloat64ReferenceOfTheSameAlgorithm) {
   for (int64_t i = 0; i < n; ++i) {
     const double g = grad[i];
     const double m = static_cast<double>(sm[mc[i]]) * ma[i / kQuantBlock];
-    const double v = static_cast<double>(um[vc[i]]) * va[i / kQuantBlock];
+    const double root = static_cast<double>(um[vc[i]]) * va[i / kQuantBlock];
+    const double v = root * root;
     m_ref[i] = s.beta1 * m + (1 - s.beta1) * g;
     v_ref[i] = s.beta2 * v + (1 - s.beta2) * g * g;
     const double p = param[i] * (1 - s.lr * s.weight_decay);
@@ -244,11 +246,11 @@ TEST(Moments8bit, UpdateEqualsAFloat64ReferenceOfTheSameAlgorithm) {
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t lo = b * kQuantBlock, hi = std::min(n, lo + kQuantBlock);
     double m_abs = 0, v_abs = 0;
-    for (int64_t i = lo; i < hi; ++i) m_abs = std::max(m_abs, std::abs(m_ref[i])), v_abs = std::max(v_abs, v_ref[i]);
+    for (int64_t i = lo; i < hi; ++i) m_abs = std::max(m_abs, std::abs(m_ref[i])), v_abs = std::max(v_abs, std::sqrt(v_ref[i]));
     EXPECT_NEAR(ma[b], m_abs, 1e-6 * m_abs) << "first moment absmax, block " << b;
-    EXPECT_NEAR(va[b], v_abs, 1e-6 * v_abs) << "second moment absmax, block " << b;
+    EXPECT_NEAR(va[b], v_abs, 1e-6 * v_abs) << "second moment's root absmax, block " << b;
     for (int64_t i = lo; i < hi; ++i) {
-      const int mw = nearest(sm, m_ref[i] / m_abs), vw = nearest(um, v_ref[i] / v_abs);
+      const int mw = nearest(sm, m_ref[i] / m_abs), vw = nearest(um, std::sqrt(v_ref[i]) / v_abs);
       m_differ += mc[i] != mw;
       v_differ += vc[i] != vw;
       ASSERT_LE(std::abs(mc[i] - mw), 1) << "first moment code " << i;
@@ -260,6 +262,38 @@ TEST(Moments8bit, UpdateEqualsAFloat64ReferenceOfTheSameAlgorithm) {
   std::printf("[ measured ] 8-bit update vs float64: parameters within %.2f rounding units; codes off by one: "
               "first moment %lld, second %lld of %lld\n",
               worst, static_cast<long long>(m_differ), static_cast<long long>(v_differ), static_cast<long long>(n));
+}
+
+// Note [Second moment as its root]: in one block, one gradient of 1 and the rest 1.7e-4 (v's ratio
+// 2.9e-8, under half the map's smallest step of 1e-7: quantized as v it decoded to 0 and the small ones
+// moved by m / eps, ~1e4 times their fp32 step). With roots every element's move over three steps
+// is its fp32 move to within the maps' resolution at 1e-4 of the absmax (2 fraction bits there:
+// at most a factor of ~1.5 either way for m, less for sqrt(v)); the bound checked is a factor 2.
+TEST(Moments8bit, SmallGradientsBesideALargeOneMoveAsWithFp32Moments) {
+  const int64_t n = kQuantBlock;
+  std::vector<float> grad(n, 1.7e-4f);  // between two map entries
+  grad[0] = 1.0f;
+  std::vector<float> p8(n, 0.5f), p32(n, 0.5f), m32(n, 0.0f), v32(n, 0.0f);
+  std::vector<uint8_t> mc(n, 0), vc(n, 0);
+  std::vector<float> ma(1, 0.0f), va(1, 0.0f);
+  quantize_blocks(quant_table(true), m32.data(), n, mc.data(), ma.data());
+  quantize_second_moments(v32.data(), n, vc.data(), va.data());
+  CpuAdamWStep s;
+  s.lr = 1e-3;
+  for (s.step = 1; s.step <= 3; ++s.step) {
+    update_contiguous(s, n, p8.data(), mc.data(), ma.data(), vc.data(), va.data(), grad.data(), HostGradType::kFloat32,
+                      nullptr);
+    cpu_adamw_update(s, n, p32.data(), m32.data(), v32.data(), grad.data(), HostGradType::kFloat32, nullptr);
+  }
+  double worst = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    const double ratio = (p8[i] - 0.5) / (p32[i] - 0.5);
+    worst = std::max(worst, std::max(ratio, 1 / ratio));
+    ASSERT_GT(ratio, 0.5) << i;
+    ASSERT_LT(ratio, 2.0) << i;
+  }
+  std::printf("[ measured ] 8-bit vs fp32 moments, gradients 1 and 1.7e-4 in one block: moves within a factor %.3f\n",
+              worst);
 }
 
 // bf16 gradients and the bf16 parameter copy give what the fp32 path gives on the same values.
