@@ -76,6 +76,9 @@ OptionList bind_options(Config& c) {
   o.add("train.gemm_tuning", &c.train.gemm_tuning,
         "CUDA bf16/fp16: time ATen's and cuBLASLt's algorithms for each GEMM shape in the first step and keep the "
         "fastest (src/kernels/gemm.h); false = ATen's GEMMs");
+  o.add("train.deterministic", &c.train.deterministic,
+        "CUDA: bitwise-reproducible runs (deterministic attention backward and ATen ops, cuBLAS workspace and NCCL "
+        "ring pinned, tuned GEMM choices shared through GPT2_CACHE_DIR); the CPU always is");
   o.add("train.init_from", &c.train.init_from,
         "none | weights to fine-tune: a checkpoint, a model file (gpt2-ckpt consolidate/import-hf) or a Hugging Face dir");
   o.add("precision.dtype", &c.precision.dtype, "bf16 | fp16 | fp32");

@@ -49,7 +49,7 @@ void MetricsWriter::write(int64_t step, const std::vector<std::pair<std::string,
 std::string json_number(double v) {
   if (!std::isfinite(v)) return "null";
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.7g", v);
+  std::snprintf(buf, sizeof buf, "%.17g", v);  // round-trips: runs compare bit for bit
   return buf;
 }
 
