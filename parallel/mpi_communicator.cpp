@@ -168,12 +168,7 @@ class MpiCommunicator : public Communicator {
     MPI_Request req;
     MPI_CHECK(MPI_Iallgather(t.data_ptr(), count(t), mpi_type(t), received.data_ptr(), count(t), mpi_type(t), comm_,
                              &req));
-    auto finish = [t, received, divide = divisor(op)]() mutable {
-      auto flat = t.view({-1});
-      sum_in_rank_order(received, flat);
-      if (divide != 1.0) flat.div_(divide);
-    };
-    return work(req, {t, received}, "all_reduce", finish);
+    return work(req, {t, received}, "all_reduce", sum_after(received, t, op));
   }
 
   std::unique_ptr<Work> reduce(torch::Tensor t, int root, ReduceOp op) override {
@@ -193,12 +188,7 @@ class MpiCommunicator : public Communicator {
     auto received = at::empty({world_size_, t.numel()}, t.options());
     MPI_CHECK(MPI_Igather(t.data_ptr(), count(t), mpi_type(t), received.data_ptr(), count(t), mpi_type(t), root, comm_,
                           &req));
-    auto finish = [t, received, divide = divisor(op)]() mutable {
-      auto flat = t.view({-1});
-      sum_in_rank_order(received, flat);
-      if (divide != 1.0) flat.div_(divide);
-    };
-    return work(req, {t, received}, "reduce", finish);
+    return work(req, {t, received}, "reduce", sum_after(received, t, op));
   }
 
   std::unique_ptr<Work> reduce_scatter(torch::Tensor out, torch::Tensor in, ReduceOp op) override {
@@ -215,12 +205,7 @@ class MpiCommunicator : public Communicator {
     auto received = at::empty({world_size_, out.numel()}, in.options());
     MPI_CHECK(MPI_Ialltoall(in.data_ptr(), count(out), mpi_type(in), received.data_ptr(), count(out), mpi_type(in),
                             comm_, &req));
-    auto finish = [out, received, divide = divisor(op)]() mutable {
-      auto flat = out.view({-1});
-      sum_in_rank_order(received, flat);
-      if (divide != 1.0) flat.div_(divide);
-    };
-    return work(req, {out, in, received}, "reduce_scatter", finish);
+    return work(req, {out, in, received}, "reduce_scatter", sum_after(received, out, op));
   }
 
   std::unique_ptr<Work> all_gather(torch::Tensor out, torch::Tensor in) override {
@@ -251,6 +236,15 @@ class MpiCommunicator : public Communicator {
 
  private:
   double divisor(ReduceOp op) const { return op == ReduceOp::kAvg ? world_size_ : 1.0; }
+  // Note [Rank-order sums]: once every rank's values are in `received` ([world, n]), `out` (n) is
+  // their sum in rank order, divided for kAvg.
+  std::function<void()> sum_after(torch::Tensor received, torch::Tensor out, ReduceOp op) const {
+    return [received, out, divide = divisor(op)]() mutable {
+      auto flat = out.view({-1});
+      sum_in_rank_order(received, flat);
+      if (divide != 1.0) flat.div_(divide);
+    };
+  }
   // kAvg after MPI's own sum: the division, once the sum is there.
   std::function<void()> divide_after(torch::Tensor t, ReduceOp op) const {
     if (op != ReduceOp::kAvg) return {};

@@ -120,6 +120,30 @@ TEST(Moments8bit, RoundTripErrorIsAtMostHalfTheLocalGap) {
   }
 }
 
+// Note [Second moment as its root]: a checkpoint from before it holds v's own codes; converted, its
+// roots decode to the roots of what the old codes decoded to, within half the map's local gap at
+// the new code (the round trip's bound above), and v itself is the square of that.
+TEST(MomentLayout, PlainSecondMomentsOfOlderCheckpointsBecomeRoots) {
+  const int64_t n = 2 * kQuantBlock + 77;
+  const MomentLayout layout({{0, n, true}});
+  const auto v = moment_like(n, false, 21);
+  const auto& um = dynamic_map(false);
+  std::vector<uint8_t> codes(n);
+  std::vector<float> absmax(layout.num_absmax()), plain(n), root(n);
+  quantize_blocks(quant_table(false), v.data(), n, codes.data(), absmax.data());  // what older checkpoints hold
+  dequantize_blocks(quant_table(false), codes.data(), absmax.data(), n, plain.data());
+  MomentBuffers mb;
+  mb.exp_avg_sq_codes = codes.data();
+  mb.exp_avg_sq_absmax = absmax.data();
+  roots_from_plain_second_moments(layout, 0, n, mb);
+  dequantize_blocks(quant_table(false), codes.data(), absmax.data(), n, root.data());
+  for (int64_t i = 0; i < n; ++i) {
+    const int c = codes[i];
+    const double gap = std::max(c > 0 ? um[c] - um[c - 1] : 0.0f, c < 255 ? um[c + 1] - um[c] : 0.0f);
+    ASSERT_LE(std::abs(root[i] - std::sqrt(plain[i])), (gap / 2 + 1e-7) * absmax[i / kQuantBlock]) << i;
+  }
+}
+
 // Note [Quantizer buckets]: the bucketed search gives quantize_value's code for every map entry,
 // every midpoint and the floats on either side of it, both edges of every bucket for both signs,
 // special values, and 4 million random values over 40 decades; each bucket spans at most 1 entry.
