@@ -6,9 +6,6 @@
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
-#include <cstring>
-#include <type_traits>
-
 #include "src/base/errors.h"
 #ifdef GPT2_WITH_CUDA
 #include "src/base/cuda_check.h"
@@ -27,21 +24,9 @@ double combine(const double (&lane)[kLanes]) {
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
-float bf16_to_float(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 template <typename T>
 double square(T x) {
-  double v;
-  if constexpr (std::is_same_v<T, uint16_t>) {
-    v = bf16_to_float(x);
-  } else {
-    v = static_cast<float>(x);
-  }
+  const double v = static_cast<float>(x);  // exact for bf16 and fp16
   return v * v;
 }
 
@@ -88,7 +73,7 @@ torch::Tensor block_sum_squares(const torch::Tensor& x, int64_t cell) {
   if (t == at::kFloat) {
     cpu_block_sum_squares(x.data_ptr<float>(), num_cells, cell, o);
   } else if (t == at::kBFloat16) {
-    cpu_block_sum_squares(static_cast<const uint16_t*>(x.data_ptr()), num_cells, cell, o);
+    cpu_block_sum_squares(x.data_ptr<at::BFloat16>(), num_cells, cell, o);
   } else {
     cpu_block_sum_squares(x.data_ptr<at::Half>(), num_cells, cell, o);
   }

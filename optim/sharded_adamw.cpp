@@ -138,24 +138,21 @@ ShardedAdamW::ShardedAdamW(const std::vector<torch::Tensor>& params, const paral
     return;
   }
 
-  if (options.moments_8bit) {
-    if (low_precision) master_ = param_shard_.to(at::kFloat);
-    // The kernels read fp32 and bf16 gradients as they are; others (fp16) through an fp32 copy.
-    if (g != at::kFloat && g != at::kBFloat16) grad32_ = at::empty({n}, param_flat_.options().dtype(at::kFloat));
-    return;
-  }
-  if (low_precision) master_ = param_shard_.to(at::kFloat);  // fp32 master weights for the shard
-  const at::Tensor& update = low_precision ? master_ : param_shard_;
-  GPT2_ASSERT(update.scalar_type() == at::kFloat, "the optimizer updates fp32 parameters or fp32 masters");
-  m_ = at::zeros({n}, update.options().dtype(at::kFloat));
-  v_ = at::zeros({n}, update.options().dtype(at::kFloat));
-  // fp32 moments through the blocks' update too: dense blocks over m_ and v_.
+  // Both moment formats: one pass over the shard's blocks (step_blocks) with fp32 master weights for
+  // the shard when the parameters are 16-bit; it reads fp32 and bf16 gradients as they are, others
+  // (fp16) through an fp32 copy.
+  if (low_precision) master_ = param_shard_.to(at::kFloat);
+  GPT2_ASSERT((low_precision ? master_ : param_shard_).scalar_type() == at::kFloat,
+              "the optimizer updates fp32 parameters or fp32 masters");
+  if (g != at::kFloat && g != at::kBFloat16) grad32_ = at::empty({n}, param_flat_.options().dtype(at::kFloat));
+  if (options.moments_8bit) return;
+  // fp32 moments: dense blocks over m_ and v_.
+  m_ = at::zeros({n}, param_flat_.options().dtype(at::kFloat));
+  v_ = at::zeros({n}, param_flat_.options().dtype(at::kFloat));
   std::vector<ParamSpan> spans;
   for (const Segment& s : segments_) spans.push_back({s.begin, s.end, s.weight_decay != 0});
   blocks_ = dense_fp32_blocks(spans);
   if (kernel_update_) upload_blocks();
-  // The update reads fp32 and bf16 gradients as they are; others (fp16) through an fp32 copy.
-  if (g != at::kFloat && g != at::kBFloat16) grad32_ = at::empty({n}, update.options().dtype(at::kFloat));
 }
 
 ShardedAdamW::~ShardedAdamW() = default;
