@@ -59,14 +59,7 @@ void BatchLoader::fill(int64_t index, torch::Tensor& buffer) const {
   for (int64_t row = 0; row < rows_; ++row) {
     const int64_t start = start_of_(index, row);
     int64_t* out = base + row * width;
-    stream_.read(start, width, out);
-    for (int64_t j = 0; j < width; ++j) {
-      if (out[j] < 0 || out[j] >= vocab_size_) {
-        const auto [path, pos] = stream_.locate(start + j);
-        throw UserError(path + ": token id " + std::to_string(out[j]) + " at position " + std::to_string(pos) +
-                        " is outside model.vocab_size = " + std::to_string(vocab_size_));
-      }
-    }
+    stream_.read_ids(start, width, out, vocab_size_, "model.vocab_size");
   }
 }
 

@@ -577,7 +577,9 @@ TokenFile TokenFile::open(const std::string& path, int64_t expected_vocab) {
   tf.info_.path = path;
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
-    throw UserError(path + ": cannot open token file: " + std::strerror(errno));
+    const int err = errno;
+    throw UserError(path + ": cannot open token file: " + std::strerror(err) +
+                    (path.empty() || path[0] == '/' ? "" : " (relative to the working directory " + files::current_dir() + ")"));
   }
   if (S_ISDIR(st.st_mode)) throw UserError(path + ": not a regular file (a directory; name a token file in it)");
   if (!S_ISREG(st.st_mode)) throw UserError(path + ": not a regular file");

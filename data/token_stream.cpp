@@ -66,6 +66,17 @@ void TokenStream::read(int64_t start, int64_t n, int64_t* out) const {
   }
 }
 
+void TokenStream::read_ids(int64_t start, int64_t n, int64_t* out, int64_t vocab, const std::string& vocab_name) const {
+  read(start, n, out);
+  for (int64_t j = 0; j < n; ++j) {
+    if (out[j] < 0 || out[j] >= vocab) {
+      const auto [path, pos] = locate(start + j);
+      throw UserError(path + ": token id " + std::to_string(out[j]) + " at position " + std::to_string(pos) +
+                      " is outside " + vocab_name + " = " + std::to_string(vocab));
+    }
+  }
+}
+
 std::pair<const std::string&, int64_t> TokenStream::locate(int64_t pos) const {
   const size_t i = std::upper_bound(starts_.begin(), starts_.end(), pos) - starts_.begin() - 1;
   return {files_[i].info().path, pos - starts_[i]};

@@ -19,6 +19,10 @@ class TokenStream {
   int64_t size() const { return total_; }
   // Tokens [start, start + n) of the stream as int64; bounds-checked.
   void read(int64_t start, int64_t n, int64_t* out) const;
+  // read(), and every id checked against [0, vocab): an id outside is a gpt2::UserError naming the
+  // file, the position in it and `vocab_name` ("PATH: token id 65535 at position 100 is outside
+  // model.vocab_size = 50257").
+  void read_ids(int64_t start, int64_t n, int64_t* out, int64_t vocab, const std::string& vocab_name) const;
   // The file holding stream position `pos` and the position inside that file (for messages).
   std::pair<const std::string&, int64_t> locate(int64_t pos) const;
   // "N tokens in K file(s)" for the log.

@@ -3,7 +3,7 @@
 # data/out/fortunes/{train,val}.h5, train with mpirun, sample from the checkpoint with
 # gpt2-generate, and plot the curves to runs/NAME/metrics.png. With a GPU (nvidia-smi lists one and
 # the build has CUDA) it trains configs/fortunes-124m.ini (GPT-2 124M, a few minutes) on one GPU;
-# otherwise configs/tiny.ini on CPU (about 5 minutes on 2 cores). Extra arguments go to
+# otherwise configs/tiny.ini on CPU (6 minutes on 2 cores with AVX-512, 20 on AVX2 only). Extra arguments go to
 # gpt2-train (e.g. --train.max_steps=100).
 # Environment: GPT2_QUICKSTART_CONFIG picks the config; GPT2_SKIP_INSTALL=1 skips
 # launch/install-deps.sh (a machine that has the dependencies but no network); FORTUNES_DIR is the

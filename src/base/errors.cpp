@@ -1,6 +1,17 @@
 #include "src/base/errors.h"
 
+#include <cstdlib>
+#include <cstring>
+
 namespace gpt2 {
+
+std::string error_message(const std::exception& e) {
+  std::string text = e.what();
+  const char* show = std::getenv("TORCH_SHOW_CPP_STACKTRACES");
+  if (show != nullptr && std::strcmp(show, "1") == 0) return text;
+  const size_t trace = text.find("\nException raised from ");
+  return trace == std::string::npos ? text : text.substr(0, trace);
+}
 
 void throw_call_error(const char* call, const std::string& result, const char* file, int line) {
   std::string where = file;

@@ -27,6 +27,10 @@ inline constexpr int kExitUsage = 2;
 // gpt2-train caught SIGUSR1/SIGTERM, saved a checkpoint and stopped: requeue the job to go on.
 inline constexpr int kExitPreempted = 3;
 
+// An exception's message for the user: LibTorch's errors (c10::Error) carry a C++ stack trace in
+// what(); it is cut unless TORCH_SHOW_CPP_STACKTRACES=1 (PyTorch's own switch) asks for it.
+std::string error_message(const std::exception& e);
+
 [[noreturn]] void throw_call_error(const char* call, const std::string& result, const char* file,
                                    int line);
 

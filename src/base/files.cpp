@@ -135,6 +135,11 @@ std::string real_path(const std::string& path) {
   return resolved.get();
 }
 
+std::string current_dir() {
+  char buf[4096];
+  return ::getcwd(buf, sizeof buf) != nullptr ? std::string(buf) : std::string("?");
+}
+
 std::string executable_path() {
   std::string buf(256, '\0');
   for (;;) {

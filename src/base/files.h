@@ -32,6 +32,8 @@ std::string extension(const std::string& path);
 std::string join(const std::string& a, const std::string& b);
 // Absolute path with symlinks, "." and ".." resolved (realpath(3)); the path must exist.
 std::string real_path(const std::string& path);
+// getcwd(3), for messages about relative paths ("?" when it cannot be read).
+std::string current_dir();
 // The running binary (/proc/self/exe).
 std::string executable_path();
 

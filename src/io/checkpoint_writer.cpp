@@ -4,14 +4,17 @@
 
 #include <mpi.h>
 #include <signal.h>
+#include <sys/statvfs.h>
 
 #include <torch/torch.h>
 #ifdef GPT2_WITH_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #endif
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "optim/loss_scaler.h"
 #include "optim/sharded_adamw.h"
@@ -20,6 +23,7 @@
 #include "src/base/crc32c.h"
 #include "src/base/errors.h"
 #include "src/base/files.h"
+#include "src/base/log.h"
 #include "src/base/mpi_check.h"
 #include "src/base/threads.h"
 #include "src/io/h5_io.h"
@@ -47,6 +51,23 @@ struct FileRecord {
   int32_t pad;
 };
 
+// Bytes of the shard's datasets (HDF5 adds its headers on top).
+double shard_bytes(const optim::ShardedAdamW::ShardState& s) {
+  double bytes = 0;
+  for (const torch::Tensor* t : {&s.master, &s.exp_avg, &s.exp_avg_sq, &s.exp_avg_codes, &s.exp_avg_sq_codes,
+                                 &s.exp_avg_absmax, &s.exp_avg_sq_absmax}) {
+    if (t->defined()) bytes += static_cast<double>(t->numel()) * static_cast<double>(t->element_size());
+  }
+  return bytes;
+}
+
+// Bytes an unprivileged writer may still use on the file system of `dir`; -1 when unknown.
+double free_bytes(const std::string& dir) {
+  struct statvfs fs {};
+  if (::statvfs(dir.c_str(), &fs) != 0) return -1;
+  return static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
+}
+
 FileRecord record_of(const std::string& path) {
   files::sync_path(path);
   FileRecord r{0, 0, 0};
@@ -70,7 +91,13 @@ struct CheckpointWriter::Snapshot {
 };
 
 CheckpointWriter::CheckpointWriter(CheckpointSettings settings, const parallel::RankEnv& env)
-    : settings_(std::move(settings)), env_(env) {}
+    : settings_(std::move(settings)), env_(env) {
+  if (env_.rank() == 0 && !settings_.dir.empty()) {
+    for (const std::string& path : remove_checkpoint_leftovers(settings_.dir)) {
+      log::info("removed ", path, ": left by an interrupted save or removal");
+    }
+  }
+}
 
 CheckpointWriter::~CheckpointWriter() {
   release_hold();
@@ -163,9 +190,38 @@ std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::Fl
 }
 
 void CheckpointWriter::write_files(Snapshot& snap) {
+  const std::string shard_path = files::join(snap.tmp, shard_file_name(env_.rank()));
+  std::string reason;
+  // A disk that cannot hold the shard is found before HDF5 starts on it: a write that fails inside
+  // HDF5 leaves a file it cannot close (its own message at exit is noise, Note [HDF5 at exit]).
+  // (HDF5's headers for the shard's few datasets are a few KiB; 64 KiB covers them.)
+  const double need = shard_bytes(snap.state) + 65536, have = free_bytes(snap.tmp);
+  if (have >= 0 && have < need) {
+    reason = log::format("%s (%.1f MiB free, the shard needs %.1f MiB)", std::strerror(ENOSPC), have / 1048576.0,
+                         need / 1048576.0);
+  } else {
+    try {
+      write_shard(snap, shard_path);
+      return;
+    } catch (const std::exception& e) {
+      // errno still holds the failed write's reason (HDF5 reports a failed write(2) without
+      // clearing it); HDF5's own message is the fallback.
+      const int err = errno;
+      const std::string what = e.what();
+      reason = err == ENOSPC || err == EDQUOT || err == EIO || err == EFBIG || err == EROFS
+                   ? std::strerror(err)
+                   : what.substr(0, what.find('\n'));
+    }
+  }
+  files::remove_file(shard_path);
+  if (env_.rank() == 0) files::remove_tree(snap.tmp);  // another rank's unfinished .tmp goes at the next start
+  throw UserError("checkpoint of step " + std::to_string(snap.step) + ": cannot write " + shard_path + ": " + reason +
+                  " (the checkpoints saved before it are intact)");
+}
+
+void CheckpointWriter::write_shard(Snapshot& snap, const std::string& shard_path) {
   const int rank = env_.rank();
   const int64_t step = snap.step;
-  const std::string shard_path = files::join(snap.tmp, shard_file_name(rank));
   {
     h5::H5ErrorSilencer quiet;
     h5::H5Id file = h5::create_h5(shard_path);
@@ -252,6 +308,10 @@ std::string CheckpointWriter::finish() {
     fault_point(rank, 6, step);
     files::write_file_durably(files::join(snap->tmp, "manifest.json"), json::dump(m.to_json()) + "\n");
     fault_point(rank, 7, step);
+    if (files::exists(snap->final_dir)) {  // an incomplete one of this step (find_checkpoint warned)
+      log::warn("replacing ", snap->final_dir, ": it has no manifest.json");
+      files::remove_tree(snap->final_dir);
+    }
     files::rename_durably(snap->tmp, snap->final_dir);  // from here on the checkpoint is complete
     fault_point(rank, 8, step);
     files::write_file_durably(files::join(snap->root, "latest"), step_dir_name(step) + "\n");

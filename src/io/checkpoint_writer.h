@@ -67,7 +67,8 @@ class CheckpointWriter {
 
  private:
   struct Snapshot;
-  void write_files(Snapshot& snap);
+  void write_files(Snapshot& snap);  // the shard, and on failure a UserError naming it and the OS error
+  void write_shard(Snapshot& snap, const std::string& shard_path);
   std::string finish();
   void release_hold();
 

@@ -8,6 +8,7 @@
 #include "src/base/crc32c.h"
 #include "src/base/errors.h"
 #include "src/base/files.h"
+#include "src/base/log.h"
 
 namespace gpt2 {
 
@@ -178,26 +179,57 @@ GPT2Config CheckpointManifest::model_config() const {
   return c;
 }
 
+CheckpointRoot CheckpointRoot::scan(const std::string& root) {
+  CheckpointRoot r;
+  for (const auto& name : files::list_directory(root)) {
+    const std::string path = files::join(root, name);
+    if (!files::is_directory(path)) continue;
+    const int64_t step = step_of_dir_name(name);
+    if (step >= 0) {
+      (files::is_regular_file(files::join(path, "manifest.json")) ? r.complete : r.incomplete).emplace_back(step, name);
+    } else if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0 &&
+               step_of_dir_name(name.substr(0, name.size() - 4)) >= 0) {
+      r.unfinished.push_back(name);
+    }
+  }
+  std::sort(r.complete.begin(), r.complete.end());
+  std::sort(r.incomplete.begin(), r.incomplete.end());
+  std::sort(r.unfinished.begin(), r.unfinished.end());
+  const std::string latest = files::join(root, "latest");
+  if (files::is_regular_file(latest)) {
+    r.latest = files::read_file(latest);
+    while (!r.latest.empty() && (r.latest.back() == '\n' || r.latest.back() == ' ')) r.latest.pop_back();
+  }
+  return r;
+}
+
 std::string find_checkpoint(const std::string& dir) {
   if (dir.empty() || !files::is_directory(dir)) return "";
   if (files::is_regular_file(files::join(dir, "manifest.json"))) return dir;
   // The newest step_NNNNNNN/ with a manifest: a directory gets its final name only after its
   // manifest is on disk, so it is complete even when a crash came before `latest` was replaced.
-  std::string newest;
-  int64_t newest_step = -1;
-  for (const auto& name : files::list_directory(dir)) {
-    const int64_t step = step_of_dir_name(name);
-    if (step > newest_step && files::is_regular_file(files::join(files::join(dir, name), "manifest.json"))) {
-      newest = name;
-      newest_step = step;
+  const CheckpointRoot root = CheckpointRoot::scan(dir);
+  if (root.complete.empty()) {
+    if (!root.latest.empty()) {
+      throw UserError(files::join(dir, "latest") + ": names a checkpoint, but " + dir +
+                      " holds no complete step_* directory");
+    }
+    return "";
+  }
+  const auto& [step, newest] = root.complete.back();
+  for (const auto& [s, name] : root.incomplete) {
+    if (s > step) {
+      log::warn(files::join(dir, name), ": no manifest.json (an interrupted save or damage): skipped; ", newest,
+                " is the newest complete checkpoint");
     }
   }
-  if (!newest.empty()) return files::join(dir, newest);
-  const std::string latest = files::join(dir, "latest");
-  if (files::is_regular_file(latest)) {
-    throw UserError(latest + ": names a checkpoint, but " + dir + " holds no complete step_* directory");
+  const bool latest_complete = std::any_of(root.complete.begin(), root.complete.end(),
+                                           [&](const auto& c) { return c.second == root.latest; });
+  if (!root.latest.empty() && !latest_complete) {
+    log::warn(files::join(dir, "latest"), " names ", root.latest, ", which is not a complete checkpoint; taking ",
+              newest);
   }
-  return "";
+  return files::join(dir, newest);
 }
 
 std::vector<std::string> verify_checkpoint_files(const CheckpointManifest& m, const std::vector<size_t>& which) {

@@ -79,9 +79,21 @@ int64_t step_of_dir_name(const std::string& name);
 // "optim_r00001.h5": rank r's optimizer shard.
 std::string shard_file_name(int rank);
 
+// What a checkpoint root holds: step_NNNNNNN directories with manifest.json (complete) and
+// without (a save or a removal that a crash cut short, or damage), unfinished step_*.tmp saves,
+// and the text of `latest` ("" when absent). Each list ascending by step.
+struct CheckpointRoot {
+  std::vector<std::pair<int64_t, std::string>> complete, incomplete;  // (step, directory name)
+  std::vector<std::string> unfinished;                                 // names
+  std::string latest;
+  static CheckpointRoot scan(const std::string& root);
+};
+
 // The checkpoint directory a resume spec names: `dir` itself when it holds manifest.json, else the
 // newest complete `dir/step_NNNNNNN/` (what `latest` names, unless a crash came between the rename
-// and the pointer update); "" when there is none (nothing to resume).
+// and the pointer update); "" when there is none (nothing to resume). Warns, naming them, about
+// incomplete step directories newer than the one it returns and about a `latest` that names
+// another.
 std::string find_checkpoint(const std::string& dir);
 
 // Checks the size and CRC-32C of manifest.files[i] for the given indices (all when empty).

@@ -87,6 +87,7 @@ WeightsSource find_weights(const std::string& path) {
     const CheckpointManifest m = CheckpointManifest::read(s.path);
     s.config = m.model_config();
     s.step = m.step;
+    s.trained_dtype = m.dtype;
   }
   s.config.validate();
   return s;
@@ -114,7 +115,8 @@ GPT2 load_model(const std::string& path) {
   return model;
 }
 
-InferenceModel load_model_to_run(const std::string& path, const std::string& device, const std::string& dtype) {
+InferenceModel load_model_to_run(const std::string& path, const std::string& device, const std::string& dtype,
+                                 bool auto_trained) {
   if (device != "auto" && device != "cpu" && device != "cuda") {
     throw UserError("--device = " + device + ": must be auto, cpu or cuda");
   }
@@ -125,9 +127,12 @@ InferenceModel load_model_to_run(const std::string& path, const std::string& dev
   if (device == "cuda" && !have_cuda) throw UserError("--device = cuda: no CUDA device is visible");
   InferenceModel m;
   m.device = (device == "cpu" || !have_cuda) ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA);
-  m.dtype = dtype != "auto" ? dtype : m.device.is_cuda() ? "bf16" : "fp32";
-  const auto scalar = m.dtype == "bf16" ? torch::kBFloat16 : m.dtype == "fp16" ? torch::kHalf : torch::kFloat;
   m.source = find_weights(path);
+  m.dtype = dtype != "auto"                                   ? dtype
+            : auto_trained && !m.source.trained_dtype.empty() ? m.source.trained_dtype
+            : m.device.is_cuda()                              ? "bf16"
+                                                              : "fp32";
+  const auto scalar = m.dtype == "bf16" ? torch::kBFloat16 : m.dtype == "fp16" ? torch::kHalf : torch::kFloat;
   m.model = GPT2(m.source.config);
   load_weights(m.model, m.source);
   m.model->to(m.device, scalar);

@@ -18,7 +18,10 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-void validate(const GPT2Config& cfg, const std::vector<std::vector<int64_t>>& prompts, const SamplingOptions& o) {
+}  // namespace
+
+void validate_generation(const GPT2Config& cfg, const std::vector<std::vector<int64_t>>& prompts,
+                         const SamplingOptions& o) {
   if (prompts.empty()) throw UserError("generate: no prompts given");
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (prompts[i].empty()) throw UserError("generate: prompt " + std::to_string(i) + " holds no tokens");
@@ -34,8 +37,6 @@ void validate(const GPT2Config& cfg, const std::vector<std::vector<int64_t>>& pr
   if (o.top_k < 0) throw UserError("generate: top_k must be >= 0 (0 = whole vocabulary), got " + std::to_string(o.top_k));
   if (!(o.top_p > 0.0 && o.top_p <= 1.0)) throw UserError("generate: top_p must be in (0, 1], got " + std::to_string(o.top_p));
 }
-
-}  // namespace
 
 int64_t sample_next(torch::Tensor logits, const SamplingOptions& o, at::Generator& gen) {
   if (o.temperature == 0.0) return logits.argmax().item<int64_t>();
@@ -66,13 +67,12 @@ std::vector<std::vector<int64_t>> generate(GPT2& model, const std::vector<std::v
                                            const SamplingOptions& options, const TokenCallback& on_tokens,
                                            GenerationStats* stats) {
   const GPT2Config& cfg = model->config();
-  validate(cfg, prompts, options);
+  validate_generation(cfg, prompts, options);
   GenerationStats local;
   GenerationStats& st = stats ? *stats : local;
   st = {};
   const int64_t B = static_cast<int64_t>(prompts.size());
   std::vector<std::vector<int64_t>> outputs(B);
-  for (const auto& p : prompts) st.prompt_tokens += static_cast<int64_t>(p.size());
   if (options.max_new_tokens == 0) return outputs;
 
   torch::NoGradGuard no_grad;
@@ -105,7 +105,10 @@ std::vector<std::vector<int64_t>> generate(GPT2& model, const std::vector<std::v
     return model->forward_cached(torch::tensor(ids, torch::kLong).view({B, longest}).to(device), cache);  // (B, V)
   };
 
-  for (int64_t b = 0; b < B; ++b) fit(b);
+  for (int64_t b = 0; b < B; ++b) {
+    fit(b);  // a prompt longer than the window keeps its last `restart` tokens
+    st.prompt_tokens += static_cast<int64_t>(tokens[b].size()) - start[b];
+  }
   auto t0 = Clock::now();
   torch::Tensor logits = prefill();
   std::vector<bool> done(B, false);

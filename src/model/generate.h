@@ -27,7 +27,7 @@ struct SamplingOptions {
 };
 
 struct GenerationStats {
-  int64_t prompt_tokens = 0;  // real prompt tokens (no padding)
+  int64_t prompt_tokens = 0;  // prompt tokens prefilled (no padding; a prompt longer than the window is cropped)
   int64_t new_tokens = 0;     // sampled tokens kept in the outputs
   int64_t steps = 0;          // forward passes after the first
   int64_t rebuilds = 0;       // times the context window restarted (cache rebuilt)
@@ -36,6 +36,10 @@ struct GenerationStats {
 
 // Called after every step with the id each row just sampled, -1 for rows already finished.
 using TokenCallback = std::function<void(const std::vector<int64_t>& ids)>;
+
+// The checks generate() makes first (the UserErrors below), for a caller that prints before it.
+void validate_generation(const GPT2Config& cfg, const std::vector<std::vector<int64_t>>& prompts,
+                         const SamplingOptions& options);
 
 // Returns each prompt's sampled ids (without the prompt): max_new_tokens of them, or fewer when the
 // row sampled stop_token. Throws gpt2::UserError on no prompts, an empty prompt, an id outside

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cctype>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -46,6 +47,20 @@ bool same_secret(std::string_view given, std::string_view expected) {
   unsigned diff = given.size() != expected.size() ? 1 : 0;
   for (size_t i = 0; i < given.size() && i < expected.size(); ++i) diff |= static_cast<unsigned char>(given[i] ^ expected[i]);
   return diff == 0;
+}
+
+// `Authorization: Bearer <key>`: the scheme is case-insensitive and followed by one or more
+// spaces (RFC 7235 section 2.1); the key is compared in constant time.
+bool authorized(std::string_view header, const std::string& key) {
+  constexpr std::string_view kScheme = "bearer";
+  if (header.size() <= kScheme.size()) return false;
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(header[i])) != kScheme[i]) return false;
+  }
+  size_t at = kScheme.size();
+  if (header[at] != ' ') return false;
+  while (at < header.size() && header[at] == ' ') ++at;
+  return same_secret(header.substr(at), key);
 }
 
 std::string error_body(int status, const std::string& param, const std::string& message) {
@@ -194,7 +209,7 @@ class Session : public std::enable_shared_from_this<Session> {
     const auto& key = server_.options.api_key;
     if (!key.empty()) {
       const auto auth = req[http::field::authorization];
-      if (!same_secret(std::string_view(auth.data(), auth.size()), "Bearer " + key)) {
+      if (!authorized(std::string_view(auth.data(), auth.size()), key)) {
         return send_error(401, "", "missing or wrong API key: send the header 'Authorization: Bearer <key>'", !keep_alive_);
       }
     }

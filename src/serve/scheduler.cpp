@@ -74,11 +74,12 @@ Scheduler::Scheduler(GPT2 model, const data::Gpt2Tokenizer& tokenizer, Scheduler
     torch::NoGradGuard no_grad;
     cache_ = model_->make_kv_cache(model_->config().block_size, std::vector<int64_t>(options_.max_batch, 0));
   }
-  if (options_.cuda_graphs && !device_.is_cuda()) {
+  cuda_graphs_ = options_.cuda_graphs && device_.is_cuda();
+  if (options_.cuda_graphs && !cuda_graphs_) {
     log::info("gpt2-serve: --cuda_graphs ignored: the model is on ", device_.str(), " (graphs need CUDA)");
   }
-  decode_ = std::make_unique<DecodeGraphs>(model_, cache_, options_.cuda_graphs);
-  prefill_ = std::make_unique<PromptPrefill>(model_, cache_, options_.cuda_graphs);
+  decode_ = std::make_unique<DecodeGraphs>(model_, cache_, cuda_graphs_);
+  prefill_ = std::make_unique<PromptPrefill>(model_, cache_, cuda_graphs_);
   thread_ = start_helper_thread([this] { run(); });
 }
 

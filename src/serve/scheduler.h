@@ -104,6 +104,7 @@ class Scheduler {
   const SchedulerOptions& options() const { return options_; }
   // Whether decode steps attend through kernels::slot_attention (options().slot_attention resolved).
   bool slot_attention_on() const { return slot_attention_; }
+  bool cuda_graphs_on() const { return cuda_graphs_; }  // --cuda_graphs, and the model on CUDA
 
  private:
   struct Slot;
@@ -124,6 +125,7 @@ class Scheduler {
   Metrics& metrics_;
   torch::Device device_{torch::kCPU};
   bool slot_attention_ = false;  // the model's decode steps use kernels::slot_attention: attend is moot
+  bool cuda_graphs_ = false;     // --cuda_graphs and the model on CUDA
 
   mutable std::mutex mu_;
   std::condition_variable wake_;

@@ -17,6 +17,7 @@
 #include "src/base/h5_check.h"
 #include "src/base/files.h"
 #include "src/base/json.h"
+#include "src/base/log.h"
 #include "src/io/h5_io.h"
 #include "src/io/hf_import.h"
 #include "src/io/model_file.h"
@@ -496,6 +497,62 @@ int64_t consolidate_checkpoint(const CheckpointManifest& m, const std::string& o
   return written;
 }
 
+// `verify ROOT`: every step directory, unfinished save and `latest`, one line each; exit 1 when a
+// step directory is damaged or `latest` names one that is not a complete checkpoint.
+int verify_root(const std::string& root_dir, std::ostream& out) {
+  const CheckpointRoot root = CheckpointRoot::scan(root_dir);
+  if (root.complete.empty() && root.incomplete.empty() && root.latest.empty()) {
+    throw UserError(files::join(root_dir, "manifest.json") + ": missing: not a checkpoint (no manifest.json, and no "
+                    "step_* directory under " + root_dir + ")");
+  }
+  std::vector<std::pair<int64_t, std::string>> lines;  // by step
+  int damaged = 0;
+  std::set<std::string> good;
+  for (const auto& [step, name] : root.complete) {
+    std::vector<std::string> problems;
+    uint64_t bytes = 0;
+    size_t count = 0;
+    try {
+      const CheckpointManifest m = read_manifest(files::join(root_dir, name));
+      problems = verify_checkpoint(m);
+      for (const auto& f : m.files) bytes += f.bytes;
+      count = m.files.size();
+    } catch (const Damaged& e) {
+      problems = e.problems();
+    }
+    std::string line = problems.empty() ? log::format("OK %s: %zu files, %llu bytes", name.c_str(), count,
+                                                      (unsigned long long)bytes)
+                                        : log::format("DAMAGED %s: %zu problem(s)", name.c_str(), problems.size());
+    for (const auto& p : problems) line += "\n  " + p;
+    if (problems.empty()) good.insert(name);
+    damaged += problems.empty() ? 0 : 1;
+    lines.emplace_back(step, line);
+  }
+  for (const auto& [step, name] : root.incomplete) {
+    lines.emplace_back(step, "DAMAGED " + name + ": no manifest.json (an interrupted save or removal, or damage)");
+    ++damaged;
+  }
+  std::sort(lines.begin(), lines.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& line : lines) out << line.second << "\n";
+  for (const auto& name : root.unfinished) {
+    out << "UNFINISHED " << name << ": an interrupted save (gpt2-train removes it at its next start)\n";
+  }
+  const bool latest_ok = root.latest.empty() || good.count(root.latest) > 0;
+  if (root.latest.empty()) {
+    out << "latest: none\n";
+  } else {
+    out << "latest names " << root.latest << (latest_ok ? " (OK)" : ", which is not a good checkpoint") << "\n";
+  }
+  const std::string resume = root.complete.empty() ? "nothing" : root.complete.back().second;
+  if (damaged > 0 || !latest_ok) {
+    out << "DAMAGED " << root_dir << ": " << damaged << " damaged step director" << (damaged == 1 ? "y" : "ies")
+        << (latest_ok ? "" : ", latest") << "; a resume takes " << resume << "\n";
+    return kExitFailure;
+  }
+  out << "OK " << root_dir << ": " << root.complete.size() << " checkpoint(s); a resume takes " << resume << "\n";
+  return kExitOk;
+}
+
 int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   std::string command;
   try {
@@ -567,6 +624,9 @@ int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostre
       out << "wrote " << out_file << ": " << model->num_parameters() << " parameters from " << source.describe() << "\n";
       return kExitOk;
     }
+    if (command == "verify" && files::is_directory(path) && !files::is_regular_file(files::join(path, "manifest.json"))) {
+      return verify_root(path, out);
+    }
     const std::string dir = resolve_checkpoint(path);
     const CheckpointManifest m = read_manifest(dir);
     if (command == "inspect") {
@@ -603,7 +663,7 @@ int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostre
     err << "gpt2-ckpt: " << e.what() << "\n";
     return kExitUsage;
   } catch (const std::exception& e) {
-    err << "gpt2-ckpt" << (command.empty() ? "" : " " + command) << " failed: " << e.what() << "\n";
+    err << "gpt2-ckpt" << (command.empty() ? "" : " " + command) << " failed: " << error_message(e) << "\n";
     return kExitFailure;
   }
 }

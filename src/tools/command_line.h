@@ -45,7 +45,7 @@ int run_main(const char* tool, int argc, char** argv, Run&& run) {
     std::cerr << tool << ": " << e.what() << "\n";
     return kExitUsage;
   } catch (const std::exception& e) {
-    std::cerr << tool << " failed: " << e.what() << "\n";
+    std::cerr << tool << " failed: " << error_message(e) << "\n";
     return kExitFailure;
   }
 }

@@ -5,6 +5,8 @@
 // PATH: a checkpoint directory (manifest.json) or a checkpoint root (newest complete step_*).
 // Exit 0 good, 1 damaged checkpoint, 2 usage error / not a checkpoint. Logic: checkpoint_tool.h.
 // defines: main.
+#include <hdf5.h>
+
 #include <iostream>
 #include <string>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "src/tools/checkpoint_tool.h"
 
 int main(int argc, char** argv) {
+  H5dont_atexit();  // Note [HDF5 at exit] in main_train.cpp
   std::vector<std::string> args(argv + 1, argv + argc);
   const int rc = gpt2::ckpt::run_tool(args, std::cout, std::cerr);
   std::cout.flush();

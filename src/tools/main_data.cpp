@@ -4,6 +4,8 @@
 // Streams the corpus in batches (read ahead on one thread while the others tokenize), writes
 // DIR/train.h5 and DIR/val.h5, or numbered shards when a split exceeds --shard_tokens.
 // defines: main. uses: CorpusReader, Gpt2Tokenizer, DatasetWriter (data/).
+#include <hdf5.h>
+
 #include <boost/program_options.hpp>
 
 #include <unistd.h>
@@ -346,6 +348,7 @@ int run(const Options& opt) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  H5dont_atexit();  // Note [HDF5 at exit] in main_train.cpp
   gpt2::log::init(0, 1);
   try {
     const std::optional<Options> opt = parse_options(argc, argv);
@@ -355,7 +358,7 @@ int main(int argc, char** argv) {
     gpt2::log::error(e.what());
     return gpt2::kExitUsage;
   } catch (const std::exception& e) {
-    gpt2::log::error("gpt2-data failed: ", e.what());
+    gpt2::log::error("gpt2-data failed: ", gpt2::error_message(e));
     return gpt2::kExitFailure;
   }
 }

@@ -53,7 +53,7 @@ std::optional<Options> parse_options(int argc, char** argv) {
       ("batch", po::value(&o.batch)->default_value(o.batch), "windows per forward pass")
       ("windows", po::value(&o.windows)->default_value(o.windows), "windows to evaluate from the start; 0 = all")
       ("device", po::value(&o.device)->default_value(o.device), "auto | cpu | cuda")
-      ("dtype", po::value(&o.dtype)->default_value(o.dtype), "auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16");
+      ("dtype", po::value(&o.dtype)->default_value(o.dtype), "auto (a checkpoint's training dtype; else bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16");
   po::positional_options_description positional;
   positional.add("model", 1);
   po::variables_map vm;
@@ -71,7 +71,7 @@ int run(int argc, char** argv, const gpt2::parallel::RankEnv& env) {
   if (!parsed) return gpt2::kExitOk;
   const Options& o = *parsed;
 
-  gpt2::InferenceModel loaded = gpt2::load_model_to_run(o.model, o.device, o.dtype);
+  gpt2::InferenceModel loaded = gpt2::load_model_to_run(o.model, o.device, o.dtype, /*auto_trained=*/true);
   const gpt2::GPT2Config& config = loaded.source.config;
   const int64_t T = o.seq_len > 0 ? o.seq_len : config.block_size;
   if (T > config.block_size) {
@@ -90,17 +90,28 @@ int run(int argc, char** argv, const gpt2::parallel::RankEnv& env) {
   torch::NoGradGuard no_grad;
   double loss_sum = 0, tokens = 0;
   std::vector<int64_t> buffer;
-  for (int64_t first = o.batch * env.rank(); first < windows; first += o.batch * env.world_size()) {
-    const int64_t rows = std::min(o.batch, windows - first);
-    buffer.resize(static_cast<size_t>(rows * (T + 1)));
-    for (int64_t r = 0; r < rows; ++r) stream.read((first + r) * T, T + 1, buffer.data() + r * (T + 1));
-    const auto all = torch::from_blob(buffer.data(), {rows, T + 1}, torch::kLong).to(loaded.device);
-    const auto x = all.narrow(1, 0, T), y = all.narrow(1, 1, T);  // (rows, T) each
-    loss_sum += loaded.model->loss(x.contiguous(), y.contiguous()).item<double>() * static_cast<double>(rows * T);
-    tokens += static_cast<double>(rows * T);
+  std::string bad_id;  // a token id outside the vocabulary in this rank's windows (other ranks read others)
+  try {
+    for (int64_t first = o.batch * env.rank(); first < windows; first += o.batch * env.world_size()) {
+      const int64_t rows = std::min(o.batch, windows - first);
+      buffer.resize(static_cast<size_t>(rows * (T + 1)));
+      for (int64_t r = 0; r < rows; ++r) {
+        stream.read_ids((first + r) * T, T + 1, buffer.data() + r * (T + 1), config.vocab_size, "the model's vocab_size");
+      }
+      const auto all = torch::from_blob(buffer.data(), {rows, T + 1}, torch::kLong).to(loaded.device);
+      const auto x = all.narrow(1, 0, T), y = all.narrow(1, 1, T);  // (rows, T) each
+      loss_sum += loaded.model->loss(x.contiguous(), y.contiguous()).item<double>() * static_cast<double>(rows * T);
+      tokens += static_cast<double>(rows * T);
+    }
+  } catch (const gpt2::UserError& e) {
+    bad_id = e.what();
   }
-  double sums[2] = {loss_sum, tokens};
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, env.comm()));
+  double sums[3] = {loss_sum, tokens, bad_id.empty() ? 0.0 : 1.0};
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums, 3, MPI_DOUBLE, MPI_SUM, env.comm()));
+  if (sums[2] > 0) {  // every rank exits 2; the ranks that found one say where
+    if (!bad_id.empty()) std::cerr << "gpt2-eval: " << bad_id << "\n";
+    return gpt2::kExitUsage;
+  }
   const double loss = sums[0] / sums[1];
   if (env.is_main()) {
     std::printf("loss %.6f | perplexity %.4f | %lld windows x %lld tokens = %.0f tokens | %s\n", loss, std::exp(loss),
@@ -124,7 +135,7 @@ int main(int argc, char** argv) {
     if (env.is_main()) std::cerr << "gpt2-eval: " << e.what() << "\n";
     return kExitUsage;
   } catch (const std::exception& e) {
-    std::cerr << "gpt2-eval failed on rank " << env.rank() << ": " << e.what() << "\n";
+    std::cerr << "gpt2-eval failed on rank " << env.rank() << ": " << error_message(e) << "\n";
     parallel::RankEnv::abort(kExitFailure);
   }
 }

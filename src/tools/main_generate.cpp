@@ -166,6 +166,7 @@ int run(int argc, char** argv) {
     return tokenizer->decode(std::vector<int32_t>(ids.begin(), ids.end()));
   };
 
+  gpt2::validate_generation(source.config, prompts, o.sampling);  // before anything is printed
   gpt2::log::info("gpt2-generate: ", source.describe(), ", ", model->num_parameters() / 1e6, "M parameters, ",
                   device.str(), " ", dtype, ", ", prompts.size(), " prompt(s), ",
                   o.sampling.kv_cache ? "KV cache" : "no KV cache (full recomputation)");

@@ -164,7 +164,7 @@ int run(int argc, char** argv) {
                   ", context ", cfg.block_size, ", max_batch ", o.scheduler.max_batch, ", max_queue ",
                   o.scheduler.max_queue, ", attend_block ", o.scheduler.attend_block, ", prefill_batch ",
                   o.scheduler.prefill_batch, ", slot_attention ", o.scheduler.slot_attention,
-                  scheduler.slot_attention_on() ? " (on)" : " (off)", ", cuda_graphs ", o.scheduler.cuda_graphs ? "true" : "false",
+                  scheduler.slot_attention_on() ? " (on)" : " (off)", ", cuda_graphs ", scheduler.cuda_graphs_on() ? "on" : "off",
                   ", KV cache ", gpt2::log::format("%.0f", kv_mib), " MiB",
                   o.server.api_key.empty() ? ", no API key" : ", API key required");
   gpt2::log::info("gpt2-serve: listening on http://", o.server.host, ":", port);

@@ -19,7 +19,9 @@ namespace {
 
 template <typename T>
 std::string to_text(const T& v) {
-  if constexpr (std::is_floating_point_v<T>) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return v ? "true" : "false";  // as the INI files spell them (the help and the table alike)
+  } else if constexpr (std::is_floating_point_v<T>) {
     return decimal(v);  // as written in the code: 6e-4 shows as 0.0006, not its binary expansion
   } else {
     std::ostringstream os;
@@ -51,7 +53,9 @@ OptionList bind_options(Config& c) {
   o.add("data.train", &c.data.train, "training token file(s): path, comma list or glob");
   o.add("data.val", &c.data.val, "validation token file(s); none = no eval");
   o.add("data.prefetch", &c.data.prefetch, "micro-batches the loader thread reads ahead (>= 1)");
-  o.add("data.tokenizer_dir", &c.data.tokenizer_dir, "GPT-2 encoder.json + vocab.bpe (for samples)");
+  o.add("data.tokenizer_dir", &c.data.tokenizer_dir,
+        "GPT-2 encoder.json + vocab.bpe (for samples); auto = the repo's data/tokenizer/gpt2, found from the "
+        "executable, the working directory or the source tree");
   o.add("train.micro_batch", &c.train.micro_batch, "sequences per rank per micro-step");
   o.add("train.seq_len", &c.train.seq_len, "tokens per sequence");
   o.add("train.batch_tokens", &c.train.batch_tokens, "tokens per optimizer step, all ranks");
@@ -81,7 +85,8 @@ OptionList bind_options(Config& c) {
         "ring pinned, tuned GEMM choices shared through GPT2_CACHE_DIR); the CPU always is");
   o.add("train.init_from", &c.train.init_from,
         "none | weights to fine-tune: a checkpoint, a model file (gpt2-ckpt consolidate/import-hf) or a Hugging Face dir");
-  o.add("precision.dtype", &c.precision.dtype, "bf16 | fp16 | fp32");
+  o.add("precision.dtype", &c.precision.dtype,
+        "bf16 | fp16 | fp32 | auto (bf16 on CUDA and on CPUs with fast bf16 GEMMs, else fp32)");
   o.add("precision.reduce_dtype", &c.precision.reduce_dtype, "fp32 | bf16 | fp16: gradient accumulation and all-reduce");
   o.add("parallel.backend", &c.parallel.backend,
         "auto | nccl | mpi: collectives; auto = nccl for several CUDA ranks, mpi otherwise (mpi stages CUDA "
@@ -174,7 +179,7 @@ void Config::validate() const {
   require(t.sample_every >= 0, "train.sample_every", t.sample_every, "must be >= 0");
   require(t.sample_tokens >= 0, "train.sample_tokens", t.sample_tokens, "must be >= 0");
   require_one_of("train.device", t.device, {"auto", "cpu", "cuda"});
-  require_one_of("precision.dtype", precision.dtype, {"bf16", "fp16", "fp32"});
+  require_one_of("precision.dtype", precision.dtype, {"bf16", "fp16", "fp32", "auto"});
   require_one_of("precision.reduce_dtype", precision.reduce_dtype, {"fp32", "bf16", "fp16"});
   require(precision.reduce_dtype == "fp32" || precision.reduce_dtype == precision.dtype, "precision.reduce_dtype",
           precision.reduce_dtype, "must be fp32 or precision.dtype (" + precision.dtype + ")");
@@ -258,6 +263,8 @@ ParseResult parse_config(int argc, const char* const argv[]) {
   }
   if (vm.count("config")) {
     const auto path = vm["config"].as<std::string>();
+    // An ifstream opens a directory and reads it as empty: the defaults would train unasked.
+    if (files::is_directory(path)) throw UserError("config file " + path + ": is a directory (give an .ini file)");
     std::ifstream in(path);
     if (!in) throw UserError("config file " + path + ": cannot open");
     try {

@@ -14,7 +14,7 @@ namespace gpt2 {
 struct DataConfig {
   std::string train;                           // token file(s): path, comma list or glob
   std::string val;                             // "" or "none": no eval
-  std::string tokenizer_dir = "data/tokenizer/gpt2";  // for samples
+  std::string tokenizer_dir = "auto";          // for samples; auto = data::find_default_tokenizer_dir(), as every tool
   int64_t prefetch = 4;                        // batches read ahead by the loader thread
 };
 
@@ -44,7 +44,7 @@ struct TrainConfig {
 };
 
 struct PrecisionConfig {
-  std::string dtype = "bf16";     // bf16 | fp16 | fp32 (on CPU too: slow, but the GPU's bookkeeping)
+  std::string dtype = "bf16";     // bf16 | fp16 | fp32 | auto (Note [bf16 on CPU]); CPU runs honour it too
   std::string reduce_dtype = "fp32";  // gradient buffer: fp32, or dtype itself (half the all-reduce bytes)
 };
 

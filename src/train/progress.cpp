@@ -27,12 +27,23 @@ ProgressLog::ProgressLog(const Config& cfg, const parallel::RankEnv& env, torch:
   reset_peak_memory(cuda_index_);
 }
 
+void RecentRate::add(int64_t step, double seconds) {
+  points_.emplace_back(step, seconds);
+  if (points_.size() > kPoints) points_.pop_front();
+}
+
+double RecentRate::seconds_per_step() const {
+  if (points_.size() < 2) return std::nan("");
+  const auto& [s0, t0] = points_.front();
+  const auto& [s1, t1] = points_.back();
+  return (t1 - t0) / static_cast<double>(s1 - s0);
+}
+
 void ProgressLog::exclude_since(Clock::time_point t) { window_start_ += Clock::now() - t; }
 
 double ProgressLog::step_done(int64_t step, const torch::Tensor& loss_sum, int64_t accum,
                               const torch::Tensor& grad_norm, double lr, double loss_scale) {
   ++window_steps_;
-  if (step == start_step_) first_step_done_ = Clock::now();
   const bool last_step = step == max_steps_ - 1;
   if (step % log_every_ != 0 && !last_step) return std::nan("");
   const int world = env_.world_size();
@@ -47,23 +58,23 @@ double ProgressLog::step_done(int64_t step, const torch::Tensor& loss_sum, int64
   const double elapsed = std::chrono::duration<double>(Clock::now() - window_start_).count();
   const double ms_per_step = 1000.0 * elapsed / static_cast<double>(window_steps_);
   const double tok_per_sec = static_cast<double>(tokens_per_step_) * window_steps_ / elapsed;
-  const double mfu = peak_flops_ > 0 ? tok_per_sec * flops_per_token_ / (peak_flops_ * world) : 0.0;
+  // No peak to divide by on a CPU (log.peak_tflops unset): n/a rather than 0%.
+  const double mfu = peak_flops_ > 0 ? tok_per_sec * flops_per_token_ / (peak_flops_ * world) : std::nan("");
   const double mem = peak_memory_gib(cuda_index_);
   if (step > 0) {  // step 0 carries one-time warm-up
     timed_seconds_ += elapsed;
     timed_steps_ += window_steps_;
   }
-  // From the steps after this process's first, which carries warm-up (a resumed run counts from
-  // where it started); unknown until one of them has run.
-  const int64_t timed = step - start_step_;
-  const std::string eta =
-      timed > 0 ? format_duration(std::chrono::duration<double>(Clock::now() - first_step_done_).count() /
-                                  static_cast<double>(timed) * static_cast<double>(max_steps_ - step - 1))
-                : "--";
-  log::info(log::format("step %lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | mfu %.1f%% | "
+  // Between logged steps, so never over this process's first step, which carries warm-up;
+  // unknown until the second logged step.
+  rate_.add(step, std::chrono::duration<double>(Clock::now() - run_start_).count());
+  const double per_step = rate_.seconds_per_step();
+  const std::string eta = std::isnan(per_step) ? "--" : format_duration(per_step * static_cast<double>(max_steps_ - step - 1));
+  const std::string mfu_text = std::isnan(mfu) ? "n/a" : log::format("%.1f%%", 100.0 * mfu);
+  log::info(log::format("step %lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | mfu %s | "
                         "mem %.2f GiB | eta %s",
                         (long long)step, (long long)max_steps_, step_loss, lr, norm, ms_per_step, tok_per_sec,
-                        100.0 * mfu, mem, eta.c_str()));
+                        mfu_text.c_str(), mem, eta.c_str()));
   metrics_.write(step,
                  {{"loss", step_loss},
                   {"lr", lr},

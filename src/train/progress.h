@@ -7,6 +7,8 @@
 #include <torch/types.h>
 
 #include <chrono>
+#include <deque>
+#include <utility>
 #include <cstdint>
 #include <string>
 
@@ -15,6 +17,20 @@
 #include "src/train/metrics.h"
 
 namespace gpt2 {
+
+// The recent speed for the ETA: wall-clock seconds per step over the last kPoints logged steps
+// (pauses for eval, samples and saves included, since they recur), so a run whose speed changes
+// (warm caches, another job on the node) is judged by what it does now.
+class RecentRate {
+ public:
+  static constexpr size_t kPoints = 8;
+  void add(int64_t step, double seconds);  // the wall clock (any origin) after `step`
+  // Seconds per step over the window; NaN until two points.
+  double seconds_per_step() const;
+
+ private:
+  std::deque<std::pair<int64_t, double>> points_;
+};
 
 class ProgressLog {
  public:
@@ -44,7 +60,7 @@ class ProgressLog {
   double flops_per_token_ = 0, peak_flops_ = 0;
   MetricsWriter metrics_;
   const Clock::time_point run_start_ = Clock::now();
-  Clock::time_point first_step_done_;  // end of this process's first step (it carries warm-up)
+  RecentRate rate_;  // the ETA's
   Clock::time_point window_start_ = Clock::now();
   int64_t window_steps_ = 0;
   double data_wait_ = 0;  // seconds the loop blocked on the prefetcher in this window

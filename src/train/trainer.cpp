@@ -44,9 +44,11 @@
 #include "src/base/log.h"
 #include "src/io/checkpoint.h"
 #include "src/io/model_weights.h"
+#include "src/kernels/dtype.h"
 #include "src/kernels/gemm.h"
 #include "src/model/generate.h"
 #include "src/train/fault_injection.h"
+#include "src/train/memory_estimate.h"
 #include "src/train/profiler.h"
 #include "src/train/progress.h"
 #include "src/train/run_guard.h"
@@ -62,6 +64,29 @@ torch::Device pick_device(const std::string& want, int local_rank) {
   if (want == "cpu" || !have_cuda) return torch::Device(torch::kCPU);
   const int count = static_cast<int>(torch::cuda::device_count());
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % count));
+}
+
+// precision.dtype = auto made concrete for the device (Note [bf16 on CPU] in src/kernels/dtype.h);
+// an explicit bf16 on a CPU without fast bf16 GEMMs is kept, with a warning that says what it costs.
+Config with_dtype_for(const Config& requested, torch::Device device) {
+  Config cfg = requested;
+  const bool bf16_fast = device.is_cuda() || kernels::cpu_has_fast_bf16_gemm();
+  if (cfg.precision.dtype == "auto") {
+    cfg.precision.dtype = bf16_fast ? "bf16" : "fp32";
+  } else if (cfg.precision.dtype == "bf16" && !bf16_fast) {
+    log::warn("precision.dtype = bf16 on a CPU without fast bf16 GEMMs: LibTorch multiplies bf16 in a portable "
+              "loop here (configs/tiny.ini: 61 s a step in bf16 against 1.0 s in fp32 on an AVX2 CPU); "
+              "precision.dtype = auto picks fp32 on such a CPU");
+  }
+  return cfg;
+}
+
+// Ranks that share this rank's GPU: local ranks map onto the node's devices round robin (pick_device).
+int ranks_per_device(const parallel::RankEnv& env, torch::Device device) {
+  if (!device.is_cuda()) return 1;
+  const int count = std::max(1, static_cast<int>(torch::cuda::device_count()));
+  const int local = env.local_size(), index = env.local_rank() % count;
+  return local / count + (index < local % count ? 1 : 0);
 }
 
 // Parameters and activations in `compute`; fp32 masters live in the optimizer; the gradient buffer
@@ -237,28 +262,6 @@ GPT2 build_model(const Config& cfg, torch::Device device, at::ScalarType dtype, 
   return model;
 }
 
-// Host memory offload pins all local ranks' shards on this node: refused with the numbers when
-// that would not fit in what the machine has available (pinned pages cannot be swapped).
-void check_offload_fits(int64_t bytes_per_rank, int local_ranks) {
-  std::FILE* f = std::fopen("/proc/meminfo", "r");
-  if (f == nullptr) return;
-  long long available_kib = -1;
-  char line[256];
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    if (std::sscanf(line, "MemAvailable: %lld kB", &available_kib) == 1) break;
-  }
-  std::fclose(f);
-  if (available_kib < 0) return;
-  const double need = static_cast<double>(bytes_per_rank) * local_ranks;
-  const double have = static_cast<double>(available_kib) * 1024.0;
-  if (need > 0.9 * have) {
-    throw UserError(log::format("parallel.offload = optimizer needs %.1f GiB of pinned host memory on this node "
-                                "(%d rank(s) x %.1f GiB) but only %.1f GiB is available; use ZeRO across more "
-                                "ranks (parallel.zero_stage) or more nodes",
-                                need / 1073741824.0, local_ranks, bytes_per_rank / 1073741824.0, have / 1073741824.0));
-  }
-}
-
 // AdamW over this rank's shard of the flat parameter space (ZeRO 1/2) or all of it (ZeRO 0), on
 // the device or, with parallel.offload = optimizer, in pinned host memory.
 optim::ShardedAdamW::Options optimizer_options(const Config& cfg, const parallel::RankEnv& env,
@@ -275,9 +278,6 @@ optim::ShardedAdamW::Options optimizer_options(const Config& cfg, const parallel
     if (o.host_threads == 0) {
       o.host_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / env.local_size());
     }
-    const int64_t shard = o.sharded ? layout.shard_size() : layout.padded;
-    check_offload_fits(optim::ShardedAdamW::host_bytes_for(shard, precision.compute, precision.grads, o.moments_8bit),
-                      env.local_size());
   }
   return o;
 }
@@ -287,10 +287,8 @@ CheckpointSettings checkpoint_settings(const Config& cfg) {
           cfg.precision.dtype, cfg.train.seed,      cfg.table()};
 }
 
-void log_settings(const Config& cfg, const parallel::RankEnv& env, torch::Device device, int64_t accum,
-                  int64_t num_params) {
-  log::info("gpt2-train: ", env.world_size(), " rank(s) on ", env.num_nodes(), " node(s), device ", device.str(), ", ",
-            num_params, " parameters (", num_params / 1e6, "M with vocab padding)");
+void log_settings(const Config& cfg, const parallel::RankEnv& env, torch::Device device, int64_t accum) {
+  log::info("gpt2-train: ", env.world_size(), " rank(s) on ", env.num_nodes(), " node(s), device ", device.str());
   for (const auto& [key, value] : cfg.table()) log::info(log::format("  %-34s %s", key.c_str(), value.c_str()));
   log::info(log::format("  %-34s %lld", "(derived) grad_accum_steps", (long long)accum));
 }
@@ -393,23 +391,27 @@ void log_sample(GPT2& model, const data::Gpt2Tokenizer& tokenizer, const TrainCo
 void log_summary(const TrainResult& r, int64_t max_steps, double seconds) {
   const std::string val_text = r.val_losses.empty() ? "" : log::format(" | val loss %.4f -> %.4f",
                                                                       r.val_losses.front().second, r.val_losses.back().second);
-  const int64_t steps_run = r.losses.empty() ? r.start_step : static_cast<int64_t>(r.losses.size());
   const std::string loss_text = r.losses.empty() ? "" : log::format(" | loss %.4f", r.losses.back());
-  log::info(log::format("%s: steps %lld-%lld of %lld in %s%s | %.0f tok/s | peak mem %.2f GiB",
-                        r.preempted ? "stopped (preempted)" : "done", (long long)r.start_step, (long long)steps_run - 1,
-                        (long long)max_steps, format_duration(seconds).c_str(), loss_text.c_str(), r.tokens_per_sec,
+  const std::string steps_text = r.end_step > r.start_step
+      ? log::format("steps %lld-%lld of %lld", (long long)r.start_step, (long long)r.end_step - 1, (long long)max_steps)
+      : log::format("no steps (at step %lld of %lld)", (long long)r.start_step, (long long)max_steps);
+  // The speed leaves out each process's first step (warm-up): unknown when that was the only one.
+  const std::string speed_text = r.tokens_per_sec > 0 ? log::format("%.0f tok/s", r.tokens_per_sec) : "tok/s n/a";
+  log::info(log::format("%s: %s in %s%s | %s | peak mem %.2f GiB", r.preempted ? "stopped (preempted)" : "done",
+                        steps_text.c_str(), format_duration(seconds).c_str(), loss_text.c_str(), speed_text.c_str(),
                         r.peak_mem_gib) +
             val_text);
 }
 
 }  // namespace
 
-TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
+TrainResult train(const Config& requested, const parallel::RankEnv& env) {
   const int rank = env.rank(), world = env.world_size();
-  const auto& tc = cfg.train;
 
   // ---- set-up (all ranks) -------------------------------------------------------------------
-  const torch::Device device = pick_device(tc.device, env.local_rank());
+  const torch::Device device = pick_device(requested.train.device, env.local_rank());
+  const Config cfg = with_dtype_for(requested, device);  // the table, the manifest and the run see no "auto"
+  const auto& tc = cfg.train;
   const DeterministicMode deterministic(tc.deterministic, device);  // before cuBLAS and NCCL read their variables
   // Every generator from the seed, the CPU's too: checkpoints hold its state, and LibTorch seeds it
   // differently in every process otherwise.
@@ -417,12 +419,17 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   if (device.is_cuda()) torch::cuda::manual_seed_all(tc.seed);
   const int64_t accum = cfg.grad_accum_steps(world);
   const Precision precision = precision_for(cfg, world, accum, device);
+  // What was asked and what it needs, before anything is allocated (Note [Memory estimate]).
+  log_settings(cfg, env, device, accum);
+  const MemoryEstimate memory = estimate_memory(cfg, world, precision.compute, precision.grads);
+  const int64_t num_params = memory.parameters;
+  log::info(num_params, " parameters (", num_params / 1e6, "M with vocab padding); memory (estimate, per rank): ",
+            memory.describe());
+  check_memory_fits(memory, device, ranks_per_device(env, device), env.local_size());
+  log_placement(env, device);
   const std::string resume_from = checkpoint_to_resume(cfg.checkpoint);
   GPT2 model = build_model(cfg, device, precision.compute, /*resuming=*/!resume_from.empty());
   GemmTuningTable gemm_table(cfg, rank, device);  // Note [GEMM tuning table]
-  const int64_t num_params = model->num_parameters(/*count_padding=*/true);
-  log_settings(cfg, env, device, accum, num_params);
-  log_placement(env, device);
   if (precision.grads_kept_bf16) log::info("gradients kept in bf16: one rank, no accumulation");
 
   // Gradients live in flat buckets reduced while backward runs (parallel/grad_buckets.h); the
@@ -448,10 +455,13 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
   }
   RunData data(cfg, env, device, accum, start_step);
   std::optional<data::Gpt2Tokenizer> tokenizer;  // rank 0 samples
-  if (env.is_main() && tc.sample_tokens > 0) tokenizer.emplace(data::Gpt2Tokenizer::load(cfg.data.tokenizer_dir));
+  if (env.is_main() && tc.sample_tokens > 0) {
+    const std::string& dir = cfg.data.tokenizer_dir;
+    tokenizer.emplace(data::Gpt2Tokenizer::load(dir == "auto" ? data::find_default_tokenizer_dir() : dir));
+  }
 
   TrainResult result;
-  result.start_step = start_step;
+  result.start_step = result.end_step = start_step;
   CheckpointWriter checkpoints(checkpoint_settings(cfg), env);
   StepProfiler profiler(cfg.profile.steps, cfg.profile.dir, start_step, rank, device.is_cuda());
   const StepFault fault = StepFault::from_environment(rank);
@@ -471,7 +481,8 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
 
     // ---- eval (all ranks: one reduction) ------------------------------------------------------
     const auto paused = Clock::now();  // eval and sample time stays out of the step timing
-    const bool eval_due = data.val && ((tc.eval_every > 0 && step % tc.eval_every == 0) || last_step);
+    // The run's last eval comes after its last update (below): the model that is saved.
+    const bool eval_due = data.val && tc.eval_every > 0 && step % tc.eval_every == 0;
     if (eval_due) {
       const double val_loss = evaluate(model, *data.val, tc.eval_steps, env, device);
       watchdog.beat();
@@ -539,6 +550,7 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
     }
     profiler.step_end(step);
     gemm_table.save_new();
+    result.end_step = step + 1;
 
     // ---- log (the loss reduction on all ranks, printing on rank 0) -----------------------------
     const double step_loss =
@@ -587,6 +599,13 @@ TrainResult train(const Config& cfg, const parallel::RankEnv& env) {
     }
   }
   if (checkpoints.pending()) result.last_checkpoint = checkpoints.wait();
+
+  // ---- final eval (all ranks): the weights after the last update, which the last checkpoint holds
+  if (data.val && !result.preempted && start_step < tc.max_steps) {
+    const double val_loss = evaluate(model, *data.val, tc.eval_steps, env, device);
+    result.val_losses.emplace_back(tc.max_steps, val_loss);
+    progress.val_loss(tc.max_steps, val_loss);
+  }
 
   // ---- summary (rank 0 prints) ------------------------------------------------------------------
   result.tokens_per_sec = progress.tokens_per_sec();

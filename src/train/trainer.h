@@ -20,6 +20,7 @@ struct TrainResult {
   int64_t optimizer_state_bytes = 0;  // on this rank's device
   int64_t optimizer_host_bytes = 0;   // on this rank's host (offload)
   int64_t start_step = 0;          // > 0 when the run resumed from a checkpoint
+  int64_t end_step = 0;            // steps done when it stopped (max_steps, or fewer when preempted)
   bool preempted = false;          // stopped early on SIGUSR1/SIGTERM after saving a checkpoint
   std::string last_checkpoint;     // directory of the last checkpoint saved ("" = none)
   double loss_scale = 1;           // fp16's loss scale at the end (halved by every skipped step); 1 otherwise

@@ -13,6 +13,8 @@
 #include "data/token_file.h"
 #include "parallel/rank_env.h"
 #include "src/base/log.h"
+#include "src/kernels/dtype.h"
+#include "src/train/memory_estimate.h"
 #include "src/train/trainer.h"
 #include "tests/parallel/training_fixtures.h"
 #include "tests/test_util.h"
@@ -113,6 +115,44 @@ TEST(DataParallel, Zero1And2AndOffloadMatchZero0WithAShareOfTheState) {
   }
 }
 
+// The estimate train() checks before allocating (Note [Memory estimate]) is the state the run then
+// holds: the parameter count of the built model, and the optimizer's bytes on the device and in host
+// memory, exactly for fp32 moments and as a floor for 8-bit ones, in every dtype, stage and offload.
+TEST(DataParallel, MemoryEstimateIsTheStateTheRunHolds) {
+  SharedTokenFile file;
+  const parallel::RankEnv world(MPI_COMM_WORLD);
+  quiet_logs(world);
+  auto cfg = tiny_config(file.path(), 2 * 16 * world_size(), 25);
+  cfg.train.max_steps = 1;
+  cfg.parallel.offload_threads = 1;
+  for (const char* moments : {"fp32", "8bit"}) {
+    for (const auto& [dtype, compute] : {std::pair{"fp32", at::kFloat}, {"bf16", at::kBFloat16}, {"fp16", at::kHalf}}) {
+      for (const char* offload : {"none", "optimizer"}) {
+        for (int64_t stage : {0, 1}) {
+          if (std::string(offload) == "optimizer" && std::string(dtype) == "fp16") continue;  // refused by the config
+          cfg.memory.optimizer_moments = moments;
+          cfg.precision.dtype = dtype;
+          cfg.parallel.offload = offload;
+          cfg.parallel.zero_stage = stage;
+          SCOPED_TRACE(std::string(moments) + " moments, " + dtype + ", offload " + offload + ", ZeRO " +
+                       std::to_string(stage));
+          const TrainResult run = train(cfg, world);
+          const MemoryEstimate e = estimate_memory(cfg, world.world_size(), compute, at::kFloat);
+          EXPECT_EQ(e.parameters, run.model->num_parameters(/*count_padding=*/true));
+          if (std::string(moments) == "fp32") {
+            EXPECT_EQ(e.optimizer_device, static_cast<double>(run.optimizer_state_bytes));
+            EXPECT_EQ(e.optimizer_host, static_cast<double>(run.optimizer_host_bytes));
+          } else {
+            EXPECT_LE(e.optimizer_device, static_cast<double>(run.optimizer_state_bytes));
+            EXPECT_LE(e.optimizer_host, static_cast<double>(run.optimizer_host_bytes));
+          }
+          EXPECT_GT(e.optimizer_device + e.optimizer_host, 0);
+        }
+      }
+    }
+  }
+}
+
 // precision.dtype = bf16 on CPU runs the GPU's bookkeeping: bf16 parameters and gradients in the
 // model, fp32 masters in the optimizer, bf16 collectives staged through fp32 host buffers.
 // See Note [Mixed-precision tolerances] in training_fixtures.h.
@@ -121,6 +161,25 @@ TEST(DataParallel, Bf16VariantsMatchZero0AndOneRank) {
   auto cfg = tiny_config(file.path(), 2 * 2 * 16 * world_size(), 0.01);
   cfg.precision.dtype = "bf16";
   test::expect_variants_match(cfg, test::kBf16Tolerances);
+}
+
+// precision.dtype = auto is the dtype Note [bf16 on CPU] picks for this CPU (bf16 with AVX-512,
+// else fp32): the model is in it and trains as with that dtype spelled out, bit for bit.
+TEST(DataParallel, DtypeAutoTrainsAsTheDtypeItPicks) {
+  SharedTokenFile file;
+  auto cfg = tiny_config(file.path(), 2 * 2 * 16 * world_size(), 25);
+  cfg.train.max_steps = 4;
+  cfg.precision.dtype = "auto";
+  cfg.validate();
+  auto spelled = cfg;
+  const bool bf16 = kernels::cpu_has_fast_bf16_gemm();
+  spelled.precision.dtype = bf16 ? "bf16" : "fp32";
+  const parallel::RankEnv world(MPI_COMM_WORLD);
+  quiet_logs(world);
+  const TrainResult picked = train(cfg, world), want = train(spelled, world);
+  EXPECT_EQ(picked.model->parameters().front().scalar_type(), bf16 ? torch::kBFloat16 : torch::kFloat);
+  ASSERT_EQ(picked.losses.size(), 4u);
+  EXPECT_EQ(picked.losses, want.losses);
 }
 
 // fp16 with dynamic loss scaling; rank 0's gradients overflow at step 5 (GPT2_FAULT_AT=0:5:inf):

@@ -7,7 +7,7 @@
   with the uninterrupted run's loss. Run by CTest (label slow)."""
 import json, os, re, subprocess, tempfile, time
 import numpy as np
-from checks import check, failures, finish, write_tokens
+from checks import check, failures, finish, tiny_train_args, write_tokens
 
 BIN = os.path.join(os.environ.get("GPT2_BIN_DIR", "build/bin"), "gpt2-train")
 MPI = ["mpiexec", "-n", "2", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
@@ -38,14 +38,10 @@ with tempfile.TemporaryDirectory() as d:
     write_tokens(train, np.arange(50000) * 7 % 251)
 
     def args(name, **over):
-        a = {"model.n_layer": 2, "model.n_head": 2, "model.n_embd": 32, "model.vocab_size": 256,
-             "model.block_size": 32, "data.train": train, "data.val": "none", "train.micro_batch": 2,
-             "train.seq_len": 16, "train.batch_tokens": 128, "train.max_steps": 20, "train.sample_tokens": 0,
-             "train.device": "cpu", "precision.dtype": "fp32", "log.every": 1, "parallel.zero_stage": 1,
-             "log.metrics": os.path.join(d, name + ".jsonl"), "checkpoint.dir": os.path.join(d, name),
-             "checkpoint.every": 5, "checkpoint.resume": "auto"}
-        a.update(over)
-        return [f"--{k}={v}" for k, v in a.items()]
+        return tiny_train_args(train, **{"train.max_steps": 20, "parallel.zero_stage": 1,
+                                         "log.metrics": os.path.join(d, name + ".jsonl"),
+                                         "checkpoint.dir": os.path.join(d, name), "checkpoint.every": 5,
+                                         "checkpoint.resume": "auto", **over})
 
     rc, out, _ = run(args("straight"))
     check(rc == 0, f"uninterrupted run (rc={rc})")

@@ -194,6 +194,18 @@ class Serve(ServerTest):
         self.assertEqual([c["index"] for c in body["choices"]], list(range(len(PROMPTS))))
         self.assertEqual([c["token_ids"] for c in body["choices"]], expected)
 
+    def test_end_of_text_in_a_prompt_string_is_text(self):
+        # As the README says: the string's characters, as tiktoken encodes them with the special
+        # token allowed only as text; the special token itself is sent as an id.
+        from test_tokenizer_tiktoken import load_local_tiktoken  # tiktoken on the repo's vocabulary files
+        want = load_local_tiktoken().encode("A<|endoftext|>B", disallowed_special=())
+        status, body = self.server.complete({"prompt": "A<|endoftext|>B", "max_tokens": 1, "return_token_ids": True})
+        self.assertEqual(status, 200, body)
+        self.assertEqual(body["choices"][0]["prompt_token_ids"], want)
+        self.assertNotIn(50256, want)
+        status, body = self.server.complete({"prompt": [32, 50256, 33], "max_tokens": 1, "return_token_ids": True})
+        self.assertEqual((status, body["choices"][0]["prompt_token_ids"]), (200, [32, 50256, 33]))
+
     def test_openai_client_text_equals_gpt2_generate(self):
         prompt, n = "The quick brown fox", 16
         rc, text, err = generate(self.dir, "--prompt", prompt, "--temperature", "0", "--max_new_tokens", str(n),
@@ -421,6 +433,15 @@ class Serve(ServerTest):
             self.assertEqual(rc, 2, f"{args}: {err}")
             self.assertIn(needle, err, args)
 
+    def test_startup_line_states_what_runs(self):
+        # On a CPU the CUDA graphs are off, and the settings line says so after the note that the
+        # option was ignored (it said "cuda_graphs true").
+        log = self.server.output()
+        if "cpu" in re.search(r"gpt2-serve: .* as '.*", log)[0]:
+            self.assertIn("--cuda_graphs ignored", log)
+            self.assertIn(", cuda_graphs off,", log)
+        self.assertNotIn("cuda_graphs true", log)
+
     def test_health_models_metrics(self):
         status, headers, data = self.server.request("GET", "/health")
         self.assertEqual((status, json.loads(data)), (200, {"status": "ok"}))
@@ -485,6 +506,10 @@ class Guarded(ServerTest):
         self.assertEqual(self.server.request("POST", "/v1/completions", ok)[0], 401)
         self.assertEqual(self.server.request("GET", "/health", headers={"Authorization": "Bearer wrong"})[0], 401)
         self.assertEqual(self.server.request("GET", "/metrics", headers={"Authorization": "sekrit"})[0], 401)
+        self.assertEqual(self.server.request("GET", "/health", headers={"Authorization": "Bearersekrit"})[0], 401)
+        # The scheme is case-insensitive and may be followed by several spaces (RFC 7235 section 2.1).
+        for header in ("bearer sekrit", "BEARER sekrit", "Bearer   sekrit"):
+            self.assertEqual(self.server.request("GET", "/health", headers={"Authorization": header})[0], 200, header)
         auth = self.auth
         self.assertEqual(self.server.request("POST", "/v1/completions", ok, headers=auth)[0], 200)
         import openai

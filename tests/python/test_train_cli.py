@@ -19,8 +19,8 @@ def override(args, extra):
     keys = {e.split("=")[0] for e in extra}
     return [a for a in args if a.split("=")[0] not in keys] + extra
 
-def run(args, timeout=600):
-    p = subprocess.run([BIN] + args, capture_output=True, text=True, errors="replace", timeout=timeout, cwd=SRC)
+def run(args, timeout=600, cwd=SRC):
+    p = subprocess.run([BIN] + args, capture_output=True, text=True, errors="replace", timeout=timeout, cwd=cwd)
     return p.returncode, p.stdout + p.stderr
 
 with tempfile.TemporaryDirectory() as d:
@@ -49,7 +49,8 @@ with tempfile.TemporaryDirectory() as d:
     evals = [l for l in lines if "val_loss" in l]
     need = {"step", "loss", "lr", "grad_norm", "tokens_per_sec", "ms_per_step", "mfu", "peak_mem_gib"}
     check(len(steps) >= 12 and all(need <= set(l) for l in steps), f"metrics lines carry {sorted(need)}")
-    check(len(evals) == 4 and evals[-1]["step"] == 119, f"val_loss at steps 0,40,80,119: {[e['step'] for e in evals]}")
+    # The last eval is of the model after the last update (the one saved), logged at step 120.
+    check([e["step"] for e in evals] == [0, 40, 80, 120], f"val_loss at steps 0,40,80,120: {[e['step'] for e in evals]}")
     if steps and evals:
         check(abs(steps[0]["loss"] - np.log(50257)) < 0.3, f"initial loss {steps[0]['loss']:.3f} ~ ln(50257)")
         check(evals[-1]["val_loss"] < evals[0]["val_loss"] - 5.0,
@@ -79,6 +80,7 @@ with tempfile.TemporaryDirectory() as d:
         (base + ["--train.batch_tokens=500"], "train.batch_tokens"),
         (override(base, ["--data.train=/nonexistent/train.h5"]), "/nonexistent/train.h5"),
         (base + ["--config", "/nonexistent/cfg.ini"], "/nonexistent/cfg.ini"),
+        (base + ["--config", d], f"config file {d}: is a directory"),
     ]
     bad_ids = os.path.join(d, "bad_ids.h5")
     token_file(bad_ids, [1, 2, 3] * 100 + [600] + [4] * 100)
@@ -97,5 +99,28 @@ with tempfile.TemporaryDirectory() as d:
         rc, out = run(override(args, ["--train.max_steps=50"]), timeout=300)
         check(rc == 2 and needle in out, f"exit 2 naming {needle!r} (rc={rc})")
         if not (rc == 2 and needle in out): print(out[-1500:])
+
+    # Absurd sizes are refused from the estimate, before anything is allocated (they used to grow
+    # until the OOM killer came, or end in a LibTorch allocation error with a stack trace): exit 2,
+    # the settings table first, the keys named, no trace, and in seconds.
+    for extra, needles in [(["--model.n_layer=99999999999"], ["model.n_layer", "needs at least", "GiB"]),
+                           (["--model.n_embd=4294967424", "--model.n_head=1"], ["model.n_embd = 4294967424", "overflow"]),
+                           (["--train.micro_batch=1000000", "--train.batch_tokens=32000000"], ["train.micro_batch", "activations"])]:
+        rc, out = run(override(base, extra + ["--train.max_steps=5"]), timeout=60)
+        ok = rc == 2 and all(n in out for n in needles) and "model.n_layer" in out.split("needs")[0] \
+            and "frame #" not in out and "Exception raised from" not in out
+        check(ok, f"{extra}: exit 2 naming {needles} after the settings table, no stack trace (rc={rc})")
+        if not ok: print(out[-2000:])
+    # Outside the repository: the tokenizer is found as every tool finds it (it was looked up in
+    # the working directory), and a relative path that names nothing says against what it was read.
+    rc, out = run(override(base, ["--train.max_steps=2"]), cwd=d)
+    check(rc == 0 and "sample at step 2" in out, f"gpt2-train from another directory samples (rc={rc})")
+    if rc != 0: print(out[-1500:])
+    rc, out = run(override(base, ["--data.train=nope/train.h5", "--train.max_steps=2"]), cwd=d)
+    check(rc == 2 and f"nope/train.h5: cannot open token file: No such file or directory (relative to the working "
+          f"directory {os.path.realpath(d)})" in out, f"a relative path names the directory it was read against (rc={rc})")
+    # A run that fits logs its estimate with the settings.
+    rc, out = run(override(base, ["--train.max_steps=1"]))
+    check(rc == 0 and "memory (estimate, per rank):" in out, f"the estimate is logged (rc={rc})")
 
 finish()

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "src/base/errors.h"
+#include "src/base/files.h"
 #include "src/train/config.h"
 #include "tests/test_util.h"
 
@@ -70,7 +71,9 @@ TEST(Config, HelpListsKeysWithDefaults) {
   for (const char* shown : {"--train.lr arg (=0.0006)", "--train.min_lr arg (=6e-05)", "--train.beta2 arg (=0.95)",
                             "--train.eps arg (=1e-08)", "--parallel.bucket_mb arg (=25)",
                             // PyTorch's NCCL default: a rank may be busy alone for minutes (saves, samples).
-                            "--parallel.timeout_s arg (=600)"}) {
+                            "--parallel.timeout_s arg (=600)",
+                            // Booleans as the INI files and gpt2-serve spell them, not (=1).
+                            "--train.fused_kernels arg (=true)", "--checkpoint.async arg (=false)"}) {
     EXPECT_NE(r.help_text.find(shown), std::string::npos) << shown << " in\n" << r.help_text;
   }
   EXPECT_EQ(r.help_text.find("0000000"), std::string::npos) << r.help_text;
@@ -88,6 +91,10 @@ TEST(Config, ErrorsNameTheKey) {
   EXPECT_NE(error_of({"--config", ini, "--precision.dtype=fp8"}).find("precision.dtype"), std::string::npos);
   EXPECT_NE(error_of({"--config", ini, "--train.min_lr=1"}).find("train.min_lr"), std::string::npos);
   EXPECT_NE(error_of({"--config", "/nonexistent/x.ini"}).find("/nonexistent/x.ini"), std::string::npos);
+  // A directory opens as an empty stream: it would train the defaults unasked.
+  const std::string dir = files::parent_path(ini);
+  EXPECT_NE(error_of({"--config", dir}).find("config file " + dir + ": is a directory"), std::string::npos)
+      << error_of({"--config", dir});
   EXPECT_NE(error_of({"--model.n_layer=2"}).find("data.train"), std::string::npos);
   EXPECT_NE(error_of({"--config", ini, "stray"}).find("stray"), std::string::npos);
   EXPECT_NE(error_of({"--config", ini, "--precision.reduce_dtype=fp64"}).find("precision.reduce_dtype"), std::string::npos);
