@@ -160,6 +160,7 @@ class Generate(unittest.TestCase):
             rc, out, err = generate(*args)
             self.assertEqual(rc, 2, f"{args}: rc {rc}\n{err}")
             self.assertIn(needle, err, args)
+            self.assertEqual(out, "", f"{args}: nothing printed before the error")  # the prompt was, for -1
 
     @unittest.skipUnless(DEVICE == "cuda", "the speed comparison runs on the GPU machine")
     def test_speed_against_transformers_generate(self):

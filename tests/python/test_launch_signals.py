@@ -112,7 +112,10 @@ with tempfile.TemporaryDirectory() as d:
         check("preempted by signal 10" in out, f"{what}: the ranks stopped for USR1, which the script sent")
         steps = saved_steps(name)
         check(len(steps) == 1 and steps[0] >= 4, f"{what}: one checkpoint, after step 3: {steps}")
+        # The summary names the steps that ran (it said "steps 0-0" when the last logged loss was step 0).
         if steps:
+            check(f"stopped (preempted): steps 0-{steps[0] - 1} of 100000" in out,
+                  f"{what}: the summary names steps 0-{steps[0] - 1}: {[l for l in out.splitlines() if 'stopped' in l]}")
             step_dir = os.path.join(d, name, f"step_{steps[0]:07d}")
             v = subprocess.run([CKPT, "verify", step_dir], capture_output=True, text=True, errors="replace")
             check(v.returncode == 0 and v.stdout.startswith("OK"), f"{what}: gpt2-ckpt verify: {v.stdout.strip()[:200]}")

@@ -49,6 +49,8 @@ with tempfile.TemporaryDirectory() as d:
     evals = [l for l in lines if "val_loss" in l]
     need = {"step", "loss", "lr", "grad_norm", "tokens_per_sec", "ms_per_step", "mfu", "peak_mem_gib"}
     check(len(steps) >= 12 and all(need <= set(l) for l in steps), f"metrics lines carry {sorted(need)}")
+    # No peak FLOP rate to divide by on a CPU: "n/a" and null, not 0%.
+    check(all(l["mfu"] is None for l in steps) and "mfu n/a" in out and "mfu 0.0%" not in out, "mfu n/a on CPU")
     # The last eval is of the model after the last update (the one saved), logged at step 120.
     check([e["step"] for e in evals] == [0, 40, 80, 120], f"val_loss at steps 0,40,80,120: {[e['step'] for e in evals]}")
     if steps and evals:
