@@ -107,7 +107,7 @@ with tempfile.TemporaryDirectory() as d:
     # the settings table first, the keys named, no trace, and in seconds.
     for extra, needles in [(["--model.n_layer=99999999999"], ["model.n_layer", "needs at least", "GiB"]),
                            (["--model.n_embd=4294967424", "--model.n_head=1"], ["model.n_embd = 4294967424", "overflow"]),
-                           (["--train.micro_batch=1000000", "--train.batch_tokens=32000000"], ["train.micro_batch", "activations"])]:
+                           (["--train.micro_batch=10000000", "--train.batch_tokens=320000000"], ["train.micro_batch", "activations"])]:
         rc, out = run(override(base, extra + ["--train.max_steps=5"]), timeout=60)
         ok = rc == 2 and all(n in out for n in needles) and "model.n_layer" in out.split("needs")[0] \
             and "frame #" not in out and "Exception raised from" not in out
