@@ -113,6 +113,32 @@ int RankEnv::all_reduce_max(int value) const {
   return out;
 }
 
+std::vector<double> RankEnv::all_reduce_sum(std::vector<double> values) const {
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_SUM, comm_));
+  return values;
+}
+
+std::vector<int> RankEnv::all_reduce_max(std::vector<int> flags) const {
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, flags.data(), static_cast<int>(flags.size()), MPI_INT, MPI_MAX, comm_));
+  return flags;
+}
+
+int64_t RankEnv::all_reduce_min(int64_t value) const {
+  int64_t out = 0;
+  MPI_CHECK(MPI_Allreduce(&value, &out, 1, MPI_INT64_T, MPI_MIN, comm_));
+  return out;
+}
+
+int RankEnv::broadcast_from_main(int value) const {
+  MPI_CHECK(MPI_Bcast(&value, 1, MPI_INT, 0, comm_));
+  return value;
+}
+
+void RankEnv::gather_bytes(const void* value, size_t bytes, void* out) const {
+  const int n = static_cast<int>(bytes);
+  MPI_CHECK(MPI_Gather(value, n, MPI_BYTE, out, n, MPI_BYTE, 0, comm_));
+}
+
 std::vector<std::string> RankEnv::gather_to_main(const std::string& text) const {
   int len = static_cast<int>(text.size());
   std::vector<int> lens(is_main() ? world_size_ : 0), offsets(lens.size());

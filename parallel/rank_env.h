@@ -6,8 +6,11 @@
 // peer is left waiting in a collective.
 #include <mpi.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace gpt2::parallel {
@@ -52,17 +55,39 @@ class RankEnv {
   static const char* node_name_source();
   bool is_main() const { return rank_ == 0; }  // rank 0 speaks and writes shared files
 
+  // The collectives of small host values that set-up, checkpoints and tools need (the gradients go
+  // through parallel::Communicator). Each is over the whole group and gives every rank the same
+  // answer; a failed MPI call is a gpt2::Error naming it (MPI_CHECK).
   void barrier() const;
-  // Sum of a double over the group (small control values: losses, norms), the same on every rank.
+  // Sum of a double over the group (small control values: losses, norms).
   double all_reduce_sum(double value) const;
-  // Maximum of an int over the group (flags: "any rank got a stop signal"), the same on every rank.
+  // Element-wise sums of `values` (the same length on every rank).
+  std::vector<double> all_reduce_sum(std::vector<double> values) const;
+  // Maximum of an int over the group (flags: "any rank got a stop signal").
   int all_reduce_max(int value) const;
+  // Element-wise maxima of `flags` (the same length on every rank).
+  std::vector<int> all_reduce_max(std::vector<int> flags) const;
+  // Minimum over the group ("has every rank finished", "the first bad index").
+  int64_t all_reduce_min(int64_t value) const;
+  // Rank 0's `value` on every rank (a decision rank 0 made alone).
+  int broadcast_from_main(int value) const;
   // Every rank's `text`, by rank, on rank 0; empty on the others.
   std::vector<std::string> gather_to_main(const std::string& text) const;
+  // Every rank's plain value (trivially copyable, the same type everywhere), by rank, on rank 0;
+  // empty on the others.
+  template <typename T>
+  std::vector<T> gather_to_main(const T& value) const {
+    static_assert(std::is_trivially_copyable_v<T>, "gather_to_main copies bytes");
+    std::vector<T> out(is_main() ? world_size_ : 0);
+    gather_bytes(&value, sizeof(T), out.data());
+    return out;
+  }
   // Ends the whole job (every rank of MPI_COMM_WORLD) with `code`. Never returns.
   [[noreturn]] static void abort(int code);
 
  private:
+  void gather_bytes(const void* value, size_t bytes, void* out) const;
+
   MPI_Comm comm_;
   int rank_ = 0;
   int world_size_ = 1;

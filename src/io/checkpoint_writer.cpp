@@ -2,7 +2,6 @@
 // retention (see checkpoint_writer.h).
 #include "src/io/checkpoint_writer.h"
 
-#include <mpi.h>
 #include <signal.h>
 #include <sys/statvfs.h>
 
@@ -24,7 +23,6 @@
 #include "src/base/errors.h"
 #include "src/base/files.h"
 #include "src/base/log.h"
-#include "src/base/mpi_check.h"
 #include "src/base/threads.h"
 #include "src/io/h5_io.h"
 #include "src/io/manifest.h"
@@ -44,7 +42,7 @@ void fault_point(int rank, int point, int64_t step) {
   if (n >= 2 && r == rank && p == point && (n < 3 || s == step)) ::raise(SIGKILL);
 }
 
-// A written file's size and CRC-32C, as rank 0 gathers them for the manifest (plain bytes).
+// A written file's size and CRC-32C.
 struct FileRecord {
   uint64_t bytes;
   uint32_t crc;
@@ -67,6 +65,12 @@ double free_bytes(const std::string& dir) {
   if (::statvfs(dir.c_str(), &fs) != 0) return -1;
   return static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
 }
+
+// What rank 0 gathers from every rank for the manifest: its file and its flat range.
+struct ShardRecord {
+  FileRecord file;
+  int64_t begin, end;
+};
 
 FileRecord record_of(const std::string& path) {
   files::sync_path(path);
@@ -123,8 +127,7 @@ std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::Fl
       files::create_directories(snap->tmp);
     }
   }
-  MPI_CHECK(MPI_Bcast(&exists, 1, MPI_INT, 0, env_.comm()));
-  if (exists) return snap->final_dir;
+  if (env_.broadcast_from_main(exists)) return snap->final_dir;
   fault_point(rank, 1, step);
 
   // The snapshot: optimizer shard, generator states, and on rank 0 the manifest fields. The
@@ -272,9 +275,7 @@ std::string CheckpointWriter::poll() {
     ++polls_;
   }
   hold_cv_.notify_all();
-  int done = written_.load() ? 1 : 0;
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &done, 1, MPI_INT, MPI_MIN, env_.comm()));
-  return done ? finish() : "";
+  return env_.all_reduce_min(written_.load() ? 1 : 0) ? finish() : "";
 }
 
 std::string CheckpointWriter::wait() {
@@ -295,16 +296,13 @@ std::string CheckpointWriter::finish() {
   }
   const int rank = env_.rank(), world = env_.world_size();
   const int64_t step = snap->step;
-  std::vector<FileRecord> records(rank == 0 ? world : 0);
-  std::vector<int64_t> ranges(rank == 0 ? 2 * world : 0);
-  const int64_t my_range[2] = {snap->begin, snap->end};
-  MPI_CHECK(MPI_Gather(&snap->shard_record, sizeof(FileRecord), MPI_BYTE, records.data(), sizeof(FileRecord), MPI_BYTE,
-                       0, env_.comm()));
-  MPI_CHECK(MPI_Gather(my_range, 2, MPI_INT64_T, ranges.data(), 2, MPI_INT64_T, 0, env_.comm()));
+  const std::vector<ShardRecord> shards = env_.gather_to_main(ShardRecord{snap->shard_record, snap->begin, snap->end});
   if (rank == 0) {
     CheckpointManifest& m = snap->manifest;
-    for (int r = 0; r < world; ++r) m.shards.push_back({shard_file_name(r), r, ranges[2 * r], ranges[2 * r + 1]});
-    for (int r = 0; r < world; ++r) m.files.push_back({shard_file_name(r), records[r].bytes, crc32c_hex(records[r].crc)});
+    for (int r = 0; r < world; ++r) m.shards.push_back({shard_file_name(r), r, shards[r].begin, shards[r].end});
+    for (int r = 0; r < world; ++r) {
+      m.files.push_back({shard_file_name(r), shards[r].file.bytes, crc32c_hex(shards[r].file.crc)});
+    }
     fault_point(rank, 6, step);
     files::write_file_durably(files::join(snap->tmp, "manifest.json"), json::dump(m.to_json()) + "\n");
     fault_point(rank, 7, step);

@@ -2,7 +2,6 @@
 // resume.h).
 #include "src/io/resume.h"
 
-#include <mpi.h>
 
 #include <torch/torch.h>
 #ifdef GPT2_WITH_CUDA
@@ -15,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "optim/loss_scaler.h"
@@ -24,7 +24,6 @@
 #include "src/base/errors.h"
 #include "src/base/files.h"
 #include "src/base/log.h"
-#include "src/base/mpi_check.h"
 #include "src/io/h5_io.h"
 
 namespace gpt2 {
@@ -186,7 +185,7 @@ void read_8bit_moments(const CheckpointManifest& m, const optim::MomentLayout& m
       if (!(std::isfinite(a[i]) && a[i] >= 0)) bad = std::min(bad, 2 * (a0 + i) + which);
     }
   }
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT64_T, MPI_MIN, env.comm()));
+  bad = env.all_reduce_min(bad);
   if (bad == std::numeric_limits<int64_t>::max()) {
     if (m.exp_avg_sq_8bit == "plain") {  // Note [Second moment as its root]: an older checkpoint
       log::info("checkpoint ", m.dir, " holds 8-bit second moments as v: converting them to sqrt(v)");
@@ -302,7 +301,7 @@ int64_t resume_checkpoint(const std::string& checkpoint_dir, GPT2& model, int64_
   const auto problems = mine.empty() ? std::vector<std::string>{} : verify_checkpoint_files(m, mine);
   std::vector<int> bad(m.files.size(), 0);
   for (size_t k = 0; k < mine.size(); ++k) bad[mine[k]] = problems[k].empty() ? 0 : 1;
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, bad.data(), static_cast<int>(bad.size()), MPI_INT, MPI_MAX, env.comm()));
+  bad = env.all_reduce_max(std::move(bad));
   for (size_t i = 0; i < bad.size(); ++i) {
     if (!bad[i]) continue;
     // Every rank re-checks that one file itself, so the message is the same everywhere.

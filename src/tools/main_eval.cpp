@@ -23,7 +23,6 @@
 #include "parallel/rank_env.h"
 #include "src/base/errors.h"
 #include "src/base/log.h"
-#include "src/base/mpi_check.h"
 #include "src/io/model_weights.h"
 #include "src/tools/command_line.h"
 
@@ -106,8 +105,7 @@ int run(int argc, char** argv, const gpt2::parallel::RankEnv& env) {
   } catch (const gpt2::UserError& e) {
     bad_id = e.what();
   }
-  double sums[3] = {loss_sum, tokens, bad_id.empty() ? 0.0 : 1.0};
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums, 3, MPI_DOUBLE, MPI_SUM, env.comm()));
+  const std::vector<double> sums = env.all_reduce_sum({loss_sum, tokens, bad_id.empty() ? 0.0 : 1.0});
   if (sums[2] > 0) {  // every rank exits 2; the ranks that found one say where
     if (!bad_id.empty()) std::cerr << "gpt2-eval: " << bad_id << "\n";
     return gpt2::kExitUsage;

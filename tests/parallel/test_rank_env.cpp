@@ -4,7 +4,9 @@
 // text gathered on rank 0.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallel/rank_env.h"
@@ -56,6 +58,28 @@ TEST(RankEnv, GatherToMain) {
   for (int r = 0; r < env.world_size(); ++r) {
     EXPECT_EQ(all[r], std::string(static_cast<size_t>(r), 'x') + std::to_string(r));
   }
+}
+
+// The small collectives against values computed here from the rank numbers 0..N-1.
+TEST(RankEnv, SmallCollectivesGiveEveryRankTheSameAnswer) {
+  const RankEnv env(MPI_COMM_WORLD);
+  const int r = env.rank(), n = env.world_size();
+  const auto sums = env.all_reduce_sum(std::vector<double>{1.0, 0.5 * r, r == n - 1 ? 1.0 : 0.0});
+  EXPECT_EQ(sums, (std::vector<double>{1.0 * n, 0.25 * n * (n - 1), 1.0}));
+  EXPECT_EQ(env.all_reduce_max(std::vector<int>{r, -r, r == 1 ? 7 : 0}), (std::vector<int>{n - 1, 0, n > 1 ? 7 : 0}));
+  EXPECT_EQ(env.all_reduce_min(int64_t{1} << 40 | r), int64_t{1} << 40);  // 64 bits, not 32
+  EXPECT_EQ(env.broadcast_from_main(r == 0 ? 42 : r), 42);
+  struct Pair {
+    int64_t a;
+    double b;
+  };
+  const auto pairs = env.gather_to_main(Pair{10 + r, 0.5 * r});
+  if (!env.is_main()) {
+    EXPECT_TRUE(pairs.empty());
+    return;
+  }
+  ASSERT_EQ(static_cast<int>(pairs.size()), n);
+  for (int k = 0; k < n; ++k) EXPECT_EQ((std::pair{pairs[k].a, pairs[k].b}), (std::pair{int64_t{10} + k, 0.5 * k}));
 }
 
 TEST(RankEnv, SelfIsOneNode) {
