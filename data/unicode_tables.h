@@ -81,7 +81,22 @@ inline size_t complete_utf8_prefix(std::string_view s) {
   return s.size();
 }
 
-// `s` with every invalid UTF-8 sequence replaced by U+FFFD (for printing decoded samples, whose
+// Bytes of the longest start of a well-formed UTF-8 sequence at s[i] (Unicode 15, Table 3-7), at
+// least 1: the "maximal subpart" that one U+FFFD replaces.
+inline size_t maximal_subpart(const unsigned char* s, size_t n, size_t i) {
+  const unsigned char b = s[i];
+  size_t need = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
+  if (b >= 0xC2 && b <= 0xDF) need = 1;
+  else if (b >= 0xE0 && b <= 0xEF) need = 2, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
+  else if (b >= 0xF0 && b <= 0xF4) need = 3, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
+  size_t k = 1;
+  while (k <= need && i + k < n && s[i + k] >= (k == 1 ? lo : 0x80) && s[i + k] <= (k == 1 ? hi : 0xBF)) ++k;
+  return k;
+}
+
+// `s` with every ill-formed UTF-8 subsequence replaced by one U+FFFD per maximal subpart, as
+// Unicode recommends and Python's and browsers' decoders do (for printing decoded samples, whose
 // last token may end inside a multi-byte character).
 inline std::string to_valid_utf8(std::string_view s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
@@ -92,7 +107,7 @@ inline std::string to_valid_utf8(std::string_view s) {
   while (i < s.size()) {
     if (decode_utf8(p, s.size(), i, &len) == kInvalidCodePoint) {
       out += "\xEF\xBF\xBD";
-      ++i;
+      i += maximal_subpart(p, s.size(), i);
     } else {
       out.append(s.data() + i, len);
       i += len;

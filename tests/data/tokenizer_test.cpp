@@ -221,6 +221,15 @@ TEST(UnicodeTables, ToValidUtf8ReplacesBrokenSequences) {
   EXPECT_EQ(unicode::to_valid_utf8("ab\xC3"), "ab\xEF\xBF\xBD");         // truncated at the end
   EXPECT_EQ(unicode::to_valid_utf8("\x80x"), "\xEF\xBF\xBD" "x");        // stray continuation
   EXPECT_EQ(unicode::to_valid_utf8(""), "");
+  // One U+FFFD per maximal subpart: the example of Unicode 15 section 3.9 (U+FFFD Substitution of
+  // Maximal Subparts), 61 F1 80 80 E1 80 C2 62 80 63 80 BF 64 -> a FFFD FFFD FFFD b FFFD c FFFD FFFD d,
+  // and a character cut short after two of its four bytes, which is one.
+  const std::string r = "\xEF\xBF\xBD";
+  EXPECT_EQ(unicode::to_valid_utf8("\x61\xF1\x80\x80\xE1\x80\xC2\x62\x80\x63\x80\xBF\x64"),
+            "a" + r + r + r + "b" + r + "c" + r + r + "d");
+  EXPECT_EQ(unicode::to_valid_utf8("\xF0\x9F"), r);
+  EXPECT_EQ(unicode::to_valid_utf8("\xED\xA0\x80"), r + r + r);  // a surrogate: ED then A0 is out of range
+  EXPECT_EQ(unicode::to_valid_utf8("\xF0\x9F\x99\x82"), "\xF0\x9F\x99\x82");
 }
 
 }  // namespace
