@@ -24,6 +24,7 @@
 #include "src/base/errors.h"
 #include "src/base/files.h"
 #include "src/base/log.h"
+#include "src/io/checkpoint_verify.h"
 #include "src/io/h5_io.h"
 
 namespace gpt2 {
@@ -294,6 +295,15 @@ int64_t resume_checkpoint(const std::string& checkpoint_dir, GPT2& model, int64_
     }
   }
   check_layout(m, model, layout);
+  // A manifest that contradicts itself otherwise (shards that leave a gap or overlap) is refused
+  // before any shard is read: the same check on every rank, so every rank says it. (After the
+  // model and layout checks, whose messages name the parameter.)
+  if (const auto problems = verify_manifest(m); !problems.empty()) {
+    throw UserError("checkpoint " + checkpoint_dir + " is damaged, nothing was loaded: " + problems.front() +
+                    (problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1) +
+                                               " more problem(s): gpt2-ckpt verify lists them)"
+                                         : ""));
+  }
   // Verify every file: the ranks share the files, then all learn every problem, so each rank
   // reports the same error and none loads anything.
   std::vector<size_t> mine;

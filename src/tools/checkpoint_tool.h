@@ -7,7 +7,8 @@
 // problem printed, one per line, naming the file); kExitUsage for usage errors, a path that is
 // no checkpoint, or an output that cannot be written.
 // defines: gpt2::ckpt::{resolve_checkpoint, read_manifest, Damaged, human_bytes, inspect_text,
-//          inspect_json, verify_checkpoint, consolidate_checkpoint, run_tool}
+//          inspect_json, consolidate_checkpoint, run_tool}; the checks of `verify` are
+//          src/io/checkpoint_verify.h
 #include <cstdint>
 #include <iosfwd>
 #include <string>
@@ -42,15 +43,6 @@ std::string human_bytes(uint64_t bytes);
 std::string inspect_text(const CheckpointManifest& m);
 // The manifest as indented JSON (what `inspect --json` prints), newline-terminated.
 std::string inspect_json(const CheckpointManifest& m);
-
-// Every problem of the checkpoint, one line each naming the file ("" never appears); empty = good.
-// Checks: each file's size and CRC-32C; the manifest's own consistency (params inside
-// [0, flat_total) without overlaps, model.* keys, shard files listed); the shards cover
-// [0, flat_padded) without gaps or overlaps; each shard's
-// HDF5 datasets master/exp_avg/exp_avg_sq (1-D fp32 of end - begin) and attributes begin/end; and,
-// for checkpoints of older versions that list a model.h5, that it holds every parameter with the
-// manifest's shape.
-std::vector<std::string> verify_checkpoint(const CheckpointManifest& m);
 
 // Writes `out` durably (via out.tmp): a model file (src/io/model_file.h) with one fp32 dataset per
 // manifest parameter, named and shaped as in the manifest, assembled from the shards' `master`

@@ -121,6 +121,18 @@ def damaged_part(d):
     check("resumed from" in out and "step_0000004" in out, "it resumes from step 4")
     rc, out = run([CKPT, "verify", ckpt])
     check(rc == 0 and "OK step_0000006" in out and "OK step_0000008" in out, f"verify ROOT passes again: {out.strip()}")
+    # A manifest that contradicts itself (its shard leaves the end of the flat space uncovered) is
+    # refused by resume with the verifier's words, before any shard is read.
+    import json
+    bad = os.path.join(d, "bad_manifest")
+    shutil.copytree(os.path.join(ckpt, "step_0000008"), os.path.join(bad, "step_0000008"))
+    mf = os.path.join(bad, "step_0000008", "manifest.json")
+    m = json.load(open(mf))
+    m["shards"][0]["end"] -= 2048
+    json.dump(m, open(mf, "w"))
+    rc, out = run(args(d, bad, 10, 2))
+    check(rc == 2 and "is damaged, nothing was loaded" in out and "is in no shard (gap at the end)" in out,
+          f"resume refuses a manifest whose shards leave a gap (rc={rc}): {error_lines(out)}")
     # Leftovers of kills: an empty older step directory (rotation) and a stale .tmp.
     os.makedirs(os.path.join(ckpt, "step_0000001"))
     os.makedirs(os.path.join(ckpt, "step_0000009.tmp"))
