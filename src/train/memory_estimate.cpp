@@ -119,8 +119,9 @@ void check_memory_fits(const MemoryEstimate& need, torch::Device device, int ran
       "model.n_layer, model.n_embd and model.vocab_size set the state; train.micro_batch, train.seq_len and "
       "memory.activation_checkpointing the activations; parallel.zero_stage, parallel.offload and "
       "memory.optimizer_moments shrink the optimizer's part";
+  const double host = available_host_bytes();  // read once: the device check on CPU and the pinned check
   double have_device = -1;
-  std::string where = "host memory (MemAvailable)";
+  std::string where;
   if (device.is_cuda()) {
 #ifdef GPT2_WITH_CUDA
     size_t free = 0, total = 0;
@@ -129,7 +130,6 @@ void check_memory_fits(const MemoryEstimate& need, torch::Device device, int ran
     where = log::format("%s (free memory / %d rank(s) on it)", device.str().c_str(), ranks_per_device);
 #endif
   } else {
-    const double host = available_host_bytes();
     have_device = host < 0 ? -1 : host / std::max(local_ranks, 1);
     where = log::format("host memory (MemAvailable / %d rank(s) on the node)", local_ranks);
   }
@@ -138,7 +138,6 @@ void check_memory_fits(const MemoryEstimate& need, torch::Device device, int ran
                                 need.device_total() / kGiB, where.c_str(), have_device / kGiB,
                                 need.describe().c_str(), keys.c_str()));
   }
-  const double host = available_host_bytes();
   const double pinned = need.optimizer_host * local_ranks;
   if (pinned > 0 && host >= 0 && pinned > 0.9 * host) {  // pinned pages cannot be swapped
     throw UserError(log::format("parallel.offload = optimizer needs %.1f GiB of pinned host memory on this node "

@@ -12,12 +12,10 @@
 
 namespace gpt2 {
 
-ProgressLog::ProgressLog(const Config& cfg, const parallel::RankEnv& env, torch::Device device, int64_t num_params,
-                         int64_t start_step)
+ProgressLog::ProgressLog(const Config& cfg, const parallel::RankEnv& env, torch::Device device, int64_t num_params)
     : env_(env),
       max_steps_(cfg.train.max_steps),
       log_every_(cfg.log.every),
-      start_step_(start_step),
       tokens_per_step_(cfg.train.batch_tokens),
       cuda_(device.is_cuda()),
       cuda_index_(device.is_cuda() ? device.index() : -1),

@@ -36,8 +36,7 @@ class ProgressLog {
  public:
   using Clock = std::chrono::steady_clock;
 
-  ProgressLog(const Config& cfg, const parallel::RankEnv& env, torch::Device device, int64_t num_params,
-              int64_t start_step);
+  ProgressLog(const Config& cfg, const parallel::RankEnv& env, torch::Device device, int64_t num_params);
 
   void exclude_since(Clock::time_point t);  // the time since t was not training
   void add_data_wait(double seconds) { data_wait_ += seconds; }
@@ -54,7 +53,7 @@ class ProgressLog {
 
  private:
   const parallel::RankEnv& env_;
-  const int64_t max_steps_, log_every_, start_step_, tokens_per_step_;
+  const int64_t max_steps_, log_every_, tokens_per_step_;
   const bool cuda_;
   const int cuda_index_;
   double flops_per_token_ = 0, peak_flops_ = 0;

@@ -467,7 +467,7 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
   const StepFault fault = StepFault::from_environment(rank);
   StopSignals stop_signals;
   StepWatchdog watchdog(cfg.parallel.step_timeout_s);
-  ProgressLog progress(cfg, env, device, num_params, start_step);
+  ProgressLog progress(cfg, env, device, num_params);
   auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
   torch::Tensor grad_norm;
   Clock::time_point save_taken;  // of the save in flight

@@ -13,12 +13,9 @@
 #   DETERMINISTIC_CASES: "NP:ZERO ..." runs, default "1:0 2:1 3:2"; RESUME_CASES likewise, "1:0 3:2")
 set -euo pipefail
 bin=$1 out=$2
-corpus=${FORTUNES_DIR:-/usr/share/games/fortunes}
-nvidia-smi -L >/dev/null 2>&1 || { echo "no CUDA device: skipped"; exit 77; }
-[ -d "$corpus" ] || { echo "FORTUNES_DIR = $corpus: no such directory (install the fortunes package)"; exit 1; }
-mkdir -p "$out"
+source "$(dirname "$0")/fortunes_gpu_setup.sh"
+fortunes_gpu_setup "$bin" "$out" 0
 rm -rf "$out/runs" "$out/cache"
-[ -f "$out/data/train.h5" ] || "$bin/gpt2-data" "$corpus" --doc_separator % --val_fraction 0 --out "$out/data" >"$out/data.log"
 export GPT2_CACHE_DIR="$out/cache"  # empty: the first deterministic run tunes, the later ones read its table
 mpi=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
 

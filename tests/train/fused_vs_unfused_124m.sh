@@ -6,11 +6,8 @@
 #   fused_vs_unfused_124m.sh BIN_DIR OUT_DIR   (FORTUNES_DIR: the corpus, /usr/share/games/fortunes)
 set -euo pipefail
 bin=$1 out=$2
-corpus=${FORTUNES_DIR:-/usr/share/games/fortunes}
-nvidia-smi -L >/dev/null 2>&1 || { echo "no CUDA device: skipped"; exit 77; }
-[ -d "$corpus" ] || { echo "FORTUNES_DIR = $corpus: no such directory (install the fortunes package)"; exit 1; }
-mkdir -p "$out"
-[ -f "$out/data/train.h5" ] || "$bin/gpt2-data" "$corpus" --doc_separator % --val_fraction 0.05 --out "$out/data" >"$out/data.log"
+source "$(dirname "$0")/fortunes_gpu_setup.sh"
+fortunes_gpu_setup "$bin" "$out" 0.05
 for kind in fused unfused; do
   "$bin/gpt2-train" --config configs/gpt2-124m.ini --data.train="$out/data/train.h5" --data.val="$out/data/val.h5" \
     --train.micro_batch=8 --train.batch_tokens=8192 --train.max_steps=300 --train.warmup_steps=30 \
