@@ -203,7 +203,7 @@ CheckpointRoot CheckpointRoot::scan(const std::string& root) {
   return r;
 }
 
-std::string find_checkpoint(const std::string& dir) {
+std::string find_checkpoint(const std::string& dir, bool warn) {
   if (dir.empty() || !files::is_directory(dir)) return "";
   if (files::is_regular_file(files::join(dir, "manifest.json"))) return dir;
   // The newest step_NNNNNNN/ with a manifest: a directory gets its final name only after its
@@ -217,6 +217,7 @@ std::string find_checkpoint(const std::string& dir) {
     return "";
   }
   const auto& [step, newest] = root.complete.back();
+  if (!warn) return files::join(dir, newest);
   for (const auto& [s, name] : root.incomplete) {
     if (s > step) {
       log::warn(files::join(dir, name), ": no manifest.json (an interrupted save or damage): skipped; ", newest,

@@ -93,8 +93,8 @@ struct CheckpointRoot {
 // newest complete `dir/step_NNNNNNN/` (what `latest` names, unless a crash came between the rename
 // and the pointer update); "" when there is none (nothing to resume). Warns, naming them, about
 // incomplete step directories newer than the one it returns and about a `latest` that names
-// another.
-std::string find_checkpoint(const std::string& dir);
+// another, unless `warn` is false (the ranks of a job other than rank 0, which see the same).
+std::string find_checkpoint(const std::string& dir, bool warn = true);
 
 // Checks the size and CRC-32C of manifest.files[i] for the given indices (all when empty).
 // Returns one problem per bad file, "" for good ones, in index order of `which` ("" everywhere =

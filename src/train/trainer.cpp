@@ -67,13 +67,14 @@ torch::Device pick_device(const std::string& want, int local_rank) {
 }
 
 // precision.dtype = auto made concrete for the device (Note [bf16 on CPU] in src/kernels/dtype.h);
-// an explicit bf16 on a CPU without fast bf16 GEMMs is kept, with a warning that says what it costs.
-Config with_dtype_for(const Config& requested, torch::Device device) {
+// an explicit bf16 on a CPU without fast bf16 GEMMs is kept, with a warning (from rank 0: every rank
+// decides alike) that says what it costs.
+Config with_dtype_for(const Config& requested, torch::Device device, bool warn) {
   Config cfg = requested;
   const bool bf16_fast = device.is_cuda() || kernels::cpu_has_fast_bf16_gemm();
   if (cfg.precision.dtype == "auto") {
     cfg.precision.dtype = bf16_fast ? "bf16" : "fp32";
-  } else if (cfg.precision.dtype == "bf16" && !bf16_fast) {
+  } else if (cfg.precision.dtype == "bf16" && !bf16_fast && warn) {
     log::warn("precision.dtype = bf16 on a CPU without fast bf16 GEMMs: LibTorch multiplies bf16 in a portable "
               "loop here (configs/tiny.ini: 61 s a step in bf16 against 1.0 s in fp32 on an AVX2 CPU); "
               "precision.dtype = auto picks fp32 on such a CPU");
@@ -118,10 +119,11 @@ Precision precision_for(const Config& cfg, int world, int64_t accum, torch::Devi
 
 // The checkpoint to resume (checkpoint.resume), "" for a fresh start. Found before the model is
 // built: its weights replace any initial ones, so train.init_from is read only when there is none.
-std::string checkpoint_to_resume(const CheckpointConfig& cc) {
+// Rank 0 warns about what it skips (every rank sees the same directory).
+std::string checkpoint_to_resume(const CheckpointConfig& cc, bool warn) {
   if (cc.resume == "none") return "";
   const bool automatic = cc.resume == "auto";
-  const std::string found = find_checkpoint(automatic ? cc.dir : cc.resume);
+  const std::string found = find_checkpoint(automatic ? cc.dir : cc.resume, warn);
   if (found.empty() && !automatic) {
     throw UserError("config: checkpoint.resume = " + cc.resume + ": no checkpoint there (neither manifest.json nor latest)");
   }
@@ -410,7 +412,7 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
 
   // ---- set-up (all ranks) -------------------------------------------------------------------
   const torch::Device device = pick_device(requested.train.device, env.local_rank());
-  const Config cfg = with_dtype_for(requested, device);  // the table, the manifest and the run see no "auto"
+  const Config cfg = with_dtype_for(requested, device, env.is_main());  // the table, the manifest and the run see no "auto"
   const auto& tc = cfg.train;
   const DeterministicMode deterministic(tc.deterministic, device);  // before cuBLAS and NCCL read their variables
   // Every generator from the seed, the CPU's too: checkpoints hold its state, and LibTorch seeds it
@@ -427,7 +429,7 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
             memory.describe());
   check_memory_fits(memory, device, ranks_per_device(env, device), env.local_size());
   log_placement(env, device);
-  const std::string resume_from = checkpoint_to_resume(cfg.checkpoint);
+  const std::string resume_from = checkpoint_to_resume(cfg.checkpoint, env.is_main());
   GPT2 model = build_model(cfg, device, precision.compute, /*resuming=*/!resume_from.empty());
   GemmTuningTable gemm_table(cfg, rank, device);  // Note [GEMM tuning table]
   if (precision.grads_kept_bf16) log::info("gradients kept in bf16: one rank, no accumulation");

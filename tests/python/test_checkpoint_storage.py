@@ -113,6 +113,12 @@ def damaged_part(d):
     check(rc == 1, f"verify ROOT fails while a step directory is damaged (rc={rc})")
     for needle in ["OK step_0000002", "OK step_0000004", "DAMAGED step_0000006", "latest names step_0000006"]:
         check(needle in out, f"verify ROOT reports {needle!r}: {out.strip()}")
+    # Two ranks see the same directory: rank 0 alone warns (with "rank 0/2").
+    mpi = ["mpiexec", "-n", "2", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    rc, out = run(mpi + args(d, ckpt, 6, 0, **{"train.batch_tokens": 64}))
+    warned = [l for l in out.splitlines() if "[warning]" in l and "no manifest.json" in l]
+    check(rc == 0 and len(warned) == 1 and "rank 0/2" in warned[0], f"2 ranks: one warning, from rank 0: {warned}")
+    if len(warned) != 1: print(out[-3000:])
     rc, out = run(args(d, ckpt, 8, 2))
     check(rc == 0, f"the run resumes past the damaged step and saves over it (rc={rc})")
     if rc != 0: print(out[-2500:])
