@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "optim/cpu_adamw.h"
+#include "optim/adamw_step.h"
 #include "optim/moments_8bit.h"
 
 using gpt2::optim::CpuAdamWStep;
@@ -113,7 +114,7 @@ int main(int argc, char** argv) {
         s.grad_scale = 0.5;
         if (mode == 2) {
           pool.parallel_for(num_blocks, 1, [&](int64_t b, int64_t e) {
-            gpt2::optim::cpu_adamw_update_8bit(s, blocks.data() + b, e - b, param.data(), moments8, grad_bf16.data(),
+            gpt2::optim::adamw_step_cpu(s, blocks.data() + b, e - b, param.data(), moments8, grad_bf16.data(),
                                                HostGradType::kBFloat16, param_bf16.data());
           });
           return;

@@ -2,7 +2,7 @@
 // backward with its bias gradient, the loss kernels, the residual LayerNorm's forward and backward
 // (launch.h) for gpt2-124m's and gpt2-1558m's activations in bf16, and the AdamW update of
 // gpt2-1558m's 1.56B parameters: ATen's fused AdamW + the bf16 copy, ours with 8-bit moments
-// (moments_8bit.h) and ours with fp32 moments and bf16 gradients (what ShardedAdamW runs on one
+// (moments_8bit.h) and ours with fp32 moments and bf16 gradients (what ShardedOptimizer runs on one
 // GPU), with the bandwidth the bytes each call must move make (an H200 streams about 4.8 TB/s).
 // Correctness lives in tests/kernels and tests/optim.
 //   build-gpu/bin/kernel_bench [passes]
@@ -17,6 +17,7 @@
 #include <string>
 
 #include "src/base/cuda_check.h"
+#include "optim/adamw_step.h"
 #include "optim/moments_8bit.h"
 #include "src/kernels/gemm.h"
 #include "src/kernels/launch.h"
@@ -140,7 +141,7 @@ void adamw_update(int64_t n) {
   st.lr = 1e-4;
   st.weight_decay = 0.1;
   st.step = 3;
-  Adamw8bitArgs a;
+  AdamWStepArgs a;
   a.tables = reinterpret_cast<const QuantTables*>(tables.data_ptr<uint8_t>());
   a.c = adamw_coeffs(st);
   a.blocks = reinterpret_cast<const MomentBlock*>(blocks_device.data_ptr<uint8_t>());
@@ -152,10 +153,10 @@ void adamw_update(int64_t n) {
   a.moments.exp_avg_sq_absmax = v_absmax.data_ptr<float>();
   a.grad = grad.data_ptr();
   a.param_bf16 = static_cast<uint16_t*>(param.data_ptr());
-  const double ms = time_ms([&] { CUDA_CHECK(launch_adamw_8bit(a, c10::cuda::getCurrentCUDAStream().stream())); }, 10);
+  const double ms = time_ms([&] { CUDA_CHECK(adamw_step_gpu(a, c10::cuda::getCurrentCUDAStream().stream())); }, 10);
   gb = n * (4.0 + 4 + 2 + 4 + 2 + 2) / 1e9;  // master, grad, codes in; master, codes, bf16 out
   std::printf("AdamW 8-bit moments %ld values: %7.2f ms  %6.0f GB/s\n", static_cast<long>(n), ms, gb / ms * 1e3);
-  // What ShardedAdamW runs on one GPU: the same kernel over dense fp32 moments, bf16 gradients.
+  // What ShardedOptimizer runs on one GPU: the same kernel over dense fp32 moments, bf16 gradients.
   m_codes = v_codes = torch::Tensor();
   auto m = torch::zeros({n}, f32), v = torch::zeros({n}, f32), grad16 = grad.to(torch::kBFloat16);
   const auto dense = dense_fp32_blocks({ParamSpan{0, n, true}});
@@ -168,7 +169,7 @@ void adamw_update(int64_t n) {
   a.moments.exp_avg_sq = v.data_ptr<float>();
   a.grad = grad16.data_ptr();
   a.grad_type = HostGradType::kBFloat16;
-  const double dense_ms = time_ms([&] { CUDA_CHECK(launch_adamw_8bit(a, c10::cuda::getCurrentCUDAStream().stream())); }, 10);
+  const double dense_ms = time_ms([&] { CUDA_CHECK(adamw_step_gpu(a, c10::cuda::getCurrentCUDAStream().stream())); }, 10);
   gb = n * 28.0 / 1e9;  // master, m, v in and out (24), bf16 grad in, bf16 parameters out
   std::printf("AdamW fp32 moments, bf16 grads (ours) %ld values: %7.2f ms  %6.0f GB/s\n", static_cast<long>(n), dense_ms,
               gb / dense_ms * 1e3);

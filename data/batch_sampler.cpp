@@ -24,7 +24,7 @@ BatchSampler::BatchSampler(int64_t num_tokens, int64_t seq_len, uint64_t seed, c
   if (num_windows_ <= 0) {
     throw UserError((source.empty() ? "" : source + ": ") + "token stream of " + std::to_string(num_tokens) +
                     " tokens is shorter than one window of " + std::to_string(seq_len + 1) +
-                    " tokens (train.seq_len + 1)");
+                    " tokens (the sequence length + 1)");
   }
   int bits = 2;
   while ((int64_t{1} << bits) < num_windows_) ++bits;

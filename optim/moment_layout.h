@@ -56,7 +56,7 @@ class MomentLayout {
 
 // Checkpoint conversion between the two moment formats over a flat range [begin, end) (on the
 // grid): the dense fp32 moments (end - begin values each) into the range's codes, absmax values and
-// packed fp32 moments (relative to the range, as ShardedAdamW holds them), and back. Elements in no
+// packed fp32 moments (relative to the range, as ShardedOptimizer holds them), and back. Elements in no
 // block (padding) are skipped.
 void quantize_moments(const MomentLayout& layout, int64_t begin, int64_t end, const float* exp_avg,
                       const float* exp_avg_sq, const MomentBuffers& out);

@@ -5,7 +5,7 @@
 // backends: MPI (non-blocking MPI collectives on host memory, wait() blocks the host; CUDA and
 // bf16/fp16 tensors are staged through host buffers) and NCCL for CUDA tensors (its own stream;
 // wait() makes the caller's current stream wait, the host does not).
-// Both end a collective that has not finished `timeout_seconds` after this rank issued it (a peer
+// Both end a collective that has not finished `timeout.seconds` after this rank issued it (a peer
 // died or hangs): it is counted from the enqueue on each rank, so ranks must not drift apart by
 // that much before a collective (the trainer meets on the host after rank-0-only work).
 #include <mpi.h>
@@ -13,10 +13,21 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+
+#include "parallel/backend.h"
 
 namespace gpt2::parallel {
 
 enum class ReduceOp { kSum, kAvg, kMax };
+
+// How long a collective may take after this rank issued it, and the setting's name for the error
+// that ends the job (the trainer passes "parallel.timeout_s").
+struct CollectiveTimeout {
+  CollectiveTimeout(double s, std::string n = "the collective timeout") : seconds(s), name(std::move(n)) {}
+  double seconds;
+  std::string name;
+};
 
 class Work {
  public:
@@ -49,9 +60,9 @@ class Communicator {
 // MPI backend over `comm` (not owned; must outlive the communicator). CPU tensors of fp32, fp64,
 // int32, int64 and uint8 go to MPI as they are; CUDA tensors and bf16/fp16 ones are staged
 // through host buffers (stage_through_host), so several ranks can share one GPU. A collective not
-// finished `timeout_seconds` after it was issued makes wait() throw gpt2::Error naming it and
-// parallel.timeout_s (the caller ends the job).
-std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, double timeout_seconds);
+// finished `timeout.seconds` after it was issued makes wait() throw gpt2::Error naming it and
+// timeout.name (the caller ends the job).
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const CollectiveTimeout& timeout);
 
 // Wraps a communicator of host tensors so that it also takes CUDA tensors and bf16/fp16 tensors:
 // each collective copies them to host memory (16-bit floats as fp32) and wait() copies the result
@@ -59,16 +70,16 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, double timeou
 std::unique_ptr<Communicator> stage_through_host(std::unique_ptr<Communicator> host);
 
 // NCCL backend for CUDA tensors on `device`, bootstrapped over `comm` (rank 0's unique id by
-// MPI_Bcast). Collectives time out after `timeout_seconds`: the communicator is then aborted and
+// MPI_Bcast). Collectives time out after `timeout.seconds`: the communicator is then aborted and
 // the error surfaces in wait() and in the log, so a dead peer never hangs the job. The set-up
-// (ncclCommInitRankConfig) has the same bound: past it, gpt2::Error naming parallel.timeout_s.
+// (ncclCommInitRankConfig) has the same bound: past it, gpt2::Error naming timeout.name.
 // Throws gpt2::Error when this build has no NCCL.
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, int device, double timeout_seconds);
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, int device, const CollectiveTimeout& timeout);
 
-// parallel.backend: "nccl", "mpi", or "auto" = NCCL for CUDA devices when the group has several
-// ranks, MPI otherwise. Throws gpt2::UserError naming parallel.backend when "nccl" is asked for a
+// The communicator `backend` names for `device`. Throws gpt2::UserError when NCCL is asked for a
 // CPU device or a build without NCCL.
-std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, const torch::Device& device,
-                                                const std::string& backend, double timeout_seconds);
+std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, const torch::Device& device, Backend backend,
+                                                const CollectiveTimeout& timeout);
 
 }  // namespace gpt2::parallel
+

@@ -85,14 +85,14 @@ using Clock = std::chrono::steady_clock;
 // `finish` (if any) does the local work that completes the result (a sum, a division).
 class MpiWork : public Work {
  public:
-  MpiWork(MPI_Request request, std::vector<torch::Tensor> buffers, const char* what, double timeout_seconds,
+  MpiWork(MPI_Request request, std::vector<torch::Tensor> buffers, const char* what, const CollectiveTimeout& timeout,
           std::function<void()> finish)
       : request_(request),
         buffers_(std::move(buffers)),
         finish_(std::move(finish)),
         what_(what),
-        timeout_(timeout_seconds),
-        deadline_(Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_seconds))) {}
+        timeout_(timeout),
+        deadline_(Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout.seconds))) {}
   ~MpiWork() override {
     // A request must complete before its buffers go away; normally wait() already did this. On an
     // error path (an exception unwinding, a peer gone) waiting could last forever: give up at the
@@ -120,9 +120,8 @@ class MpiWork : public Work {
       if (done) break;
       if (Clock::now() >= deadline_) {
         abandon();
-        throw Error(log::format("MPI %s did not finish within %g s of being issued (parallel.timeout_s): a peer "
-                                "rank died or hangs",
-                                what_, timeout_));
+        throw Error(log::format("MPI %s did not finish within %g s of being issued (%s): a peer rank died or hangs",
+                                what_, timeout_.seconds, timeout_.name.c_str()));
       }
       if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -142,13 +141,13 @@ class MpiWork : public Work {
   std::vector<torch::Tensor> buffers_;  // keeps what MPI reads and writes alive while it does
   std::function<void()> finish_;
   const char* what_;  // the collective, for the timeout message
-  double timeout_;
+  CollectiveTimeout timeout_;
   Clock::time_point deadline_;
 };
 
 class MpiCommunicator : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, double timeout_seconds) : comm_(comm), timeout_(timeout_seconds) {
+  MpiCommunicator(MPI_Comm comm, CollectiveTimeout timeout) : comm_(comm), timeout_(std::move(timeout)) {
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     MPI_CHECK(MPI_Comm_size(comm_, &world_size_));
   }
@@ -257,42 +256,39 @@ class MpiCommunicator : public Communicator {
   }
 
   MPI_Comm comm_;
-  double timeout_;
+  CollectiveTimeout timeout_;
   int rank_ = 0;
   int world_size_ = 1;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, double timeout_seconds) {
-  return stage_through_host(std::make_unique<MpiCommunicator>(comm, timeout_seconds));
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const CollectiveTimeout& timeout) {
+  return stage_through_host(std::make_unique<MpiCommunicator>(comm, timeout));
 }
 
 #ifndef GPT2_WITH_NCCL
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm, int, double) {
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm, int, const CollectiveTimeout&) {
   throw Error("this build of gpt2-dist has no NCCL: CUDA tensors cannot be reduced");
 }
 #endif
 
-std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, const torch::Device& device,
-                                                const std::string& backend, double timeout_seconds) {
+std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, const torch::Device& device, Backend backend,
+                                                const CollectiveTimeout& timeout) {
   int size = 1;
   MPI_CHECK(MPI_Comm_size(comm, &size));
-  if (backend == "nccl") {
-    if (!device.is_cuda()) throw UserError("parallel.backend = nccl needs CUDA tensors; this run is on " + device.str());
+  if (backend == Backend::kNccl) {
+    if (!device.is_cuda()) throw UserError("the NCCL backend needs CUDA tensors; this run is on " + device.str());
 #ifndef GPT2_WITH_NCCL
-    throw UserError("parallel.backend = nccl: this build of gpt2-dist has no NCCL (use mpi or auto)");
+    throw UserError("this build of gpt2-dist has no NCCL (use the MPI backend)");
 #endif
-    return make_nccl_communicator(comm, device.index(), timeout_seconds);
-  }
-  if (backend != "auto" && backend != "mpi") {
-    throw UserError("parallel.backend = " + backend + ": expected auto, nccl or mpi");
+    return make_nccl_communicator(comm, device.index(), timeout);
   }
   // auto: one rank has nothing to reduce, so no NCCL communicator (and no watchdog thread) for it.
-  if (backend == "auto" && device.is_cuda() && size > 1) {
-    return make_nccl_communicator(comm, device.index(), timeout_seconds);
+  if (backend == Backend::kAuto && device.is_cuda() && size > 1) {
+    return make_nccl_communicator(comm, device.index(), timeout);
   }
-  return make_mpi_communicator(comm, timeout_seconds);
+  return make_mpi_communicator(comm, timeout);
 }
 
 }  // namespace gpt2::parallel

@@ -74,9 +74,10 @@ class NcclWork : public Work {
 
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(MPI_Comm comm, int device, double timeout_seconds)
+  NcclCommunicator(MPI_Comm comm, int device, const CollectiveTimeout& timeout)
       : device_(static_cast<c10::DeviceIndex>(device)),
-        timeout_(timeout_seconds),
+        timeout_(timeout.seconds),
+        timeout_name_(timeout.name),
         stream_(at::cuda::getStreamFromPool(/*isHighPriority=*/true, device_)) {
     MPI_CHECK(MPI_Comm_rank(comm, &rank_));
     MPI_CHECK(MPI_Comm_size(comm, &world_size_));
@@ -177,7 +178,7 @@ class NcclCommunicator : public Communicator {
       if (state == ncclSuccess) return "";
       if (state != ncclInProgress) return std::string("failed: ") + ncclGetErrorString(state) + ": " + ncclGetLastError(comm_);
       if (Clock::now() >= deadline) {
-        return log::format("did not finish within %g s (parallel.timeout_s): a peer rank died or hangs", timeout_);
+        return log::format("did not finish within %g s (%s): a peer rank died or hangs", timeout_, timeout_name_.c_str());
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
@@ -237,7 +238,7 @@ class NcclCommunicator : public Communicator {
         const double age = std::chrono::duration<double>(Clock::now() - pending_.front().start).count();
         if (age > timeout_) {
           problem = std::string("NCCL ") + pending_.front().what + " did not finish within " +
-                    std::to_string(static_cast<int>(timeout_)) + " s (parallel.timeout_s): a peer rank died or hangs";
+                    std::to_string(static_cast<int>(timeout_)) + " s (" + timeout_name_ + "): a peer rank died or hangs";
         }
       }
       if (!problem.empty()) {
@@ -252,6 +253,7 @@ class NcclCommunicator : public Communicator {
 
   c10::DeviceIndex device_;
   double timeout_;
+  std::string timeout_name_;  // the setting, for the error that ends the job
   at::cuda::CUDAStream stream_;
   ncclComm_t comm_ = nullptr;
   int rank_ = 0;
@@ -266,8 +268,8 @@ class NcclCommunicator : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, int device, double timeout_seconds) {
-  return std::make_unique<NcclCommunicator>(comm, device, timeout_seconds);
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, int device, const CollectiveTimeout& timeout) {
+  return std::make_unique<NcclCommunicator>(comm, device, timeout);
 }
 
 }  // namespace gpt2::parallel

@@ -55,7 +55,7 @@ std::string dims_str(const std::vector<hsize_t>& dims) {
 // Where the manifest's parameters have 8-bit moments (Note [Moment blocks]); null when the manifest's
 // parameters overlap (reported with the manifest) or the checkpoint's moments are fp32.
 std::unique_ptr<optim::MomentLayout> moment_layout_of(const CheckpointManifest& m) {
-  if (m.optimizer_moments != "8bit") return nullptr;
+  if (m.optimizer_moments != optim::MomentFormat::k8bit) return nullptr;
   std::vector<optim::MomentLayout::Param> params;
   for (const auto& p : m.params) params.push_back({p.offset, p.numel, p.shape.size() >= 2});
   try {

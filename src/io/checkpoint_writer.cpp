@@ -16,7 +16,7 @@
 #include <cstring>
 
 #include "optim/loss_scaler.h"
-#include "optim/sharded_adamw.h"
+#include "optim/sharded_optimizer.h"
 #include "parallel/flat_layout.h"
 #include "parallel/rank_env.h"
 #include "src/base/crc32c.h"
@@ -50,7 +50,7 @@ struct FileRecord {
 };
 
 // Bytes of the shard's datasets (HDF5 adds its headers on top).
-double shard_bytes(const optim::ShardedAdamW::ShardState& s) {
+double shard_bytes(const optim::ShardState& s) {
   double bytes = 0;
   for (const torch::Tensor* t : {&s.master, &s.exp_avg, &s.exp_avg_sq, &s.exp_avg_codes, &s.exp_avg_sq_codes,
                                  &s.exp_avg_absmax, &s.exp_avg_sq_absmax}) {
@@ -86,7 +86,7 @@ FileRecord record_of(const std::string& path) {
 struct CheckpointWriter::Snapshot {
   int64_t step = 0;
   std::string root, final_dir, tmp;
-  optim::ShardedAdamW::ShardState state;
+  optim::ShardState state;
   int64_t begin = 0, end = 0;
   torch::Tensor rng_cpu, rng_cuda;
   CheckpointManifest manifest;  // rank 0 only
@@ -109,7 +109,7 @@ CheckpointWriter::~CheckpointWriter() {
 }
 
 std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::FlatLayout& layout,
-                                   optim::ShardedAdamW& optimizer, const optim::LossScaler& scaler, bool async) {
+                                   optim::ShardedOptimizer& optimizer, const optim::LossScaler& scaler, bool async) {
   const int rank = env_.rank(), world = env_.world_size();
   if (pending_) wait();  // one save at a time
   auto snap = std::make_unique<Snapshot>();
@@ -151,7 +151,7 @@ std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::Fl
     m.zero_stage = settings_.zero_stage;
     m.offload = settings_.offload;
     m.dtype = settings_.dtype;
-    m.optimizer_moments = optimizer.moments_8bit() ? "8bit" : "fp32";
+    m.optimizer_moments = optimizer.moments_8bit() ? optim::MomentFormat::k8bit : optim::MomentFormat::kFp32;
     m.flat_total = layout.total;
     m.flat_padded = layout.padded;
     for (size_t i = 0; i < named.size(); ++i) {
@@ -228,23 +228,16 @@ void CheckpointWriter::write_shard(Snapshot& snap, const std::string& shard_path
   {
     h5::H5ErrorSilencer quiet;
     h5::H5Id file = h5::create_h5(shard_path);
-    const optim::ShardedAdamW::ShardState& s = snap.state;
-    auto write_f32 = [&](const char* name, const torch::Tensor& t) {
-      h5::write_f32(file.get(), name, t.contiguous().data_ptr<float>(), {static_cast<hsize_t>(t.numel())});
-    };
-    write_f32("master", s.master);
-    fault_point(rank, 2, step);
-    if (s.moments_8bit) {  // datasets of docs/DESIGN.md "Checkpoint layout as built"
-      h5::write_bytes(file.get(), "exp_avg_codes", s.exp_avg_codes.contiguous().data_ptr<uint8_t>(), s.exp_avg_codes.numel());
-      h5::write_bytes(file.get(), "exp_avg_sq_codes", s.exp_avg_sq_codes.contiguous().data_ptr<uint8_t>(),
-                      s.exp_avg_sq_codes.numel());
-      write_f32("exp_avg_absmax", s.exp_avg_absmax);
-      write_f32("exp_avg_sq_absmax", s.exp_avg_sq_absmax);
-      write_f32("exp_avg_fp32", s.exp_avg);
-      write_f32("exp_avg_sq_fp32", s.exp_avg_sq);
-    } else {
-      write_f32("exp_avg", s.exp_avg);
-      write_f32("exp_avg_sq", s.exp_avg_sq);
+    const optim::ShardState& s = snap.state;
+    // The datasets of docs/DESIGN.md "Checkpoint layout as built", from manifest.h's table.
+    for (const ShardDataset& d : shard_datasets(s.moments_8bit ? optim::MomentFormat::k8bit : optim::MomentFormat::kFp32)) {
+      const torch::Tensor t = (s.*d.state).contiguous();
+      if (d.is_uint8) {
+        h5::write_bytes(file.get(), d.name, t.data_ptr<uint8_t>(), t.numel());
+      } else {
+        h5::write_f32(file.get(), d.name, t.data_ptr<float>(), {static_cast<hsize_t>(t.numel())});
+      }
+      if (d.state == &optim::ShardState::master) fault_point(rank, 2, step);
     }
     h5::write_int_attr(file.get(), "begin", snap.begin);
     h5::write_int_attr(file.get(), "end", snap.end);

@@ -9,7 +9,7 @@
 // in checkpoint_writer.cpp) of every save, or only of the save of STEP
 // (tests/python/test_checkpoint_faults.py); GPT2_CKPT_HOLD=N holds an async save's writing thread
 // until N more poll()s (steps) have run on this rank, or until wait(), so a test can change the
-// state under a save deterministically (tests/parallel/test_checkpoint.cpp).
+// state under a save deterministically (tests/io/checkpoint_test.cpp).
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -27,7 +27,7 @@ class RankEnv;
 struct FlatLayout;
 }  // namespace parallel
 namespace optim {
-class ShardedAdamW;
+class ShardedOptimizer;
 class LossScaler;
 }  // namespace optim
 
@@ -57,7 +57,7 @@ class CheckpointWriter {
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
   // Returns the directory when the save finished here (sync, or the step was saved already).
-  std::string save(int64_t step, GPT2& model, const parallel::FlatLayout& layout, optim::ShardedAdamW& optimizer,
+  std::string save(int64_t step, GPT2& model, const parallel::FlatLayout& layout, optim::ShardedOptimizer& optimizer,
                    const optim::LossScaler& scaler, bool async);
   // Finishes a background save when every rank is done writing; its directory, else "".
   std::string poll();

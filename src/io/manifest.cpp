@@ -12,15 +12,27 @@
 
 namespace gpt2 {
 
-std::vector<ShardDataset> shard_datasets(const std::string& optimizer_moments) {
+const std::vector<ShardDataset>& shard_datasets(optim::MomentFormat moments) {
   using I = ShardDataset::Index;
-  if (optimizer_moments == "8bit") {
-    return {{"master", false, I::kFlat},          {"exp_avg_codes", true, I::kFlat},
-            {"exp_avg_sq_codes", true, I::kFlat}, {"exp_avg_absmax", false, I::kAbsmax},
-            {"exp_avg_sq_absmax", false, I::kAbsmax}, {"exp_avg_fp32", false, I::kFp32Moment},
-            {"exp_avg_sq_fp32", false, I::kFp32Moment}};
+  using S = optim::ShardState;
+  static const std::vector<ShardDataset> eight_bit{{"master", false, I::kFlat, &S::master},
+                                                   {"exp_avg_codes", true, I::kFlat, &S::exp_avg_codes},
+                                                   {"exp_avg_sq_codes", true, I::kFlat, &S::exp_avg_sq_codes},
+                                                   {"exp_avg_absmax", false, I::kAbsmax, &S::exp_avg_absmax},
+                                                   {"exp_avg_sq_absmax", false, I::kAbsmax, &S::exp_avg_sq_absmax},
+                                                   {"exp_avg_fp32", false, I::kFp32Moment, &S::exp_avg},
+                                                   {"exp_avg_sq_fp32", false, I::kFp32Moment, &S::exp_avg_sq}};
+  static const std::vector<ShardDataset> fp32{{"master", false, I::kFlat, &S::master},
+                                              {"exp_avg", false, I::kFlat, &S::exp_avg},
+                                              {"exp_avg_sq", false, I::kFlat, &S::exp_avg_sq}};
+  return moments == optim::MomentFormat::k8bit ? eight_bit : fp32;
+}
+
+const ShardDataset& shard_dataset(optim::MomentFormat moments, const std::string& name) {
+  for (const ShardDataset& d : shard_datasets(moments)) {
+    if (name == d.name) return d;
   }
-  return {{"master", false, I::kFlat}, {"exp_avg", false, I::kFlat}, {"exp_avg_sq", false, I::kFlat}};
+  throw UserError(std::string("a checkpoint with ") + choice_name(moments) + " moments has no dataset " + name);
 }
 
 std::string step_dir_name(int64_t step) {
@@ -59,7 +71,7 @@ json::Value CheckpointManifest::to_json() const {
           {"zero_stage", zero_stage},
           {"offload", offload},
           {"dtype", dtype},
-          {"optimizer_moments", optimizer_moments},
+          {"optimizer_moments", choice_name(optimizer_moments)},
           {"flat_total", flat_total},
           {"flat_padded", flat_padded},
           {"params", ps},
@@ -68,7 +80,7 @@ json::Value CheckpointManifest::to_json() const {
           {"data", {{"seed", static_cast<int64_t>(seed)}, {"next_step", step}}},
           {"config", cfg},
           {"files", fs}};
-  if (optimizer_moments == "8bit") out["exp_avg_sq_8bit"] = exp_avg_sq_8bit;
+  if (optimizer_moments == optim::MomentFormat::k8bit) out["exp_avg_sq_8bit"] = exp_avg_sq_8bit;
   return out;
 }
 
@@ -96,12 +108,10 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
   m.dtype = json::as_string(json::at(v, "dtype", what), "dtype");
   // Checkpoints from before 8-bit moments have no such key: theirs are fp32.
   if (const json::Value* moments = json::find(v, "optimizer_moments")) {
-    m.optimizer_moments = json::as_string(*moments, "optimizer_moments");
-    if (m.optimizer_moments != "fp32" && m.optimizer_moments != "8bit") {
-      throw UserError(path + ": optimizer_moments is '" + m.optimizer_moments + "', expected fp32 or 8bit");
-    }
+    m.optimizer_moments =
+        parse_choice<optim::MomentFormat>(path + ": optimizer_moments", json::as_string(*moments, "optimizer_moments"));
   }
-  if (m.optimizer_moments == "8bit") {
+  if (m.optimizer_moments == optim::MomentFormat::k8bit) {
     const json::Value* sq = json::find(v, "exp_avg_sq_8bit");
     m.exp_avg_sq_8bit = sq != nullptr ? json::as_string(*sq, "exp_avg_sq_8bit") : "plain";
     if (m.exp_avg_sq_8bit != "root" && m.exp_avg_sq_8bit != "plain") {

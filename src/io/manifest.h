@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "optim/moment_format.h"
+#include "optim/shard_update.h"
 #include "src/base/json.h"
 #include "src/model/model_config.h"
 
@@ -38,7 +40,7 @@ struct CheckpointManifest {
   int world_size = 1;
   int64_t zero_stage = 0;
   std::string offload, dtype;
-  std::string optimizer_moments = "fp32";  // fp32 | 8bit: which datasets the shards hold (DESIGN.md)
+  optim::MomentFormat optimizer_moments = optim::MomentFormat::kFp32;  // which datasets the shards hold (DESIGN.md)
   // 8bit: what exp_avg_sq's codes hold: "root", sqrt(v) (Note [Second moment as its root]), or
   // "plain", v itself (checkpoints written before it, which have no such key).
   std::string exp_avg_sq_8bit = "root";
@@ -60,17 +62,20 @@ struct CheckpointManifest {
   GPT2Config model_config() const;
 };
 
-// The datasets of an optimizer shard holding the flat range [begin, end): their names, element type
-// and what they are indexed by: flat elements of the range, the range's 8-bit blocks (one absmax
-// each), or the range's elements with fp32 moments when the others are 8-bit (Note [Moment blocks]).
+// The datasets of an optimizer shard holding the flat range [begin, end): their names, element type,
+// what they are indexed by (flat elements of the range, the range's 8-bit blocks, one absmax each,
+// or the range's elements with fp32 moments when the others are 8-bit, Note [Moment blocks]) and
+// the ShardState tensor each holds. The one table the writer, resume and the verifier read.
 struct ShardDataset {
   enum class Index { kFlat, kAbsmax, kFp32Moment };
   const char* name;
   bool is_uint8;
   Index index;
+  torch::Tensor optim::ShardState::*state;
 };
-// For optimizer_moments "fp32" or "8bit".
-std::vector<ShardDataset> shard_datasets(const std::string& optimizer_moments);
+const std::vector<ShardDataset>& shard_datasets(optim::MomentFormat moments);
+// The dataset of that name; gpt2::UserError when the format has none.
+const ShardDataset& shard_dataset(optim::MomentFormat moments, const std::string& name);
 
 // "step_0000020": the directory of the checkpoint after `step` optimizer steps.
 std::string step_dir_name(int64_t step);

@@ -87,7 +87,7 @@ WeightsSource find_weights(const std::string& path) {
     const CheckpointManifest m = CheckpointManifest::read(s.path);
     s.config = m.model_config();
     s.step = m.step;
-    s.trained_dtype = m.dtype;
+    s.trained_dtype = parse_choice<DtypeChoice>(files::join(s.path, "manifest.json") + ": dtype", m.dtype);
   }
   s.config.validate();
   return s;
@@ -115,24 +115,20 @@ GPT2 load_model(const std::string& path) {
   return model;
 }
 
-InferenceModel load_model_to_run(const std::string& path, const std::string& device, const std::string& dtype,
-                                 bool auto_trained) {
-  if (device != "auto" && device != "cpu" && device != "cuda") {
-    throw UserError("--device = " + device + ": must be auto, cpu or cuda");
-  }
-  if (dtype != "auto" && dtype != "fp32" && dtype != "bf16" && dtype != "fp16") {
-    throw UserError("--dtype = " + dtype + ": must be auto, fp32, bf16 or fp16");
-  }
+InferenceModel load_model_to_run(const std::string& path, DeviceChoice device, DtypeChoice dtype, bool auto_trained) {
   const bool have_cuda = torch::cuda::is_available();
-  if (device == "cuda" && !have_cuda) throw UserError("--device = cuda: no CUDA device is visible");
+  if (device == DeviceChoice::kCuda && !have_cuda) throw UserError("--device = cuda: no CUDA device is visible");
   InferenceModel m;
-  m.device = (device == "cpu" || !have_cuda) ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA);
+  m.device = (device == DeviceChoice::kCpu || !have_cuda) ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA);
   m.source = find_weights(path);
-  m.dtype = dtype != "auto"                                   ? dtype
-            : auto_trained && !m.source.trained_dtype.empty() ? m.source.trained_dtype
-            : m.device.is_cuda()                              ? "bf16"
-                                                              : "fp32";
-  const auto scalar = m.dtype == "bf16" ? torch::kBFloat16 : m.dtype == "fp16" ? torch::kHalf : torch::kFloat;
+  const DtypeChoice trained = m.source.trained_dtype;
+  m.dtype = dtype != DtypeChoice::kAuto                         ? dtype
+            : auto_trained && trained != DtypeChoice::kAuto ? trained
+            : m.device.is_cuda()                            ? DtypeChoice::kBf16
+                                                            : DtypeChoice::kFp32;
+  const auto scalar = m.dtype == DtypeChoice::kBf16   ? torch::kBFloat16
+                      : m.dtype == DtypeChoice::kFp16 ? torch::kHalf
+                                                      : torch::kFloat;
   m.model = GPT2(m.source.config);
   load_weights(m.model, m.source);
   m.model->to(m.device, scalar);

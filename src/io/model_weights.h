@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "src/base/choices.h"
 #include "src/model/gpt2_model.h"
 
 namespace gpt2 {
@@ -20,7 +21,7 @@ struct WeightsSource {
   std::string path;    // the checkpoint directory itself for a checkpoint root
   GPT2Config config;
   int64_t step = 0;    // training steps behind the weights (0 for Hugging Face)
-  std::string trained_dtype;     // a checkpoint's precision.dtype (bf16, fp16, fp32); "" for the others
+  DtypeChoice trained_dtype = DtypeChoice::kAuto;  // a checkpoint's precision.dtype; auto (unknown) for the others
   bool files_verified = false;   // a checkpoint whose files the caller has CRC-checked already
   std::string describe() const;  // "checkpoint runs/ckpt/step_0000100 (step 100)" etc.
 };
@@ -36,18 +37,17 @@ void load_weights(GPT2& model, const WeightsSource& source);
 // find_weights + a GPT2 of that config (CPU, fp32) + load_weights.
 GPT2 load_model(const std::string& path);
 
-// A model loaded to run (gpt2-generate, gpt2-eval): `device` auto | cpu | cuda (auto: CUDA when
-// there is one), `dtype` auto | fp32 | bf16 | fp16 (auto: bf16 on CUDA, fp32 on CPU; with
-// `auto_trained`, a checkpoint's own training dtype, so gpt2-eval measures what the trainer
-// measured); in eval mode. gpt2::UserError naming --device or --dtype for another value, or CUDA
-// asked for and none visible.
+// A model loaded to run (gpt2-generate, gpt2-eval): on `device` (auto: CUDA when there is one), in
+// `dtype` (auto: bf16 on CUDA, fp32 on CPU; with `auto_trained`, a checkpoint's own training dtype,
+// so gpt2-eval measures what the trainer measured); in eval mode. gpt2::UserError naming --device
+// when CUDA is asked for and none is visible.
 struct InferenceModel {
   GPT2 model{nullptr};
   WeightsSource source;
   torch::Device device{torch::kCPU};
-  std::string dtype;  // the resolved name
+  DtypeChoice dtype = DtypeChoice::kFp32;  // resolved
 };
-InferenceModel load_model_to_run(const std::string& path, const std::string& device, const std::string& dtype,
+InferenceModel load_model_to_run(const std::string& path, DeviceChoice device, DtypeChoice dtype,
                                  bool auto_trained = false);
 
 }  // namespace gpt2

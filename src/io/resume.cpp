@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "optim/loss_scaler.h"
-#include "optim/sharded_adamw.h"
+#include "optim/sharded_optimizer.h"
 #include "parallel/flat_layout.h"
 #include "parallel/rank_env.h"
 #include "src/base/errors.h"
@@ -145,19 +145,11 @@ void read_dataset_range(const CheckpointManifest& m, const ShardDataset& d, cons
   }
 }
 
-const ShardDataset& dataset_named(const std::string& moments, const std::string& name) {
-  static const auto fp32 = shard_datasets("fp32"), eight = shard_datasets("8bit");
-  for (const auto& d : moments == "8bit" ? eight : fp32) {
-    if (name == d.name) return d;
-  }
-  throw UserError("a checkpoint with " + moments + " moments has no dataset " + name);
-}
-
 // The 8-bit moments of the flat range [begin, end) (on the grid) of an 8-bit checkpoint, as
-// ShardedAdamW holds them (codes for end - begin elements, zero past flat_total). Collective: an
+// ShardedOptimizer holds them (codes for end - begin elements, zero past flat_total). Collective: an
 // absmax that is not a finite non-negative number is a damaged checkpoint, named on every rank.
 void read_8bit_moments(const CheckpointManifest& m, const optim::MomentLayout& ml, int64_t begin, int64_t end,
-                       const parallel::RankEnv& env, optim::ShardedAdamW::ShardState* s) {
+                       const parallel::RankEnv& env, optim::ShardState* s) {
   const int64_t real_end = std::max(begin, std::min(end, m.flat_total));
   const int64_t a0 = ml.absmax_before(begin), a1 = ml.absmax_before(end);
   const int64_t f0 = ml.fp32_before(begin), f1 = ml.fp32_before(end);
@@ -173,7 +165,7 @@ void read_8bit_moments(const CheckpointManifest& m, const optim::MomentLayout& m
                         {"exp_avg_fp32", &s->exp_avg, f0, f1, f1 - f0},
                         {"exp_avg_sq_fp32", &s->exp_avg_sq, f0, f1, f1 - f0}};
   for (const Part& p : parts) {
-    const ShardDataset& d = dataset_named("8bit", p.name);
+    const ShardDataset& d = shard_dataset(optim::MomentFormat::k8bit, p.name);
     *p.t = torch::zeros({p.size}, d.is_uint8 ? torch::kUInt8 : torch::kFloat);
     read_dataset_range(m, d, &ml, p.lo, p.hi, p.t->data_ptr());
   }
@@ -200,7 +192,7 @@ void read_8bit_moments(const CheckpointManifest& m, const optim::MomentLayout& m
   std::string file = "manifest.json";
   int64_t local = index;
   for (const auto& shard : m.shards) {
-    const auto r = shard_range(shard, dataset_named("8bit", name), &ml);
+    const auto r = shard_range(shard, shard_dataset(optim::MomentFormat::k8bit, name), &ml);
     if (r.first <= index && index < r.second) {
       file = shard.file;
       local = index - r.first;
@@ -214,19 +206,19 @@ void read_8bit_moments(const CheckpointManifest& m, const optim::MomentLayout& m
 
 // This rank's range [begin, end) of the checkpoint's state, in the optimizer's moment format:
 // read as saved, or converted (fp32 moments quantized, 8-bit ones dequantized) with a logged line.
-optim::ShardedAdamW::ShardState read_shard_state(const CheckpointManifest& m, const optim::ShardedAdamW& optimizer,
+optim::ShardState read_shard_state(const CheckpointManifest& m, const optim::ShardedOptimizer& optimizer,
                                                  const parallel::RankEnv& env) {
   const int64_t begin = optimizer.shard_begin(), end = begin + optimizer.shard_numel();
   const int64_t real_end = std::max(begin, std::min(end, m.flat_total));
   const optim::MomentLayout& ml = optimizer.moment_layout();
-  const bool saved_8bit = m.optimizer_moments == "8bit";
+  const bool saved_8bit = m.optimizer_moments == optim::MomentFormat::k8bit;
   auto dense = [&](const char* name, int64_t lo, int64_t hi) {  // fp32 values of [lo, hi), zero past flat_total
     auto t = torch::zeros({hi - lo}, torch::kFloat);
-    read_dataset_range(m, dataset_named(m.optimizer_moments, name), &ml, lo, std::max(lo, std::min(hi, m.flat_total)),
+    read_dataset_range(m, shard_dataset(m.optimizer_moments, name), &ml, lo, std::max(lo, std::min(hi, m.flat_total)),
                        t.data_ptr());
     return t;
   };
-  optim::ShardedAdamW::ShardState s;
+  optim::ShardState s;
   s.moments_8bit = optimizer.moments_8bit();
   s.master = dense("master", begin, end);
   if (saved_8bit) {
@@ -260,7 +252,7 @@ optim::ShardedAdamW::ShardState read_shard_state(const CheckpointManifest& m, co
     const int64_t g0 = begin / optim::kQuantBlock * optim::kQuantBlock;
     const int64_t g1 = std::min((real_end + optim::kQuantBlock - 1) / optim::kQuantBlock * optim::kQuantBlock,
                                 std::max(m.flat_total, g0));
-    optim::ShardedAdamW::ShardState q;
+    optim::ShardState q;
     read_8bit_moments(m, ml, g0, g1, env, &q);
     auto exp_avg = torch::zeros({g1 - g0}, torch::kFloat), exp_avg_sq = torch::zeros({g1 - g0}, torch::kFloat);
     optim::dequantize_moments(ml, g0, g1, q.moment_buffers(), exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>());
@@ -275,12 +267,12 @@ optim::ShardedAdamW::ShardState read_shard_state(const CheckpointManifest& m, co
 }  // namespace
 
 void read_flat_range(const CheckpointManifest& m, const char* dataset, int64_t begin, int64_t end, float* out) {
-  read_dataset_range(m, dataset_named(m.optimizer_moments, dataset), nullptr, begin, end, out);
+  read_dataset_range(m, shard_dataset(m.optimizer_moments, dataset), nullptr, begin, end, out);
 }
 
 int64_t resume_checkpoint(const std::string& checkpoint_dir, GPT2& model, int64_t zero_stage,
                           const parallel::RankEnv& env, const parallel::FlatLayout& layout,
-                          optim::ShardedAdamW& optimizer, optim::LossScaler& scaler) {
+                          optim::ShardedOptimizer& optimizer, optim::LossScaler& scaler) {
   const int rank = env.rank(), world = env.world_size();
   const CheckpointManifest m = CheckpointManifest::read(checkpoint_dir);
   // The model must be the one that was saved: its config keys, then its layout.
@@ -322,7 +314,7 @@ int64_t resume_checkpoint(const std::string& checkpoint_dir, GPT2& model, int64_
   }
 
   // This rank's range, read from the old shards that overlap it; padding stays zero.
-  optim::ShardedAdamW::ShardState s = read_shard_state(m, optimizer, env);
+  optim::ShardState s = read_shard_state(m, optimizer, env);
   // The step count (the same in every shard), and this rank's generator states from its own file.
   std::vector<uint8_t> rng_cpu, rng_cuda;
   {

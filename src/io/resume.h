@@ -14,7 +14,7 @@ class RankEnv;
 struct FlatLayout;
 }  // namespace parallel
 namespace optim {
-class ShardedAdamW;
+class ShardedOptimizer;
 class LossScaler;
 }  // namespace optim
 
@@ -33,7 +33,7 @@ void read_flat_range(const CheckpointManifest& m, const char* dataset, int64_t b
 // first that differs is named). `zero_stage` is this run's, for the log.
 int64_t resume_checkpoint(const std::string& checkpoint_dir, GPT2& model, int64_t zero_stage,
                           const parallel::RankEnv& env,
-                          const parallel::FlatLayout& layout, optim::ShardedAdamW& optimizer,
+                          const parallel::FlatLayout& layout, optim::ShardedOptimizer& optimizer,
                           optim::LossScaler& scaler);
 
 }  // namespace gpt2

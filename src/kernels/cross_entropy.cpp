@@ -178,9 +178,8 @@ class HeadCrossEntropy : public torch::autograd::Function<HeadCrossEntropy> {
     if (ctx->saved_data.count("backward_done") != 0) {
       throw Error(
           "kernels::head_cross_entropy: a second backward through the same graph: the fused head + loss "
-          "(train.fused_kernels) writes the logits' gradient over its logits, so its backward can run once per "
-          "forward; for a double backward (retain_graph) set train.fused_kernels = false (or memory.chunked_loss = "
-          "true)");
+          "writes the logits' gradient over its logits, so its backward can run once per forward; for a double "
+          "backward (retain_graph) use LibTorch's ops (the model's fused kernels off) or the chunked loss");
     }
     if (ctx->saved_data.count("logits") == 0) {
       throw std::logic_error("kernels::head_cross_entropy: backward of a loss computed without gradients");

@@ -11,7 +11,7 @@
 //   GELU input for backward; the heuristic's first algorithm, or the fastest one when tuning is on.
 //   Returns false, having written nothing, when cuBLASLt has no algorithm (the caller then runs
 //   the separate kernels). The backward epilogues (DGELU_BGRAD, BGRADB) were measured on an H200
-//   and left out: 7.5 and 1.35 ms per gpt2-124m step against 2.3 and 1.0 ms for linear.cu's.
+//   and left out: slower than linear.cu's kernels (bench/results/2026-12-01-fused-kernels-h200.log).
 // A failing cuBLASLt call throws gpt2::Error naming it. Without CUDA: ATen, and gemm_bias_gelu false.
 #include <torch/types.h>
 

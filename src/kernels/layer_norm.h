@@ -4,7 +4,8 @@
 // backward one read of the output gradient, s and the gradient that reached s directly, writing
 // the gradient of x and y (the same tensor) and, in the same pass, weight and bias gradients. The
 // separate add, LayerNorm, its GammaBeta reduction and autograd's accumulation of the two
-// gradients of the residual stream took about 10 of 62 ms per gpt2-124m step on an H200.
+// gradients of the residual stream were a large share of a gpt2-124m step on an H200
+// (bench/results/2026-12-01-profile-h200.log, 2026-12-01-layernorm-h200.log).
 // Contract: x and y (..., C) CUDA of one dtype (fp32/bf16/fp16), weight and bias (C) of that dtype;
 // y may be undefined (then s is x itself and only out is computed). x, y and the gradients that
 // reach backward may be any views: those that are not contiguous rows starting 16-byte aligned are

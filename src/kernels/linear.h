@@ -3,7 +3,7 @@
 // out of its first GEMM, which also keeps the GELU input (a cuBLASLt epilogue, gemm.h;
 // ATen's GELU where cuBLASLt has no algorithm); bias gradients come from a column-sum kernel, and
 // the GELU backward with c_fc's bias gradient from one fused pass, instead of ATen's generic
-// reduction and elementwise passes (3.2 and 3.3 of 62 ms per gpt2-124m step on an H200).
+// reduction and elementwise passes (their share of a step: bench/results/2026-12-01-profile-h200.log).
 // Contract: x (..., in), weight (out, in), bias (out) contiguous, one CUDA device and dtype
 // (fp32/bf16/fp16). Values equal at::linear's (and at::linear(gelu(at::linear(x), "tanh")) for
 // mlp) up to the order of summation.

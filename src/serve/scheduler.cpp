@@ -59,10 +59,8 @@ Scheduler::Scheduler(GPT2 model, const data::Gpt2Tokenizer& tokenizer, Scheduler
   if (options_.max_queue < 0) throw UserError("--max_queue must be >= 0, got " + std::to_string(options_.max_queue));
   if (options_.attend_block < 0) throw UserError("--attend_block must be >= 0, got " + std::to_string(options_.attend_block));
   if (options_.prefill_batch < 1) throw UserError("--prefill_batch must be >= 1, got " + std::to_string(options_.prefill_batch));
-  if (options_.slot_attention == "on" || options_.slot_attention == "off") {
-    model_->set_slot_attention(options_.slot_attention == "on");
-  } else if (options_.slot_attention != "auto") {
-    throw UserError("--slot_attention must be auto, on or off, got '" + options_.slot_attention + "'");
+  if (options_.slot_attention != SchedulerOptions::SlotAttention::kAuto) {
+    model_->set_slot_attention(options_.slot_attention == SchedulerOptions::SlotAttention::kOn);
   }
   slot_attention_ = model_->slot_attention_on();
   if (slot_attention_ && options_.attend_block > 0) {

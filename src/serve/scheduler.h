@@ -11,6 +11,7 @@
 // for a cancelled one). Greedy ids equal gpt2-generate's for the same prompt up to near-ties (on CPU
 // the same prefill, on CUDA a padded one; decode steps of other shapes), and are the same alone or in a full batch (with
 // slot attention or attend_block 0, bit for bit: a row's arithmetic does not depend on the other rows).
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -21,8 +22,10 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "src/base/choices.h"
 #include "src/model/generate.h"
 #include "src/model/gpt2_model.h"
 
@@ -72,10 +75,11 @@ struct SchedulerOptions {
   // that arrive together are prefilled N at a time in one forward (a burst's time to first token
   // falls; the first token's logits may then differ in the last bits with the company).
   int64_t prefill_batch = 1;
-  // Decode steps' attention (Note [Slot decoding]): "on": kernels::slot_attention, each row reading
+  // Decode steps' attention (Note [Slot decoding]): on: kernels::slot_attention, each row reading
   // only its own context (the same bits in any company, and attend_block no longer matters);
-  // "off": SDPA over attend positions under a mask; "auto": on (where the fused kernels are).
-  std::string slot_attention = "auto";
+  // off: SDPA over attend positions under a mask; auto: on (where the fused kernels are).
+  enum class SlotAttention { kAuto, kOn, kOff };
+  SlotAttention slot_attention = SlotAttention::kAuto;
   // true: on CUDA, decode steps replay CUDA graphs (one per attend value; decode_graphs.h) and
   // one-prompt prefills too (one per padded length; prompt_prefill.h), the same bits as without;
   // ignored (logged) on CPU. false: every step and prefill dispatches its kernels.
@@ -143,3 +147,11 @@ class Scheduler {
 };
 
 }  // namespace gpt2::serve
+
+namespace gpt2 {
+template <>
+struct ChoiceNames<serve::SchedulerOptions::SlotAttention> {
+  using S = serve::SchedulerOptions::SlotAttention;
+  static constexpr std::array<std::pair<S, const char*>, 3> names{{{S::kAuto, "auto"}, {S::kOn, "on"}, {S::kOff, "off"}}};
+};
+}  // namespace gpt2

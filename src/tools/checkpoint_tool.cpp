@@ -6,6 +6,7 @@
 #include <cinttypes>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +23,7 @@
 #include "src/io/model_file.h"
 #include "src/io/model_weights.h"
 #include "src/io/resume.h"
+#include "src/tools/command_line.h"
 
 namespace gpt2::ckpt {
 namespace {
@@ -174,10 +176,10 @@ std::string inspect_text(const CheckpointManifest& m) {
   line("ZeRO stage", str(m.zero_stage));
   line("offload", m.offload.empty() ? "none" : m.offload);
   line("dtype", m.dtype);
-  line("optimizer moments", m.optimizer_moments == "8bit"
+  line("optimizer moments", m.optimizer_moments == optim::MomentFormat::k8bit
                                 ? "8bit (block-wise, " + str(optim::kQuantBlock) + " values per absmax; fp32 for tensors under " +
                                       str(optim::kMinQuantNumel) + " values)"
-                                : m.optimizer_moments);
+                                : choice_name(m.optimizer_moments));
   line("parameters", str(m.flat_total) + " (flat_total; padded to " + str(m.flat_padded) + ", " +
                          str(static_cast<int64_t>(m.params.size())) + " tensors)");
   char scale[64];
@@ -290,50 +292,63 @@ int verify_root(const std::string& root_dir, std::ostream& out) {
   return kExitOk;
 }
 
+// gpt2-ckpt's command line: COMMAND PATH and the options of that command.
+struct ToolArgs {
+  std::string command, path, out_file;
+  bool as_json = false;
+};
+
+// nullopt when --help was given (printed to `out`).
+std::optional<ToolArgs> parse_tool_args(const std::vector<std::string>& args, std::ostream& out) {
+  namespace po = boost::program_options;
+  ToolArgs a;
+  po::options_description options("options");
+  options.add_options()
+      ("help,h", "this help")
+      ("json", po::bool_switch(&a.as_json), "inspect: print the manifest as JSON")
+      ("out", po::value(&a.out_file), "consolidate, import-hf: the model FILE to write; export-hf: the DIR");
+  po::options_description hidden;
+  std::vector<std::string> paths;
+  hidden.add_options()("command", po::value(&a.command))("path", po::value(&paths));
+  po::positional_options_description positional;
+  positional.add("command", 1).add("path", -1);
+  po::variables_map vm;
+  if (!tools::parse_command_line(args, "gpt2-ckpt", kUsage, options, positional, vm, out, hidden)) return std::nullopt;
+  if (a.command == "help") {
+    out << kUsage;
+    return std::nullopt;
+  }
+  if (a.command.empty()) throw usage_error("no command given: inspect, verify, consolidate, export-hf or import-hf");
+  const bool writes = a.command == "consolidate" || a.command == "export-hf" || a.command == "import-hf";
+  if (a.command != "inspect" && a.command != "verify" && !writes) {
+    throw usage_error("unknown command '" + a.command + "' (inspect, verify, consolidate, export-hf or import-hf)");
+  }
+  if (a.as_json && a.command != "inspect") throw usage_error(a.command + ": --json is an option of inspect only");
+  if (vm.count("out") && !writes) {
+    throw usage_error(a.command + ": --out is an option of consolidate, export-hf and import-hf");
+  }
+  if (vm.count("out") && a.out_file.empty()) throw usage_error(a.command + ": --out needs a path");
+  if (paths.empty()) throw usage_error(a.command + ": missing PATH (a checkpoint directory or a checkpoint root)");
+  if (paths.size() > 1) {
+    throw usage_error(a.command + ": unexpected argument '" + paths[1] + "' (one PATH only; PATH is " + paths[0] + ")");
+  }
+  a.path = paths[0];
+  if (a.path.empty()) throw usage_error(a.command + ": PATH is empty");
+  if (writes && a.out_file.empty()) {
+    throw usage_error(a.command + ": missing --out " + (a.command == "export-hf" ? "DIR" : "FILE"));
+  }
+  return a;
+}
+
 int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   std::string command;
   try {
-    if (args.empty()) throw usage_error("no command given: inspect, verify, consolidate, export-hf or import-hf");
-    command = args[0];
-    if (command == "-h" || command == "--help" || command == "help") {
-      out << kUsage;
-      return kExitOk;
-    }
-    const bool writes = command == "consolidate" || command == "export-hf" || command == "import-hf";
-    if (command != "inspect" && command != "verify" && !writes) {
-      throw usage_error("unknown command '" + command + "' (inspect, verify, consolidate, export-hf or import-hf)");
-    }
-    std::string path, out_file;
-    bool as_json = false, have_out = false;
-    for (size_t i = 1; i < args.size(); ++i) {
-      const std::string& a = args[i];
-      if (a == "-h" || a == "--help") {
-        out << kUsage;
-        return kExitOk;
-      } else if (a == "--json") {
-        if (command != "inspect") throw usage_error(command + ": --json is an option of inspect only");
-        as_json = true;
-      } else if (a == "--out" || a.rfind("--out=", 0) == 0) {
-        if (!writes) throw usage_error(command + ": --out is an option of consolidate, export-hf and import-hf");
-        if (a == "--out") {
-          if (i + 1 >= args.size()) throw usage_error(command + ": --out needs a path");
-          out_file = args[++i];
-        } else {
-          out_file = a.substr(6);
-        }
-        if (out_file.empty()) throw usage_error(command + ": --out needs a path");
-        have_out = true;
-      } else if (a.size() > 1 && a[0] == '-') {
-        throw usage_error(command + ": unknown option '" + a + "'");
-      } else if (path.empty()) {
-        path = a;
-        if (path.empty()) throw usage_error(command + ": PATH is empty");
-      } else {
-        throw usage_error(command + ": unexpected argument '" + a + "' (one PATH only; PATH is " + path + ")");
-      }
-    }
-    if (path.empty()) throw usage_error(command + ": missing PATH (a checkpoint directory or a checkpoint root)");
-    if (writes && !have_out) throw usage_error(command + ": missing --out " + (command == "export-hf" ? "DIR" : "FILE"));
+    const std::optional<ToolArgs> parsed = parse_tool_args(args, out);
+    if (!parsed) return kExitOk;
+    command = parsed->command;
+    const std::string& path = parsed->path;
+    const std::string& out_file = parsed->out_file;
+    const bool as_json = parsed->as_json;
 
     if (command == "import-hf" || command == "export-hf") {
       // Weights go through the model (model_weights.h). A checkpoint is verified as `verify` does

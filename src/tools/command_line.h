@@ -1,38 +1,61 @@
 #pragma once
-// The command line of the tools (gpt2-data, gpt2-generate, gpt2-eval, gpt2-serve):
+// The command line of the tools (gpt2-data, gpt2-generate, gpt2-eval, gpt2-serve, gpt2-ckpt):
 // Boost.Program_options with positional arguments, a malformed line as a gpt2::UserError that
 // points at the tool's --help, and --help printing the usage text and the options; run_main, the
 // main() of the one-process tools.
 #include <boost/program_options.hpp>
 
 #include <iostream>
+#include <ostream>
 #include <string>
+#include <vector>
 
+#include "src/base/choices.h"
 #include "src/base/errors.h"
 
 namespace gpt2::tools {
 
-// Parses argv into `vm` against `options` (those listed by --help) and `hidden` (positional-only).
-// Returns false when --help was given: usage and options are printed, the caller exits 0.
-inline bool parse_command_line(int argc, char** argv, const char* tool, const char* usage,
+// The value of an option --NAME that takes one of the words of E (src/base/choices.h): parsed into
+// *field when the command line is (a gpt2::UserError "--NAME = WORD: must be one of ..." otherwise).
+template <typename E>
+boost::program_options::typed_value<std::string>* choice_value(const char* name, E* field) {
+  return boost::program_options::value<std::string>()
+      ->default_value(choice_name(*field))
+      ->notifier([name, field](const std::string& word) { *field = parse_choice<E>(std::string("--") + name, word); });
+}
+
+// Parses `args` (the arguments after the program name) into `vm` against `options` (those listed
+// by --help) and `hidden` (positional-only). Returns false when --help was given: usage and options
+// are printed to `out`, the caller exits 0.
+inline bool parse_command_line(const std::vector<std::string>& args, const char* tool, const char* usage,
                                const boost::program_options::options_description& options,
                                const boost::program_options::positional_options_description& positional,
-                               boost::program_options::variables_map& vm,
+                               boost::program_options::variables_map& vm, std::ostream& out,
                                const boost::program_options::options_description& hidden = {}) {
   namespace po = boost::program_options;
   po::options_description all;
   all.add(options).add(hidden);
   try {
-    po::store(po::command_line_parser(argc, argv).options(all).positional(positional).run(), vm);
+    po::store(po::command_line_parser(args).options(all).positional(positional).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
     throw UserError(std::string(e.what()) + " (see " + tool + " --help)");
   }
   if (vm.count("help")) {
-    std::cout << usage << "\n\n" << options << "\n";
+    out << usage << "\n\n" << options << "\n";
     return false;
   }
   return true;
+}
+
+// The same over argv, printing --help to stdout.
+inline bool parse_command_line(int argc, char** argv, const char* tool, const char* usage,
+                               const boost::program_options::options_description& options,
+                               const boost::program_options::positional_options_description& positional,
+                               boost::program_options::variables_map& vm,
+                               const boost::program_options::options_description& hidden = {}) {
+  return parse_command_line(std::vector<std::string>(argv + 1, argv + argc), tool, usage, options, positional, vm,
+                            std::cout, hidden);
 }
 
 // main() of a one-process tool (gpt2-generate, gpt2-serve): run(argc, argv); a gpt2::UserError is

@@ -31,7 +31,9 @@ namespace po = boost::program_options;
 namespace {
 
 struct Options {
-  std::string model, data, device = "auto", dtype = "auto";
+  std::string model, data;
+  gpt2::DeviceChoice device = gpt2::DeviceChoice::kAuto;
+  gpt2::DtypeChoice dtype = gpt2::DtypeChoice::kAuto;
   int64_t seq_len = 0, batch = 8, windows = 0;  // seq_len 0 = the model's block_size; windows 0 = all
 };
 
@@ -51,8 +53,8 @@ std::optional<Options> parse_options(int argc, char** argv) {
       ("seq_len", po::value(&o.seq_len)->default_value(o.seq_len), "tokens per window; 0 = the model's block_size")
       ("batch", po::value(&o.batch)->default_value(o.batch), "windows per forward pass")
       ("windows", po::value(&o.windows)->default_value(o.windows), "windows to evaluate from the start; 0 = all")
-      ("device", po::value(&o.device)->default_value(o.device), "auto | cpu | cuda")
-      ("dtype", po::value(&o.dtype)->default_value(o.dtype), "auto (a checkpoint's training dtype; else bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16");
+      ("device", gpt2::tools::choice_value("device", &o.device), "auto | cpu | cuda")
+      ("dtype", gpt2::tools::choice_value("dtype", &o.dtype), "auto (a checkpoint's training dtype; else bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16");
   po::positional_options_description positional;
   positional.add("model", 1);
   po::variables_map vm;

@@ -35,7 +35,9 @@ struct Options {
   std::vector<std::string> prompts;
   std::string prompt_file;
   gpt2::SamplingOptions sampling;
-  std::string device = "auto", dtype = "auto", tokenizer_dir;
+  gpt2::DeviceChoice device = gpt2::DeviceChoice::kAuto;
+  gpt2::DtypeChoice dtype = gpt2::DtypeChoice::kAuto;
+  std::string tokenizer_dir;
   bool ids = false, ignore_eot = false;
 };
 
@@ -64,8 +66,8 @@ std::optional<Options> parse_options(int argc, char** argv) {
       ("top_k", po::value(&s.top_k)->default_value(s.top_k), "keep the k most likely ids; 0 = all")
       ("top_p", po::value(&s.top_p)->default_value(s.top_p, gpt2::decimal(s.top_p)), "nucleus: keep ids until their mass reaches p; 1 = off")
       ("seed", po::value(&s.seed)->default_value(s.seed), "sampling seed")
-      ("device", po::value(&o.device)->default_value(o.device), "auto | cpu | cuda")
-      ("dtype", po::value(&o.dtype)->default_value(o.dtype), "auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16")
+      ("device", gpt2::tools::choice_value("device", &o.device), "auto | cpu | cuda")
+      ("dtype", gpt2::tools::choice_value("dtype", &o.dtype), "auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16")
       ("tokenizer_dir", po::value(&o.tokenizer_dir), "encoder.json + vocab.bpe (default: data/tokenizer/gpt2)")
       ("ids", po::bool_switch(&o.ids), "prompts and output are token ids separated by spaces (no tokenizer)")
       ("no_kv_cache", "recompute the whole context for every token (slow; the reference)")
@@ -130,7 +132,7 @@ int run(int argc, char** argv) {
   gpt2::GPT2& model = loaded.model;
   const gpt2::WeightsSource& source = loaded.source;
   const torch::Device device = loaded.device;
-  const std::string& dtype = loaded.dtype;
+  const char* dtype = gpt2::choice_name(loaded.dtype);
   const int64_t vocab = source.config.vocab_size;
 
   std::optional<data::Gpt2Tokenizer> tokenizer;

@@ -60,8 +60,8 @@ std::optional<Options> parse_options(int argc, char** argv) {
       ("model", po::value(&o.model), "MODEL (also the first positional argument)")
       ("host", po::value(&s.host)->default_value(s.host), "address to listen on (another than loopback exposes the server)")
       ("port", po::value(&o.port)->default_value(o.port), "TCP port; 0 = any free one (logged)")
-      ("device", po::value(&o.device)->default_value(o.device), "auto | cpu | cuda")
-      ("dtype", po::value(&o.dtype)->default_value(o.dtype), "auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16")
+      ("device", gpt2::tools::choice_value("device", &o.device), "auto | cpu | cuda")
+      ("dtype", gpt2::tools::choice_value("dtype", &o.dtype), "auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16")
       ("max_batch", po::value(&o.scheduler.max_batch)->default_value(o.scheduler.max_batch), "batch slots: sequences decoded together")
       ("max_queue", po::value(&o.scheduler.max_queue)->default_value(o.scheduler.max_queue), "sequences waiting for a slot before 503")
       ("attend_block", po::value(&o.scheduler.attend_block)->default_value(o.scheduler.attend_block),
@@ -71,7 +71,7 @@ std::optional<Options> parse_options(int argc, char** argv) {
        "1: each prompt prefilled alone (its bits independent of the company; on cuda padded to a multiple of "
        "64 positions and replayed from a CUDA graph); N: up to N prompts of one length per forward (last-bit "
        "differences with the company)")
-      ("slot_attention", po::value(&o.scheduler.slot_attention)->default_value(o.scheduler.slot_attention),
+      ("slot_attention", gpt2::tools::choice_value("slot_attention", &o.scheduler.slot_attention),
        "auto | on | off. on: decode steps attend through a kernel that reads each row's own context only "
        "(the same bits in any batch; --attend_block no longer matters); off: attention over --attend_block "
        "positions of every row under a mask; auto: on")
@@ -160,10 +160,10 @@ int run(int argc, char** argv) {
   serve::Server server(o.server, scheduler, tokenizer, limits, metrics);
   const uint16_t port = server.listen();
   gpt2::log::info("gpt2-serve: ", loaded.source.describe(), " as '", o.model_name, "', ",
-                  loaded.model->num_parameters() / 1e6, "M parameters, ", loaded.device.str(), " ", loaded.dtype,
+                  loaded.model->num_parameters() / 1e6, "M parameters, ", loaded.device.str(), " ", gpt2::choice_name(loaded.dtype),
                   ", context ", cfg.block_size, ", max_batch ", o.scheduler.max_batch, ", max_queue ",
                   o.scheduler.max_queue, ", attend_block ", o.scheduler.attend_block, ", prefill_batch ",
-                  o.scheduler.prefill_batch, ", slot_attention ", o.scheduler.slot_attention,
+                  o.scheduler.prefill_batch, ", slot_attention ", gpt2::choice_name(o.scheduler.slot_attention),
                   scheduler.slot_attention_on() ? " (on)" : " (off)", ", cuda_graphs ", scheduler.cuda_graphs_on() ? "on" : "off",
                   ", KV cache ", gpt2::log::format("%.0f", kv_mib), " MiB",
                   o.server.api_key.empty() ? ", no API key" : ", API key required");

@@ -4,7 +4,6 @@
 
 #include <fstream>
 #include <functional>
-#include <set>
 #include <sstream>
 #include <type_traits>
 
@@ -21,7 +20,8 @@ template <typename T>
 std::string to_text(const T& v) {
   if constexpr (std::is_same_v<T, bool>) {
     return v ? "true" : "false";  // as the INI files spell them (the help and the table alike)
-  } else if constexpr (std::is_floating_point_v<T>) {
+  } else if constexpr (std::is_enum_v<T>) {
+    return choice_name(v); else if constexpr (std::is_floating_point_v<T>) {
     return decimal(v);  // as written in the code: 6e-4 shows as 0.0006, not its binary expansion
   } else {
     std::ostringstream os;
@@ -38,7 +38,15 @@ struct OptionList {
 
   template <typename T>
   void add(const char* name, T* field, const char* help) {
-    desc.add_options()(name, po::value<T>(field)->default_value(*field, to_text(*field)), help);
+    if constexpr (std::is_enum_v<T>) {  // one of a few words (src/base/choices.h), parsed here once
+      desc.add_options()(name,
+                         po::value<std::string>()->default_value(choice_name(*field))->notifier([field, name](const std::string& s) {
+                           *field = parse_choice<T>(std::string("config: ") + name, s);
+                         }),
+                         help);
+    } else {
+      desc.add_options()(name, po::value<T>(field)->default_value(*field, to_text(*field)), help);
+    }
     shown.emplace_back(name, [field] { return to_text(*field); });
   }
 };
@@ -128,13 +136,6 @@ void require(bool ok, const std::string& key, const T& value, const std::string&
   if (!ok) bad(key, to_text(value), why);
 }
 
-void require_one_of(const std::string& key, const std::string& value, std::set<std::string> allowed) {
-  if (allowed.count(value)) return;
-  std::string list;
-  for (const auto& a : allowed) list += (list.empty() ? "" : " | ") + a;
-  bad(key, value, "must be one of " + list);
-}
-
 // memory.activation_checkpointing -> 0 (none), 1 (full: every block) or K (every_k=K: every K-th).
 int64_t parse_checkpointing(const std::string& value) {
   const std::string key = "memory.activation_checkpointing";
@@ -178,21 +179,17 @@ void Config::validate() const {
   require(t.eval_steps > 0, "train.eval_steps", t.eval_steps, "must be positive");
   require(t.sample_every >= 0, "train.sample_every", t.sample_every, "must be >= 0");
   require(t.sample_tokens >= 0, "train.sample_tokens", t.sample_tokens, "must be >= 0");
-  require_one_of("train.device", t.device, {"auto", "cpu", "cuda"});
-  require_one_of("precision.dtype", precision.dtype, {"bf16", "fp16", "fp32", "auto"});
-  require_one_of("precision.reduce_dtype", precision.reduce_dtype, {"fp32", "bf16", "fp16"});
-  require(precision.reduce_dtype == "fp32" || precision.reduce_dtype == precision.dtype, "precision.reduce_dtype",
-          precision.reduce_dtype, "must be fp32 or precision.dtype (" + precision.dtype + ")");
-  require_one_of("parallel.backend", parallel.backend, {"auto", "nccl", "mpi"});
-  require(parallel.backend != "nccl" || train.device != "cpu", "parallel.backend", parallel.backend,
-          "needs CUDA tensors (train.device = cpu)");
+  require(precision.reduce_dtype == DtypeChoice::kFp32 ||
+              (precision.reduce_dtype == precision.dtype && precision.dtype != DtypeChoice::kAuto),
+          "precision.reduce_dtype", precision.reduce_dtype,
+          "must be fp32 or precision.dtype (" + to_text(precision.dtype) + ")");
+  require(parallel.backend != parallel::Backend::kNccl || train.device != DeviceChoice::kCpu, "parallel.backend",
+          parallel.backend, "needs CUDA tensors (train.device = cpu)");
   require(parallel.bucket_mb > 0, "parallel.bucket_mb", parallel.bucket_mb, "must be positive");
   require(parallel.zero_stage >= 0 && parallel.zero_stage <= 2, "parallel.zero_stage",
           parallel.zero_stage, "must be 0, 1 or 2");
-  require_one_of("parallel.offload", parallel.offload, {"none", "optimizer"});
-  require(parallel.offload == "none" || precision.reduce_dtype != "fp16", "parallel.offload", parallel.offload,
-          "takes fp32 or bf16 gradients (set precision.reduce_dtype = fp32)");
-  require_one_of("memory.optimizer_moments", memory.optimizer_moments, {"fp32", "8bit"});
+  require(parallel.offload == Offload::kNone || precision.reduce_dtype != DtypeChoice::kFp16, "parallel.offload",
+          parallel.offload, "takes fp32 or bf16 gradients (set precision.reduce_dtype = fp32)");
   require(parallel.offload_threads >= 0, "parallel.offload_threads", parallel.offload_threads, "must be >= 0");
   require(parallel.timeout_s > 0, "parallel.timeout_s", parallel.timeout_s, "must be positive");
   require(parallel.step_timeout_s > 0, "parallel.step_timeout_s", parallel.step_timeout_s, "must be positive");

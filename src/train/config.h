@@ -3,13 +3,26 @@
 // `[section] key = value` lines become options `section.key`, overridable on the command line as
 // `--section.key=value`. parse_config() validates everything in one place and throws
 // gpt2::UserError naming the key for unknown keys, bad values and inconsistent combinations.
+#include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "optim/moment_format.h"
+#include "parallel/backend.h"
+#include "src/base/choices.h"
 #include "src/model/model_config.h"
 
 namespace gpt2 {
+
+// parallel.offload: none, or the optimizer's state and update in host memory.
+enum class Offload { kNone, kOptimizer };
+template <>
+struct ChoiceNames<Offload> {
+  static constexpr std::array<std::pair<Offload, const char*>, 2> names{
+      {{Offload::kNone, "none"}, {Offload::kOptimizer, "optimizer"}}};
+};
 
 struct DataConfig {
   std::string train;                           // token file(s): path, comma list or glob
@@ -36,7 +49,7 @@ struct TrainConfig {
   int64_t eval_steps = 20;        // val micro-batches per eval
   int64_t sample_every = 0;       // 0 = only at the end
   int64_t sample_tokens = 64;     // tokens per sample
-  std::string device = "auto";    // auto | cpu | cuda
+  DeviceChoice device = DeviceChoice::kAuto;  // auto | cpu | cuda
   bool fused_kernels = true;      // CUDA: src/kernels' cross-entropy and LayerNorm instead of LibTorch's
   bool gemm_tuning = true;        // CUDA bf16/fp16: time each GEMM shape's algorithms once, keep the fastest
   bool deterministic = false;     // CUDA: the same bits from run to run and across a resume (Note [Deterministic mode])
@@ -44,15 +57,15 @@ struct TrainConfig {
 };
 
 struct PrecisionConfig {
-  std::string dtype = "bf16";     // bf16 | fp16 | fp32 | auto (Note [bf16 on CPU]); CPU runs honour it too
-  std::string reduce_dtype = "fp32";  // gradient buffer: fp32, or dtype itself (half the all-reduce bytes)
+  DtypeChoice dtype = DtypeChoice::kBf16;  // bf16 | fp16 | fp32 | auto (Note [bf16 on CPU]); CPU runs honour it too
+  DtypeChoice reduce_dtype = DtypeChoice::kFp32;  // gradient buffer: fp32, or dtype itself (half the all-reduce bytes)
 };
 
 struct ParallelConfig {
-  std::string backend = "auto";   // auto (NCCL for several CUDA ranks, else MPI) | nccl | mpi (stages CUDA tensors through host memory)
+  parallel::Backend backend = parallel::Backend::kAuto;  // auto (NCCL for several CUDA ranks, else MPI) | nccl | mpi (stages CUDA tensors through host memory)
   double bucket_mb = 25;          // gradient bucket size (PyTorch DDP's default)
   int64_t zero_stage = 0;         // 0 | 1 | 2
-  std::string offload = "none";   // none | optimizer (AdamW state in host memory, updated by the CPU)
+  Offload offload = Offload::kNone;  // none | optimizer (AdamW state in host memory, updated by the CPU)
   int64_t offload_threads = 0;    // CPU AdamW threads per rank; 0 = hardware threads / ranks on the node
   double timeout_s = 600;         // a collective older than this ends the job (dead or hung peer); PyTorch NCCL's default
   double step_timeout_s = 900;    // no step finished for this long on a rank (CPU or GPU, any phase): end the job
@@ -61,7 +74,7 @@ struct ParallelConfig {
 struct MemoryConfig {
   std::string activation_checkpointing = "none";  // none | full | every_k=K
   bool chunked_loss = false;      // head + cross-entropy in row chunks, no batch logits (less memory, slower today)
-  std::string optimizer_moments = "fp32";  // fp32 | 8bit (block-wise quantized AdamW moments, optim/moment_layout.h)
+  optim::MomentFormat optimizer_moments = optim::MomentFormat::kFp32;  // fp32 | 8bit (block-wise quantized AdamW moments, optim/moment_layout.h)
   bool recompute_gelu = false;    // the fused MLP recomputes its GELU output in backward (B x T x 4C less per block)
 };
 

@@ -24,7 +24,7 @@ constexpr double kGiB = 1073741824.0;
 // bytes an element), or of 8-bit codes (2 bytes; the absmax per block and the fp32 moments of small
 // parameters come on top, hence "at least"), fp32 masters when the parameters are not fp32, and an
 // fp32 copy of fp16 gradients. Offload keeps masters, moments and a gradient and a parameter copy
-// in pinned host memory instead (optim::ShardedAdamW::host_bytes_for). Activations count only what
+// in pinned host memory instead (optim::offload_host_bytes). Activations count only what
 // backward certainly keeps per block for B x T tokens of width C, whichever kernels run: without
 // recomputation q, k and v (3 BTC, attention's saved inputs), the attention output (BTC, c_proj's
 // input) and the MLP's pre-GELU values (4 BTC, GELU's backward needs them); a recomputed block keeps
@@ -73,12 +73,12 @@ MemoryEstimate estimate_memory(const Config& cfg, int world, at::ScalarType comp
   e.flat_padded = (e.parameters + cell - 1) / cell * cell;
   e.shard = cfg.parallel.zero_stage >= 1 ? e.flat_padded / world : e.flat_padded;
   const double n = static_cast<double>(e.shard);
-  const bool moments_8bit = cfg.memory.optimizer_moments == "8bit";
+  const bool moments_8bit = cfg.memory.optimizer_moments == optim::MomentFormat::k8bit;
 
   e.weights = static_cast<double>(e.parameters) * bytes(compute);
   e.gradients = static_cast<double>(e.flat_padded) * bytes(grads);
   const double moments = moments_8bit ? 2 * n : 8 * n;
-  if (cfg.parallel.offload == "optimizer") {
+  if (cfg.parallel.offload == Offload::kOptimizer) {
     e.optimizer_host = 4 * n + moments + n * (bytes(grads) + (compute == at::kBFloat16 ? 2 : 0));
   } else {
     e.optimizer_device = moments + (compute != at::kFloat ? 4 * n : 0) +

@@ -35,7 +35,7 @@
 #include "data/unicode_tables.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
-#include "optim/sharded_adamw.h"
+#include "optim/sharded_optimizer.h"
 #include "parallel/communicator.h"
 #include "parallel/flat_layout.h"
 #include "parallel/grad_buckets.h"
@@ -58,10 +58,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-torch::Device pick_device(const std::string& want, int local_rank) {
+torch::Device pick_device(DeviceChoice want, int local_rank) {
   const bool have_cuda = torch::cuda::is_available();
-  if (want == "cuda" && !have_cuda) throw UserError("train.device = cuda: no CUDA device is visible");
-  if (want == "cpu" || !have_cuda) return torch::Device(torch::kCPU);
+  if (want == DeviceChoice::kCuda && !have_cuda) throw UserError("train.device = cuda: no CUDA device is visible");
+  if (want == DeviceChoice::kCpu || !have_cuda) return torch::Device(torch::kCPU);
   const int count = static_cast<int>(torch::cuda::device_count());
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % count));
 }
@@ -72,9 +72,9 @@ torch::Device pick_device(const std::string& want, int local_rank) {
 Config with_dtype_for(const Config& requested, torch::Device device, bool warn) {
   Config cfg = requested;
   const bool bf16_fast = device.is_cuda() || kernels::cpu_has_fast_bf16_gemm();
-  if (cfg.precision.dtype == "auto") {
-    cfg.precision.dtype = bf16_fast ? "bf16" : "fp32";
-  } else if (cfg.precision.dtype == "bf16" && !bf16_fast && warn) {
+  if (cfg.precision.dtype == DtypeChoice::kAuto) {
+    cfg.precision.dtype = bf16_fast ? DtypeChoice::kBf16 : DtypeChoice::kFp32;
+  } else if (cfg.precision.dtype == DtypeChoice::kBf16 && !bf16_fast && warn) {
     log::warn("precision.dtype = bf16 on a CPU without fast bf16 GEMMs: LibTorch multiplies bf16 in a portable "
               "loop here (configs/tiny.ini: 61 s a step in bf16 against 1.0 s in fp32 on an AVX2 CPU); "
               "precision.dtype = auto picks fp32 on such a CPU");
@@ -103,16 +103,17 @@ struct Precision {
 // to sum ranks in fp32. With one rank, one micro-step and bf16 parameters it only holds each bf16
 // gradient converted, which costs the bucket hook's convert copy, zeroing 4 bytes per parameter
 // every step and 2 bytes per parameter of memory. Where the optimizer's update is the GPU kernel
-// (ShardedAdamW::kernel_update: CUDA, no offload) it reads bf16 gradients as they are and
+// (optim::gpu_adamw_updates: CUDA, no offload) it reads bf16 gradients as they are and
 // multiplies them by the clip coefficient in fp32, so the buffer stays bf16: the update takes the
 // same numbers (the gradient norm, summed over another dtype, may differ in its last bits).
 Precision precision_for(const Config& cfg, int world, int64_t accum, torch::Device device) {
-  auto named = [](const std::string& name) {
-    return name == "bf16" ? at::kBFloat16 : name == "fp16" ? at::kHalf : at::kFloat;
+  auto named = [](DtypeChoice d) {
+    GPT2_ASSERT(d != DtypeChoice::kAuto, "precision.dtype = auto is resolved first (with_dtype_for)");
+    return d == DtypeChoice::kBf16 ? at::kBFloat16 : d == DtypeChoice::kFp16 ? at::kHalf : at::kFloat;
   };
   Precision p{named(cfg.precision.dtype), named(cfg.precision.reduce_dtype)};
   p.grads_kept_bf16 = world == 1 && accum == 1 && p.compute == at::kBFloat16 && p.grads == at::kFloat &&
-                      optim::ShardedAdamW::kernel_update(device, /*offload=*/cfg.parallel.offload != "none");
+                      optim::gpu_adamw_updates(device, /*offload=*/cfg.parallel.offload != Offload::kNone);
   if (p.grads_kept_bf16) p.grads = at::kBFloat16;
   return p;
 }
@@ -264,29 +265,42 @@ GPT2 build_model(const Config& cfg, torch::Device device, at::ScalarType dtype, 
   return model;
 }
 
+// The communicator parallel.backend names; its errors name the settings.
+std::unique_ptr<parallel::Communicator> make_communicator(const Config& cfg, const parallel::RankEnv& env,
+                                                          torch::Device device) {
+  try {
+    return parallel::make_communicator(env.comm(), device, cfg.parallel.backend,
+                                       {cfg.parallel.timeout_s, "parallel.timeout_s"});
+  } catch (const UserError& e) {
+    throw UserError(std::string("parallel.backend = ") + choice_name(cfg.parallel.backend) + ": " + e.what());
+  }
+}
+
 // AdamW over this rank's shard of the flat parameter space (ZeRO 1/2) or all of it (ZeRO 0), on
 // the device or, with parallel.offload = optimizer, in pinned host memory.
-optim::ShardedAdamW::Options optimizer_options(const Config& cfg, const parallel::RankEnv& env,
+optim::ShardedOptimizer::Options optimizer_options(const Config& cfg, const parallel::RankEnv& env,
                                                const parallel::FlatLayout& layout, Precision precision) {
   const auto& tc = cfg.train;
-  optim::ShardedAdamW::Options o;
-  o.adamw = {tc.beta1, tc.beta2, tc.eps};
-  o.weight_decay = tc.weight_decay;
+  optim::ShardedOptimizer::Options o;
+  o.adamw.beta1 = tc.beta1;
+  o.adamw.beta2 = tc.beta2;
+  o.adamw.eps = tc.eps;
+  o.adamw.weight_decay = tc.weight_decay;
+  o.adamw.moments_8bit = cfg.memory.optimizer_moments == optim::MomentFormat::k8bit;
   o.sharded = cfg.parallel.zero_stage >= 1;
-  o.offload = cfg.parallel.offload == "optimizer";
-  o.host_threads = static_cast<int>(cfg.parallel.offload_threads);
-  o.moments_8bit = cfg.memory.optimizer_moments == "8bit";
-  if (o.offload) {
-    if (o.host_threads == 0) {
-      o.host_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / env.local_size());
-    }
+  o.offload = cfg.parallel.offload == Offload::kOptimizer;
+  o.adamw.host_threads = static_cast<int>(cfg.parallel.offload_threads);
+  if (o.offload && o.adamw.host_threads == 0) {
+    o.adamw.host_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / env.local_size());
   }
   return o;
 }
 
 CheckpointSettings checkpoint_settings(const Config& cfg) {
-  return {cfg.checkpoint.dir, cfg.checkpoint.keep,  cfg.parallel.zero_stage, cfg.parallel.offload,
-          cfg.precision.dtype, cfg.train.seed,      cfg.table()};
+  return {cfg.checkpoint.dir,        cfg.checkpoint.keep,
+          cfg.parallel.zero_stage,   choice_name(cfg.parallel.offload),
+          choice_name(cfg.precision.dtype), cfg.train.seed,
+          cfg.table()};
 }
 
 void log_settings(const Config& cfg, const parallel::RankEnv& env, torch::Device device, int64_t accum) {
@@ -319,8 +333,8 @@ void log_placement(const parallel::RankEnv& env, torch::Device device) {
 }
 
 void log_parallel_setup(const Config& cfg, const parallel::RankEnv& env, const parallel::Communicator& comm,
-                        const parallel::GradBuckets& buckets, const optim::ShardedAdamW& optimizer,
-                        const optim::ShardedAdamW::Options& options, const parallel::FlatLayout& layout,
+                        const parallel::GradBuckets& buckets, const optim::ShardedOptimizer& optimizer,
+                        const optim::ShardedOptimizer::Options& options, const parallel::FlatLayout& layout,
                         Precision precision) {
   log::info("data parallel: ", env.world_size(), " rank(s), ", comm.backend(), ", ", buckets.num_buckets(),
             " gradient buckets of <= ", cfg.parallel.bucket_mb, " MiB, ZeRO stage ", cfg.parallel.zero_stage,
@@ -328,7 +342,7 @@ void log_parallel_setup(const Config& cfg, const parallel::RankEnv& env, const p
   log::info(log::format("optimizer state: %.1f MiB on the device, %.1f MiB in host memory%s, on this rank "
                         "(%lld of %lld parameters)",
                         optimizer.state_bytes() / 1048576.0, optimizer.host_state_bytes() / 1048576.0,
-                        options.offload ? log::format(" (offload, %d CPU threads)", options.host_threads).c_str() : "",
+                        options.offload ? log::format(" (offload, %d CPU threads)", options.adamw.host_threads).c_str() : "",
                         (long long)optimizer.shard_numel(), (long long)layout.total));
 }
 
@@ -437,13 +451,13 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
   // Gradients live in flat buckets reduced while backward runs (parallel/grad_buckets.h); the
   // parameters become views into one flat buffer whose shards the optimizer owns.
   std::vector<torch::Tensor> params = model->parameters();
-  const auto comm = parallel::make_communicator(env.comm(), device, cfg.parallel.backend, cfg.parallel.timeout_s);
+  const auto comm = make_communicator(cfg, env, device);
   // 8-bit moments: every shard is whole quantization blocks (Note [Moment blocks]).
   const parallel::FlatLayout layout(params, world);
   parallel::GradBuckets buckets(params, layout, static_cast<int64_t>(cfg.parallel.bucket_mb * (1 << 20)), *comm,
                                 /*reduce_to_owners=*/cfg.parallel.zero_stage == 2, precision.grads);
   const auto opt_options = optimizer_options(cfg, env, layout, precision);
-  optim::ShardedAdamW optimizer(params, layout, buckets.flat(), *comm, opt_options);
+  optim::ShardedOptimizer optimizer(params, layout, buckets.flat(), *comm, opt_options);
   log_parallel_setup(cfg, env, *comm, buckets, optimizer, opt_options, layout, precision);
   optim::LossScaler scaler(precision.compute == at::kHalf, device);  // fp16 needs it; bf16 has fp32's range
   const optim::WarmupCosine schedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps};

@@ -1,5 +1,5 @@
 // Tests for src/base/files.h: queries, path strings, directories, and that errors are
-// gpt2::UserError naming the path. (The same helpers under a loaded libtorch: tests/model.)
+// gpt2::UserError naming the path. (The same helpers under a loaded libtorch: tests/io.)
 #include "src/base/files.h"
 
 #include <fcntl.h>

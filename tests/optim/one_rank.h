@@ -1,5 +1,5 @@
 #pragma once
-// A group of one rank: ShardedAdamW without MPI (its collectives are never called at world 1).
+// A group of one rank: ShardedOptimizer without MPI (its collectives are never called at world 1).
 #include <gtest/gtest.h>
 
 #include <memory>

@@ -86,8 +86,8 @@ inline Config tiny_config(const std::string& train, int64_t batch_tokens, double
   c.train.warmup_steps = 3;
   c.train.eval_every = 0;
   c.train.sample_tokens = 0;
-  c.train.device = "cpu";
-  c.precision.dtype = "fp32";
+  c.train.device = DeviceChoice::kCpu;
+  c.precision.dtype = DtypeChoice::kFp32;
   c.parallel.bucket_mb = bucket_mb;
   c.log.metrics = "";
   c.log.every = 1;  // a loss for every step
@@ -207,7 +207,7 @@ inline void expect_variants_match(const Config& base, Tolerances tol, double los
                            Variant{"recomputation", 0, "none", "full"}}) {
     Config cfg = base;
     cfg.parallel.zero_stage = v.zero_stage;
-    cfg.parallel.offload = v.offload;
+    cfg.parallel.offload = parse_choice<Offload>("parallel.offload", v.offload);
     cfg.parallel.offload_threads = 2;
     cfg.memory.activation_checkpointing = v.recompute;
     SCOPED_TRACE(v.name);

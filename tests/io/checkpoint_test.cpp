@@ -18,7 +18,7 @@
 #include <tuple>
 
 #include "optim/loss_scaler.h"
-#include "optim/sharded_adamw.h"
+#include "optim/sharded_optimizer.h"
 #include "parallel/communicator.h"
 #include "parallel/flat_layout.h"
 #include "src/base/crc32c.h"
@@ -56,7 +56,7 @@ Config run_to_a_checkpoint(const SharedTokenFile& data, const SharedDir& dir, co
 // memory.optimizer_moments = 8bit on a model wide enough that most tensors have 8-bit moments.
 Config eight_bit(Config cfg) {
   cfg.model.n_embd = 64;  // most tensors over 4096 values: 8-bit moments
-  cfg.memory.optimizer_moments = "8bit";
+  cfg.memory.optimizer_moments = optim::MomentFormat::k8bit;
   cfg.validate();
   return cfg;
 }
@@ -86,7 +86,7 @@ TEST(Checkpoint, ResumeIsBitwiseForEveryZeroStageAndOffload) {
     auto cfg = tiny_config(data.path(), 2 * 2 * 16 * world_size(), 0.01);  // 2 micro-steps per step
     if (mode.moments_8bit) cfg = eight_bit(cfg);
     cfg.parallel.zero_stage = mode.zero;
-    cfg.parallel.offload = mode.offload;
+    cfg.parallel.offload = parse_choice<Offload>("parallel.offload", mode.offload);
     cfg.parallel.offload_threads = 2;
     cfg.checkpoint.dir = dir.file("ckpt");
     cfg.checkpoint.every = 10;
@@ -147,7 +147,7 @@ TEST(Checkpoint, AsyncSaveWritesTheStateOfItsStep) {
     auto cfg = tiny_config(data.path(), 2 * 2 * 16 * world_size(), 0.01);
     cfg.train.max_steps = 6;
     cfg.parallel.zero_stage = mode.zero;
-    cfg.parallel.offload = mode.offload;
+    cfg.parallel.offload = parse_choice<Offload>("parallel.offload", mode.offload);
     cfg.parallel.offload_threads = 2;
     cfg.checkpoint.every = 3;
     cfg.checkpoint.dir = dir.file("sync");
@@ -390,18 +390,18 @@ Config eight_bit_checkpoint(const SharedTokenFile& data, const parallel::RankEnv
 // saves it unchanged under `to_root`: a conversion between the formats, or a copy. Returns the
 // optimizer state of the whole flat space when env has one rank (ZeRO 0), else an empty one;
 // `moment_layout`, when given, gets the optimizer's moment layout.
-optim::ShardedAdamW::ShardState load_and_save(const Config& cfg, const std::string& from, const std::string& to_root,
+optim::ShardState load_and_save(const Config& cfg, const std::string& from, const std::string& to_root,
                                               const parallel::RankEnv& env, int64_t stage, bool moments_8bit,
                                               std::unique_ptr<optim::MomentLayout>* moment_layout = nullptr) {
   GPT2 model(cfg.model);
   const auto params = model->parameters();
   const parallel::FlatLayout layout(params, env.world_size());
-  const auto comm = parallel::make_communicator(env.comm(), torch::kCPU, "mpi", 60);
+  const auto comm = parallel::make_communicator(env.comm(), torch::kCPU, parallel::Backend::kMpi, 60);
   const auto grads = torch::zeros({layout.padded});
-  optim::ShardedAdamW::Options o;
+  optim::ShardedOptimizer::Options o;
   o.sharded = stage >= 1;
-  o.moments_8bit = moments_8bit;
-  optim::ShardedAdamW optimizer(params, layout, grads, *comm, o);
+  o.adamw.moments_8bit = moments_8bit;
+  optim::ShardedOptimizer optimizer(params, layout, grads, *comm, o);
   optim::LossScaler scaler(false, torch::kCPU);
   const int64_t step = resume_checkpoint(from, model, stage, env, layout, optimizer, scaler);
   if (!to_root.empty()) {
@@ -413,7 +413,7 @@ optim::ShardedAdamW::ShardState load_and_save(const Config& cfg, const std::stri
     writer.save(step, model, layout, optimizer, scaler, /*async=*/false);
   }
   if (moment_layout != nullptr) *moment_layout = std::make_unique<optim::MomentLayout>(optimizer.moment_layout());
-  return env.world_size() == 1 ? optimizer.state() : optim::ShardedAdamW::ShardState{};
+  return env.world_size() == 1 ? optimizer.state() : optim::ShardState{};
 }
 
 // An 8-bit checkpoint (2+ ranks, ZeRO 1) resumed with fp32 moments (ZeRO 2; on 3 ranks the shards
@@ -429,9 +429,9 @@ TEST(Checkpoint, MomentFormatsConvertBothWaysOnAnyWorldSize) {
   const std::string a = dir.file("a/step_0000010"), b = dir.file("b/step_0000010"), c = dir.file("c/step_0000010");
   load_and_save(cfg, a, dir.file("b"), world, /*stage=*/2, /*moments_8bit=*/false);
   load_and_save(cfg, b, dir.file("c"), world, /*stage=*/0, /*moments_8bit=*/true);
-  EXPECT_EQ(CheckpointManifest::read(a).optimizer_moments, "8bit");
-  EXPECT_EQ(CheckpointManifest::read(b).optimizer_moments, "fp32");
-  EXPECT_EQ(CheckpointManifest::read(c).optimizer_moments, "8bit");
+  EXPECT_EQ(CheckpointManifest::read(a).optimizer_moments, optim::MomentFormat::k8bit);
+  EXPECT_EQ(CheckpointManifest::read(b).optimizer_moments, optim::MomentFormat::kFp32);
+  EXPECT_EQ(CheckpointManifest::read(c).optimizer_moments, optim::MomentFormat::k8bit);
   if (world_rank() == 0) {
     const parallel::RankEnv self(MPI_COMM_SELF);
     std::unique_ptr<optim::MomentLayout> ml;
@@ -492,7 +492,7 @@ TEST(Checkpoint, DamagedEightBitScaleIsRefusedOnEveryRankByName) {
   for (const char* moments : {"8bit", "fp32"}) {
     SCOPED_TRACE(std::string("resumed with ") + moments + " moments");
     auto c = cfg;
-    c.memory.optimizer_moments = moments;
+    c.memory.optimizer_moments = parse_choice<optim::MomentFormat>("memory.optimizer_moments", moments);
     c.checkpoint.every = 0;
     c.checkpoint.resume = ckpt;
     c.train.max_steps = 6;

@@ -37,9 +37,9 @@ using test::world_size;
 Config gpu_config(const std::string& train, const std::string& dtype) {
   auto cfg = tiny_config(train, 2 * 2 * 16 * world_size(), 0.01);
   cfg.checkpoint.dir = "";
-  cfg.train.device = "cuda";
-  cfg.parallel.backend = "mpi";
-  cfg.precision.dtype = dtype;
+  cfg.train.device = DeviceChoice::kCuda;
+  cfg.parallel.backend = parallel::Backend::kMpi;
+  cfg.precision.dtype = parse_choice<DtypeChoice>("precision.dtype", dtype);
   cfg.validate();
   return cfg;
 }
@@ -48,14 +48,14 @@ torch::TensorOptions on_gpu(torch::ScalarType dtype) { return torch::TensorOptio
 
 TEST(GpuMpiBackend, EveryCollectiveOnCudaTensorsOfEveryDtype) {
   SKIP_WITHOUT_GPU();
-  auto comm = parallel::make_communicator(MPI_COMM_WORLD, torch::Device(torch::kCUDA, 0), "mpi", 600);
+  auto comm = parallel::make_communicator(MPI_COMM_WORLD, torch::Device(torch::kCUDA, 0), parallel::Backend::kMpi, 600);
   for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) test::expect_collectives_exact(*comm, on_gpu(dtype));
 }
 
 TEST(GpuNccl, EveryCollectiveOnOneRank) {
   SKIP_WITHOUT_GPU();
   if (world_size() != 1) GTEST_SKIP() << "NCCL takes one rank per GPU: runs under mpiexec -n 1";
-  auto comm = parallel::make_communicator(MPI_COMM_WORLD, torch::Device(torch::kCUDA, 0), "nccl", 600);
+  auto comm = parallel::make_communicator(MPI_COMM_WORLD, torch::Device(torch::kCUDA, 0), parallel::Backend::kNccl, 600);
   ASSERT_EQ(comm->backend(), "nccl");
   for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) test::expect_collectives_exact(*comm, on_gpu(dtype));
 }
@@ -71,7 +71,7 @@ TEST(GpuNccl, TrainsAsTheMpiBackendOnOneRank) {
   for (const char* dtype : {"fp32", "bf16"}) {
     auto cfg = gpu_config(file.path(), dtype);
     TrainResult mpi = train(cfg, world);
-    cfg.parallel.backend = "nccl";
+    cfg.parallel.backend = parallel::Backend::kNccl;
     TrainResult nccl = train(cfg, world);
     auto a = nccl.model->named_parameters(), b = mpi.model->named_parameters();
     ASSERT_EQ(a.size(), b.size());
@@ -95,16 +95,16 @@ TEST(GpuOneRank, WithoutAccumulationKeepsBf16Gradients) {
   cfg.train.batch_tokens = 4 * 16;  // one micro-step
   cfg.validate();
   ASSERT_EQ(cfg.grad_accum_steps(1), 1);
-  ASSERT_EQ(cfg.precision.reduce_dtype, "fp32");
+  ASSERT_EQ(cfg.precision.reduce_dtype, DtypeChoice::kFp32);
   TrainResult kept = train(cfg, world);
   auto asked = cfg;
-  asked.precision.reduce_dtype = "bf16";
+  asked.precision.reduce_dtype = DtypeChoice::kBf16;
   TrainResult bf16 = train(asked, world);
   EXPECT_EQ(kept.losses, bf16.losses);
   auto a = kept.model->named_parameters(), b = bf16.model->named_parameters();
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].value(), b[i].value())) << a[i].key();
   auto offload = cfg;
-  offload.parallel.offload = "optimizer";
+  offload.parallel.offload = Offload::kOptimizer;
   offload.parallel.offload_threads = 2;
   TrainResult fp32_buffer = train(offload, world);
   test::expect_same_training(kept, fp32_buffer, cfg.model.n_embd, test::kBf16Tolerances.variants.param,

@@ -100,7 +100,7 @@ std::pair<double, std::string> timed_error(Fn&& fn) {
 // rank issued it, as the NCCL watchdog does. Rank 0 is on time; the others join 3 s late, and their
 // collective then completes against rank 0's, which stays in flight.
 TEST(MpiCommunicator, CollectiveTimesOutWhenAPeerIsLate) {
-  auto comm = make_mpi_communicator(MPI_COMM_WORLD, /*timeout_seconds=*/1.0);
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD, {1.0, "parallel.timeout_s"});  // the name the error carries
   const int rank = comm->rank(), n = comm->world_size();
   auto t = torch::ones({4}, torch::kFloat32);
   if (rank == 0) {

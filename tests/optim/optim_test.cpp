@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "optim/sharded_adamw.h"
+#include "optim/sharded_optimizer.h"
 #include "parallel/flat_layout.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
@@ -42,7 +42,7 @@ std::vector<double> doubles(const torch::Tensor& t) {
   return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
 }
 
-// ShardedAdamW in fp32 against AdamW in float64, with GPT-2's split: weight decay on 2-D tensors,
+// ShardedOptimizer in fp32 against AdamW in float64, with GPT-2's split: weight decay on 2-D tensors,
 // none on 1-D ones.
 // Note [fp32 AdamW tolerance]: round to nearest errs by at most 2^-24 relative per operation. A
 // step rounds p twice (p (1 - lr wd), then p + u): 2 * 2^-24 |p|. The update u = lr m^ / (sqrt(v^) +
@@ -51,7 +51,7 @@ std::vector<double> doubles(const torch::Tensor& t) {
 // |m^| / sqrt(v^) <= sqrt(sum_k a_k^2 / b_k) with a_k = (1-b1) b1^k / (1-b1^t), b_k = (1-b2) b2^k /
 // (1-b2^t), which is 1.00 at t = 5 for b1 = 0.9, b2 = 0.95 (exactly 1 at t = 1). Over T steps the
 // parameters drift from float64's by at most T 2^-24 (2 |p| + (8 + 2T) lr_max): the bound below.
-TEST(ShardedAdamW, MatchesFloat64ReferenceOverSteps) {
+TEST(ShardedOptimizer, MatchesFloat64ReferenceOverSteps) {
   torch::manual_seed(0);
   auto w = torch::randn({4, 5}).set_requires_grad(true);  // decayed
   auto b = torch::randn({5}).set_requires_grad(true);     // not decayed
@@ -59,9 +59,9 @@ TEST(ShardedAdamW, MatchesFloat64ReferenceOverSteps) {
   const parallel::FlatLayout layout(params, 1);
   auto grads = torch::zeros({layout.padded});
   OneRank one;
-  ShardedAdamW::Options options;
-  options.weight_decay = 0.1;
-  ShardedAdamW opt(params, layout, grads, one, options);
+  ShardedOptimizer::Options options;
+  options.adamw.weight_decay = 0.1;
+  ShardedOptimizer opt(params, layout, grads, one, options);
   ReferenceAdamW rw{doubles(w), std::vector<double>(20), std::vector<double>(20), 0.9, 0.95, 1e-8, 0.1};
   ReferenceAdamW rb{doubles(b), std::vector<double>(5), std::vector<double>(5), 0.9, 0.95, 1e-8, 0.0};
   const int steps = 5;
@@ -108,9 +108,9 @@ TEST(GradClip, NormAndScaling) {
   grads.narrow(0, layout.offset[0], 2).copy_(torch::tensor({3.0f, 0.0f}));
   grads.narrow(0, layout.offset[1], 1).fill_(4.0);
   OneRank one;
-  ShardedAdamW::Options options;
-  options.weight_decay = 0.0;
-  ShardedAdamW opt(params, layout, grads, one, options);
+  ShardedOptimizer::Options options;
+  options.adamw.weight_decay = 0.0;
+  ShardedOptimizer opt(params, layout, grads, one, options);
   auto norm = opt.clip_grad_norm(1.0);
   EXPECT_EQ(norm.item<double>(), 5.0);
   const float coef = static_cast<float>(1.0 / (5.0 + 1e-6));
@@ -125,7 +125,7 @@ TEST(GradClip, NormAndScaling) {
 // bf16 parameters with fp32 masters: the masters follow exactly the trajectory fp32 AdamW takes
 // from the same start and gradients, and the parameters are the masters rounded to bf16 after
 // every step (not bf16 AdamW updates, which would lose updates smaller than bf16's resolution).
-TEST(ShardedAdamW, Bf16ParametersKeepFp32Masters) {
+TEST(ShardedOptimizer, Bf16ParametersKeepFp32Masters) {
   torch::manual_seed(3);
   auto w = torch::randn({7, 5}).to(torch::kBFloat16).set_requires_grad(true);
   auto b = torch::randn({5}).to(torch::kBFloat16).set_requires_grad(true);
@@ -133,15 +133,15 @@ TEST(ShardedAdamW, Bf16ParametersKeepFp32Masters) {
   const parallel::FlatLayout layout(params, 1);
   auto grads = torch::zeros({layout.padded}, torch::kFloat);
   OneRank one;
-  ShardedAdamW::Options options;
-  options.weight_decay = 0.1;
-  ShardedAdamW opt(params, layout, grads, one, options);
+  ShardedOptimizer::Options options;
+  options.adamw.weight_decay = 0.1;
+  ShardedOptimizer opt(params, layout, grads, one, options);
   // Reference: fp32 AdamW (MatchesFloat64ReferenceOverSteps) over fp32 copies of the same start.
   auto w_ref = w.detach().to(torch::kFloat).set_requires_grad(true);
   auto b_ref = b.detach().to(torch::kFloat).set_requires_grad(true);
   const std::vector<torch::Tensor> ref_params{w_ref, b_ref};
   auto ref_grads = torch::zeros({layout.padded});
-  ShardedAdamW ref(ref_params, layout, ref_grads, one, options);
+  ShardedOptimizer ref(ref_params, layout, ref_grads, one, options);
   for (int step = 0; step < 6; ++step) {
     grads.normal_(0, 1e-3);  // small: bf16 updates in place would round many of them away
     ref_grads.copy_(grads);
@@ -159,7 +159,7 @@ TEST(ShardedAdamW, Bf16ParametersKeepFp32Masters) {
 // Offload runs the CPU AdamW over host copies; it must give the same parameters, bit for bit, as
 // the update without offload (the same cpu_adamw_update, split otherwise), for fp32 parameters and
 // for bf16 parameters with bf16 gradients, across several chunks of the offload pipeline.
-TEST(ShardedAdamW, OffloadMatchesTheDevicePath) {
+TEST(ShardedOptimizer, OffloadMatchesTheDevicePath) {
   for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
     SCOPED_TRACE(c10::toString(dtype));
     torch::manual_seed(4);
@@ -171,16 +171,16 @@ TEST(ShardedAdamW, OffloadMatchesTheDevicePath) {
     const parallel::FlatLayout layout(on_device, 1);
     auto grads = torch::zeros({layout.padded}, dtype);
     OneRank one;
-    ShardedAdamW::Options options;
-    options.weight_decay = 0.1;
-    ShardedAdamW device_opt(on_device, layout, grads, one, options);
+    ShardedOptimizer::Options options;
+    options.adamw.weight_decay = 0.1;
+    ShardedOptimizer device_opt(on_device, layout, grads, one, options);
     options.offload = true;
-    options.host_threads = 3;
-    options.chunk_elements = 100;  // several chunks, boundaries inside parameters
-    ShardedAdamW host_opt(offloaded, layout, grads, one, options);
+    options.adamw.host_threads = 3;
+    options.adamw.chunk_elements = 100;  // several chunks, boundaries inside parameters
+    ShardedOptimizer host_opt(offloaded, layout, grads, one, options);
     EXPECT_EQ(host_opt.state_bytes(), 0);
     EXPECT_EQ(host_opt.host_state_bytes(),
-              ShardedAdamW::host_bytes_for(layout.padded, dtype, dtype, false));
+              offload_host_bytes(layout.padded, dtype, dtype, false));
     for (int step = 0; step < 5; ++step) {
       grads.copy_(torch::randn({layout.padded}) * 0.1);
       device_opt.step(2e-2);
@@ -194,15 +194,15 @@ TEST(ShardedAdamW, OffloadMatchesTheDevicePath) {
 }
 
 // fp16 loss-scale skip with offload: found_inf = 1 leaves everything as it was.
-TEST(ShardedAdamW, OffloadSkipsAStepOnFoundInf) {
+TEST(ShardedOptimizer, OffloadSkipsAStepOnFoundInf) {
   auto w = torch::randn({4, 4}).set_requires_grad(true);
   const std::vector<torch::Tensor> params{w};
   const parallel::FlatLayout layout(params, 1);
   auto grads = torch::ones({layout.padded});
   OneRank one;
-  ShardedAdamW::Options options;
+  ShardedOptimizer::Options options;
   options.offload = true;
-  ShardedAdamW opt(params, layout, grads, one, options);
+  ShardedOptimizer opt(params, layout, grads, one, options);
   const auto before = w.detach().clone();
   opt.step(1e-2, torch::ones({1}));
   EXPECT_TRUE(torch::equal(before, w.detach()));
@@ -229,10 +229,10 @@ TEST(LossScaler, SkipsAStepWithAnInjectedInfAndRecovers) {
   const parallel::FlatLayout layout(params, 1), ref_layout(ref_params, 1);
   auto grads = torch::zeros({layout.padded}), ref_grads = torch::zeros({ref_layout.padded});
   OneRank one;
-  ShardedAdamW::Options options;
-  options.weight_decay = 0.0;
-  ShardedAdamW opt(params, layout, grads, one, options);
-  ShardedAdamW ref_opt(ref_params, ref_layout, ref_grads, one, options);
+  ShardedOptimizer::Options options;
+  options.adamw.weight_decay = 0.0;
+  ShardedOptimizer opt(params, layout, grads, one, options);
+  ShardedOptimizer ref_opt(ref_params, ref_layout, ref_grads, one, options);
   const auto true_grad = torch::tensor({0.5f, -0.25f, 1.0f});
   auto w_grad = grads.narrow(0, layout.offset[0], 3);
   grads.narrow(0, layout.offset[1], 2).fill_(1.0f);

@@ -25,7 +25,7 @@ namespace {
 
 bool contains(const QuantMap& m, float v) { return std::find(m.begin(), m.end(), v) != m.end(); }
 
-// cpu_adamw_update_8bit over one contiguous 8-bit parameter of n values (weight decay applies).
+// adamw_step_cpu over one contiguous 8-bit parameter of n values (weight decay applies).
 void update_contiguous(const CpuAdamWStep& s, int64_t n, float* param, uint8_t* mc, float* ma, uint8_t* vc, float* va,
                        const void* grad, HostGradType type, uint16_t* out) {
   const auto blocks = contiguous_blocks(n, /*weight_decay=*/true);
@@ -34,7 +34,7 @@ void update_contiguous(const CpuAdamWStep& s, int64_t n, float* param, uint8_t* 
   mb.exp_avg_absmax = ma;
   mb.exp_avg_sq_codes = vc;
   mb.exp_avg_sq_absmax = va;
-  cpu_adamw_update_8bit(s, blocks.data(), static_cast<int64_t>(blocks.size()), param, mb, grad, type, out);
+  adamw_step_cpu(s, blocks.data(), static_cast<int64_t>(blocks.size()), param, mb, grad, type, out);
 }
 
 TEST(Moments8bit, MapsHoldTheirHandComputedEntries) {
@@ -427,7 +427,7 @@ TEST(MomentLayout, UpdateOverMixedBlocksIsTheFp32PathBetweenDequantizeAndQuantiz
   ref.exp_avg_sq_absmax = va_ref.data(), ref.exp_avg = m32_ref.data(), ref.exp_avg_sq = v32_ref.data();
   quantize_moments(layout, 0, n, m.data(), v.data(), ref);
 
-  cpu_adamw_update_8bit(s, blocks.data(), static_cast<int64_t>(blocks.size()), p.data(), mb, grad.data(),
+  adamw_step_cpu(s, blocks.data(), static_cast<int64_t>(blocks.size()), p.data(), mb, grad.data(),
                         HostGradType::kFloat32, nullptr);
   EXPECT_EQ(p, p_ref);
   EXPECT_EQ(mc, mc_ref);
@@ -441,7 +441,7 @@ TEST(MomentLayout, UpdateOverMixedBlocksIsTheFp32PathBetweenDequantizeAndQuantiz
   EXPECT_EQ(m32_ref[b], m[a + b + c]);
 }
 
-// ShardedAdamW's fp32 moments on the GPU (dense over the shard): each parameter's span cut at the
+// ShardedOptimizer's fp32 moments on the GPU (dense over the shard): each parameter's span cut at the
 // multiples of kQuantBlock, so the blocks inside a span are whole and on the grid (the kernel's
 // vector path) and the pieces at span ends are short; the update over those blocks is
 // cpu_adamw_update over each span, bit for bit.
@@ -497,7 +497,7 @@ TEST(MomentLayout, DenseFp32BlocksCutSpansOnTheGrid) {
   MomentBuffers mb;
   mb.exp_avg = m.data();
   mb.exp_avg_sq = v.data();
-  cpu_adamw_update_8bit(s, blocks.data(), static_cast<int64_t>(blocks.size()), p.data(), mb, grad.data(),
+  adamw_step_cpu(s, blocks.data(), static_cast<int64_t>(blocks.size()), p.data(), mb, grad.data(),
                         HostGradType::kFloat32, out.data());
   EXPECT_EQ(p, p_ref);
   EXPECT_EQ(m, m_ref);

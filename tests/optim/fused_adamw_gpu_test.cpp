@@ -1,10 +1,10 @@
-// The GPU update of fp32 moments (optim/sharded_adamw.h: launch_adamw_8bit over dense fp32 blocks,
+// The GPU update of fp32 moments (optim/sharded_optimizer.h: adamw_step_gpu over dense fp32 blocks,
 // the clip coefficient applied in the kernel). First the kernel alone against cpu_adamw_update,
 // bitwise, over the blocks of four parameters (whole blocks on the vector path, short ones at
 // parameter ends, with and without weight decay), fp32 and bf16 gradients, a device gradient
 // scale, found_inf, and the element-by-element path where moments or buffers are not aligned.
-// Then ShardedAdamW on CUDA over 3 clipped steps: bitwise against cpu_adamw_update given the same
-// coefficient, close to ShardedAdamW on the CPU (ATen's AdamW, the norm summed in another order),
+// Then ShardedOptimizer on CUDA over 3 clipped steps: bitwise against cpu_adamw_update given the same
+// coefficient, close to ShardedOptimizer on the CPU (ATen's AdamW, the norm summed in another order),
 // with the step count kept across state() / load_state(). Skips without a GPU.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -21,7 +21,7 @@
 #endif
 
 #include "optim/moments_8bit.h"
-#include "optim/sharded_adamw.h"
+#include "optim/sharded_optimizer.h"
 #include "parallel/flat_layout.h"
 #include "tests/optim/bf16_grads.h"
 #include "tests/optim/host_buffers.h"
@@ -80,7 +80,7 @@ void expect_kernel_equals_cpu(const KernelCase& kc) {
   s.weight_decay = 0.1;
   s.step = 3;
   s.grad_scale = 0.5;
-  Adamw8bitArgs a;
+  AdamWStepArgs a;
   a.tables = kc.with_tables ? reinterpret_cast<const QuantTables*>(d_tables.data_ptr<uint8_t>()) : nullptr;
   a.c = adamw_coeffs(s);
   a.blocks = reinterpret_cast<const MomentBlock*>(d_blocks.data_ptr<uint8_t>());
@@ -94,7 +94,7 @@ void expect_kernel_equals_cpu(const KernelCase& kc) {
   a.param_bf16 = reinterpret_cast<uint16_t*>(d_out.data_ptr()) + off;
   a.grad_scale_device = d_scale.data_ptr<float>();
   a.found_inf = d_inf.data_ptr<float>();
-  ASSERT_EQ(launch_adamw_8bit(a, c10::cuda::getCurrentCUDAStream().stream()), cudaSuccess);
+  ASSERT_EQ(adamw_step_gpu(a, c10::cuda::getCurrentCUDAStream().stream()), cudaSuccess);
 
   // The reference: cpu_adamw_update over each parameter, the kernel's scale product rounded as it
   // rounds it.
@@ -121,7 +121,7 @@ void expect_kernel_equals_cpu(const KernelCase& kc) {
   }
 }
 
-// The parameters of the ShardedAdamW tests: matrices (decay) and vectors (none), one long enough
+// The parameters of the ShardedOptimizer tests: matrices (decay) and vectors (none), one long enough
 // for whole kQuantBlock blocks; no parameter ends on the grid.
 std::vector<torch::Tensor> make_params(torch::ScalarType dtype, torch::Device device) {
   torch::manual_seed(5);
@@ -145,11 +145,11 @@ torch::Tensor make_grad(const parallel::FlatLayout& layout, torch::ScalarType dt
   return g.to(dtype);
 }
 
-// ShardedAdamW on CUDA (parameters `dtype`, gradient buffer `grad_dtype`, one rank) over clipped
+// ShardedOptimizer on CUDA (parameters `dtype`, gradient buffer `grad_dtype`, one rank) over clipped
 // steps against a host replica: cpu_adamw_update over the same parameters with the coefficient
 // the kernel multiplied by, bitwise (masters, moments, bf16 parameters, the step count). Also:
 // the gradient buffer is never scaled; with fp32 gradients the result is within 1e-6 of
-// ShardedAdamW on the CPU (ATen's AdamW; its norm is summed in another order, and it clips a
+// ShardedOptimizer on the CPU (ATen's AdamW; its norm is summed in another order, and it clips a
 // low-precision gradient in that precision, so only fp32 is compared); state() / load_state()
 // carry the step count; a step skipped on found_inf changes nothing and drops the pending
 // coefficient.
@@ -162,13 +162,15 @@ void expect_sharded_matches(torch::ScalarType dtype, torch::ScalarType grad_dtyp
   auto gpu_grads = torch::zeros({n}, torch::dtype(grad_dtype).device(cuda));
   auto cpu_grads = torch::zeros({n}, torch::dtype(grad_dtype));
   test::OneRank one;
-  ShardedAdamW::Options options;
-  options.weight_decay = 0.1;
-  options.adamw = {0.9, 0.95, 1e-8};
-  ShardedAdamW gpu(gpu_params, layout, gpu_grads, one, options);
-  ShardedAdamW cpu(cpu_params, layout, cpu_grads, one, options);
+  ShardedOptimizer::Options options;
+  options.adamw.beta1 = 0.9;
+  options.adamw.beta2 = 0.95;
+  options.adamw.eps = 1e-8;
+  options.adamw.weight_decay = 0.1;
+  ShardedOptimizer gpu(gpu_params, layout, gpu_grads, one, options);
+  ShardedOptimizer cpu(cpu_params, layout, cpu_grads, one, options);
   const bool compare_cpu = grad_dtype == torch::kFloat;
-  ASSERT_TRUE(ShardedAdamW::kernel_update(cuda, /*offload=*/false));
+  ASSERT_TRUE(gpu_adamw_updates(cuda, /*offload=*/false));
   // Two moments, fp32 masters for low-precision parameters, an fp32 gradient copy for fp16 ones
   // (fp32 and bf16 are read as they are), and the block list.
   const int64_t want_bytes = n * (8 + (dtype != torch::kFloat ? 4 : 0) + (grad_dtype == torch::kHalf ? 4 : 0));
@@ -240,15 +242,15 @@ void expect_sharded_matches(torch::ScalarType dtype, torch::ScalarType grad_dtyp
     auto rel = [](const torch::Tensor& x, const torch::Tensor& y) {
       return ((x - y).norm() / y.norm()).item<double>();
     };
-    EXPECT_LE(rel(a.master, b.master), 1e-6) << "masters against ShardedAdamW on the CPU";
-    EXPECT_LE(rel(a.exp_avg, b.exp_avg), 1e-6) << "exp_avg against ShardedAdamW on the CPU";
-    EXPECT_LE(rel(a.exp_avg_sq, b.exp_avg_sq), 1e-6) << "exp_avg_sq against ShardedAdamW on the CPU";
+    EXPECT_LE(rel(a.master, b.master), 1e-6) << "masters against ShardedOptimizer on the CPU";
+    EXPECT_LE(rel(a.exp_avg, b.exp_avg), 1e-6) << "exp_avg against ShardedOptimizer on the CPU";
+    EXPECT_LE(rel(a.exp_avg_sq, b.exp_avg_sq), 1e-6) << "exp_avg_sq against ShardedOptimizer on the CPU";
   }
 
   // A fresh optimizer loaded from the state takes the next step as the original does.
   auto loaded_params = make_params(dtype, cuda);
   auto loaded_grads = torch::zeros({n}, torch::dtype(grad_dtype).device(cuda));
-  ShardedAdamW loaded(loaded_params, layout, loaded_grads, one, options);
+  ShardedOptimizer loaded(loaded_params, layout, loaded_grads, one, options);
   loaded.load_state(gpu.state());
   EXPECT_EQ(loaded.state().adam_step, 3);
   const auto g = make_grad(layout, grad_dtype);
@@ -294,7 +296,7 @@ TEST(FusedAdamWGpu, Fp32BlocksEqualTheCpuUpdateBitwise) {
 #endif
 }
 
-TEST(FusedAdamWGpu, ShardedAdamWOnCudaIsTheCpuUpdateWithTheClipInTheKernel) {
+TEST(FusedAdamWGpu, ShardedOptimizerOnCudaIsTheCpuUpdateWithTheClipInTheKernel) {
 #ifdef GPT2_WITH_CUDA
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   expect_sharded_matches(torch::kFloat, torch::kFloat);

@@ -63,7 +63,7 @@ TEST(BatchSampler, TooShortStreamIsANamedError) {
     FAIL() << "no error for a stream shorter than one window";
   } catch (const UserError& e) {
     EXPECT_STREQ(e.what(), "data.val = v.h5: token stream of 10 tokens is shorter than one window of 33 tokens "
-                           "(train.seq_len + 1)");
+                           "(the sequence length + 1)");
   }
 }
 

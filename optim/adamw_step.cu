@@ -1,14 +1,14 @@
-// The 8-bit AdamW update on the GPU (moments_8bit.h): each MomentBlock in one pass by one CUDA
-// block: dequantize both moments, update, find the new absmax values, quantize through the bucket
-// tables (Note [Quantizer buckets]; an fp32 block reads and writes its moments as they are, which
-// also makes this the device update of fp32 moments, optim/sharded_adamw.h). Every operation is
+// The GPU optimizer (adamw_step.h): each MomentBlock in one pass by one CUDA block: dequantize both
+// 8-bit moments, update, find the new absmax values, quantize through the bucket tables (Note
+// [Quantizer buckets]); an fp32 block reads and writes its moments as they are, so this is the
+// device update of fp32 moments too (optim/adamw_updates.h). Every operation is
 // the CPU path's, spelled with explicit rounding intrinsics (no FMA contraction, IEEE division and
 // square root), so both give the same bits.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "optim/moments_8bit.h"
+#include "optim/adamw_step.h"
 
 namespace gpt2::optim {
 namespace {
@@ -103,7 +103,7 @@ __device__ __forceinline__ void store_bf16x8(uint16_t* param_bf16, int64_t at, c
 // store, so each thread keeps several hundred bytes in flight (the update is bound by memory
 // latency otherwise). Needs begin % kPerThread == 0 and 16-byte aligned buffers (the caller checks).
 template <bool kBf16Grad, bool kLerpFromM>
-__device__ __forceinline__ void update_full_block(const Adamw8bitArgs& a, const QuantTables& tables, float* scratch,
+__device__ __forceinline__ void update_full_block(const AdamWStepArgs& a, const QuantTables& tables, float* scratch,
                                                   const MomentBlock& blk, float scale) {
   const MomentBuffers& mb = a.moments;
   const int64_t at = blk.begin + static_cast<int64_t>(threadIdx.x) * kPerThread;
@@ -147,7 +147,7 @@ __device__ __forceinline__ void update_full_block(const Adamw8bitArgs& a, const 
 // bf16 copy stored as vectors. No barrier, no tables. Needs begin and state % kPerThread == 0 and
 // 16-byte aligned buffers (the caller checks).
 template <bool kBf16Grad, bool kLerpFromM>
-__device__ __forceinline__ void update_full_fp32_block(const Adamw8bitArgs& a, const MomentBlock& blk, float scale) {
+__device__ __forceinline__ void update_full_fp32_block(const AdamWStepArgs& a, const MomentBlock& blk, float scale) {
   const MomentBuffers& mb = a.moments;
   const int64_t at = blk.begin + static_cast<int64_t>(threadIdx.x) * kPerThread;
   const int64_t ms = blk.state + static_cast<int64_t>(threadIdx.x) * kPerThread;
@@ -167,7 +167,7 @@ __device__ __forceinline__ void update_full_fp32_block(const Adamw8bitArgs& a, c
 
 // Any other block (an fp32-moment one, a short or unaligned one): element threadIdx.x + k * kThreads.
 template <bool kBf16Grad, bool kLerpFromM>
-__device__ __forceinline__ void update_any_block(const Adamw8bitArgs& a, const QuantTables& tables, float* scratch,
+__device__ __forceinline__ void update_any_block(const AdamWStepArgs& a, const QuantTables& tables, float* scratch,
                                                  const MomentBlock& blk, float scale) {
   const MomentBuffers& mb = a.moments;
   const QuantTable& st = tables.signed_table;
@@ -222,7 +222,7 @@ struct VectorPaths {
 };
 
 template <bool kBf16Grad, bool kLerpFromM>
-__global__ void __launch_bounds__(kThreads) adamw_8bit_kernel(Adamw8bitArgs a, VectorPaths vectors) {
+__global__ void __launch_bounds__(kThreads) adamw_step_kernel(AdamWStepArgs a, VectorPaths vectors) {
   __shared__ QuantTables tables;
   __shared__ float scratch[kThreads / 32];
   if (a.found_inf != nullptr && *a.found_inf != 0.0f) return;  // the whole grid returns: no barrier below
@@ -252,11 +252,11 @@ __global__ void __launch_bounds__(kThreads) adamw_8bit_kernel(Adamw8bitArgs a, V
 
 }  // namespace
 
-cudaError_t launch_adamw_8bit(const Adamw8bitArgs& args, cudaStream_t stream) {
+cudaError_t adamw_step_gpu(const AdamWStepArgs& args, cudaStream_t stream) {
   if (args.num_blocks <= 0) return cudaSuccess;
   const bool bf16 = args.grad_type == HostGradType::kBFloat16;
-  const auto kernel = bf16 ? (args.c.lerp_from_m ? adamw_8bit_kernel<true, true> : adamw_8bit_kernel<true, false>)
-                           : (args.c.lerp_from_m ? adamw_8bit_kernel<false, true> : adamw_8bit_kernel<false, false>);
+  const auto kernel = bf16 ? (args.c.lerp_from_m ? adamw_step_kernel<true, true> : adamw_step_kernel<true, false>)
+                           : (args.c.lerp_from_m ? adamw_step_kernel<false, true> : adamw_step_kernel<false, false>);
   // Whole blocks take a vector path when every buffer it touches starts 16-byte aligned (a block's
   // offsets are then multiples of kPerThread elements of each).
   const auto aligned = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };

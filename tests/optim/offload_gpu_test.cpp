@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "optim/sharded_adamw.h"
+#include "optim/sharded_optimizer.h"
 #include "parallel/flat_layout.h"
 #include "tests/optim/one_rank.h"
 
@@ -34,13 +34,13 @@ TEST(OffloadOnCuda, PipelineEqualsTheSerialPath) {
     auto grads_cuda = torch::zeros({layout.padded}, torch::TensorOptions().dtype(dtype).device(torch::kCUDA));
     auto grads_cpu = torch::zeros({layout.padded}, dtype);
     test::OneRank one;
-    ShardedAdamW::Options options;
-    options.weight_decay = 0.1;
+    ShardedOptimizer::Options options;
+    options.adamw.weight_decay = 0.1;
     options.offload = true;
-    options.host_threads = 4;
-    options.chunk_elements = 4099;  // ~17 chunks
-    ShardedAdamW pipelined(on_cuda, layout, grads_cuda, one, options);
-    ShardedAdamW serial(on_cpu, layout, grads_cpu, one, options);
+    options.adamw.host_threads = 4;
+    options.adamw.chunk_elements = 4099;  // ~17 chunks
+    ShardedOptimizer pipelined(on_cuda, layout, grads_cuda, one, options);
+    ShardedOptimizer serial(on_cpu, layout, grads_cpu, one, options);
     for (int step = 0; step < 6; ++step) {
       auto g = (torch::randn({layout.padded}) * 0.1).to(dtype);
       grads_cpu.copy_(g);
@@ -75,17 +75,17 @@ TEST(EightBitMomentsOnCuda, KernelOffloadAndCpuGiveTheSameBits) {
     std::vector<torch::Tensor> params[3] = {make(torch::kCUDA), make(torch::kCUDA), make(torch::kCPU)};
     const parallel::FlatLayout layout(params[0], 1);
     test::OneRank one;
-    ShardedAdamW::Options options;
-    options.weight_decay = 0.1;
-    options.moments_8bit = true;
-    options.host_threads = 4;
-    options.chunk_elements = 3 * kQuantBlock;  // several chunks
+    ShardedOptimizer::Options options;
+    options.adamw.weight_decay = 0.1;
+    options.adamw.moments_8bit = true;
+    options.adamw.host_threads = 4;
+    options.adamw.chunk_elements = 3 * kQuantBlock;  // several chunks
     std::vector<torch::Tensor> grads;
-    std::vector<std::unique_ptr<ShardedAdamW>> opts;
+    std::vector<std::unique_ptr<ShardedOptimizer>> opts;
     for (int k = 0; k < 3; ++k) {
       grads.push_back(torch::zeros({layout.padded}, torch::TensorOptions().dtype(dtype).device(params[k][0].device())));
       options.offload = k == 1;
-      opts.push_back(std::make_unique<ShardedAdamW>(params[k], layout, grads[k], one, options));
+      opts.push_back(std::make_unique<ShardedOptimizer>(params[k], layout, grads[k], one, options));
     }
     for (int step = 0; step < 6; ++step) {
       auto g = (torch::randn({layout.padded}) * 1e-3).to(dtype);

@@ -52,7 +52,7 @@ TEST_F(SafetensorsTest, FileHelpersWorkWithTorchLoaded) {
   write_safetensors(files::join(deep, "w.safetensors"), {{"w", torch::ones({3})}}, {});
   EXPECT_EQ(files::list_directory(deep), std::vector<std::string>{"w.safetensors"});
   EXPECT_GT(files::file_size(files::join(deep, "w.safetensors")), 8);
-  EXPECT_EQ(files::filename(files::executable_path()), "gpt2_model_tests");
+  EXPECT_EQ(files::filename(files::executable_path()), "gpt2_io_tests");
   files::remove_tree(path("a"));
   EXPECT_FALSE(files::exists(path("a")));
   EXPECT_TRUE(files::list_directory(dir_.path()).empty());

@@ -59,7 +59,7 @@ TEST(NcclCommunicator, SetUpThatAPeerNeverJoinsTimesOut) {
     const auto t0 = std::chrono::steady_clock::now();
     std::string message;
     try {
-      make_nccl_communicator(MPI_COMM_WORLD, 0, /*timeout_seconds=*/3);
+      make_nccl_communicator(MPI_COMM_WORLD, 0, {3, "parallel.timeout_s"});
     } catch (const Error& e) {
       message = e.what();
     }

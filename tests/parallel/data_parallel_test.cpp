@@ -90,7 +90,7 @@ TEST(DataParallel, Zero1And2AndOffloadMatchZero0WithAShareOfTheState) {
       for (int64_t stage : {0, 1, 2}) {
         if (stage == 0 && std::string(offload) == "none") continue;  // the reference itself
         cfg.parallel.zero_stage = stage;
-        cfg.parallel.offload = offload;
+        cfg.parallel.offload = parse_choice<Offload>("parallel.offload", offload);
         cfg.parallel.offload_threads = 2;
         TrainResult sharded = train(cfg, world);
         SCOPED_TRACE("ZeRO " + std::to_string(stage) + ", offload " + offload + ", accumulation " +
@@ -111,7 +111,7 @@ TEST(DataParallel, Zero1And2AndOffloadMatchZero0WithAShareOfTheState) {
       }
     }
     cfg.parallel.zero_stage = 0;
-    cfg.parallel.offload = "none";
+    cfg.parallel.offload = Offload::kNone;
   }
 }
 
@@ -130,9 +130,9 @@ TEST(DataParallel, MemoryEstimateIsTheStateTheRunHolds) {
       for (const char* offload : {"none", "optimizer"}) {
         for (int64_t stage : {0, 1}) {
           if (std::string(offload) == "optimizer" && std::string(dtype) == "fp16") continue;  // refused by the config
-          cfg.memory.optimizer_moments = moments;
-          cfg.precision.dtype = dtype;
-          cfg.parallel.offload = offload;
+          cfg.memory.optimizer_moments = parse_choice<optim::MomentFormat>("memory.optimizer_moments", moments);
+          cfg.precision.dtype = parse_choice<DtypeChoice>("precision.dtype", dtype);
+          cfg.parallel.offload = parse_choice<Offload>("parallel.offload", offload);
           cfg.parallel.zero_stage = stage;
           SCOPED_TRACE(std::string(moments) + " moments, " + dtype + ", offload " + offload + ", ZeRO " +
                        std::to_string(stage));
@@ -159,7 +159,7 @@ TEST(DataParallel, MemoryEstimateIsTheStateTheRunHolds) {
 TEST(DataParallel, Bf16VariantsMatchZero0AndOneRank) {
   SharedTokenFile file;
   auto cfg = tiny_config(file.path(), 2 * 2 * 16 * world_size(), 0.01);
-  cfg.precision.dtype = "bf16";
+  cfg.precision.dtype = DtypeChoice::kBf16;
   test::expect_variants_match(cfg, test::kBf16Tolerances);
 }
 
@@ -169,11 +169,11 @@ TEST(DataParallel, DtypeAutoTrainsAsTheDtypeItPicks) {
   SharedTokenFile file;
   auto cfg = tiny_config(file.path(), 2 * 2 * 16 * world_size(), 25);
   cfg.train.max_steps = 4;
-  cfg.precision.dtype = "auto";
+  cfg.precision.dtype = DtypeChoice::kAuto;
   cfg.validate();
   auto spelled = cfg;
   const bool bf16 = kernels::cpu_has_fast_bf16_gemm();
-  spelled.precision.dtype = bf16 ? "bf16" : "fp32";
+  spelled.precision.dtype = bf16 ? DtypeChoice::kBf16 : DtypeChoice::kFp32;
   const parallel::RankEnv world(MPI_COMM_WORLD);
   quiet_logs(world);
   const TrainResult picked = train(cfg, world), want = train(spelled, world);
@@ -187,7 +187,7 @@ TEST(DataParallel, DtypeAutoTrainsAsTheDtypeItPicks) {
 TEST(DataParallel, Fp16OverflowSkipsTheStepOnEveryRank) {
   SharedTokenFile file;
   auto cfg = tiny_config(file.path(), 2 * 2 * 16 * world_size(), 0.01);
-  cfg.precision.dtype = "fp16";
+  cfg.precision.dtype = DtypeChoice::kFp16;
   test::FaultAt overflow("0:5:inf");
   test::expect_variants_match(cfg, test::kFp16Tolerances, /*loss_scale=*/32768);
 }
@@ -204,7 +204,7 @@ TEST(DataParallel, EightBitMomentsMatchZero0AcrossStagesAndOffload) {
   quiet_logs(world);
   auto cfg = tiny_config(file.path(), 2 * 2 * 16 * world_size(), 0.01);
   cfg.model.n_embd = 64;
-  cfg.memory.optimizer_moments = "8bit";
+  cfg.memory.optimizer_moments = optim::MomentFormat::k8bit;
   cfg.parallel.offload_threads = 2;
   TrainResult zero0 = train(cfg, world);
   const struct {
@@ -214,13 +214,13 @@ TEST(DataParallel, EightBitMomentsMatchZero0AcrossStagesAndOffload) {
   for (const auto& v : variants) {
     auto c = cfg;
     c.parallel.zero_stage = v.stage;
-    c.parallel.offload = v.offload;
+    c.parallel.offload = parse_choice<Offload>("parallel.offload", v.offload);
     SCOPED_TRACE("8-bit moments, ZeRO " + std::to_string(v.stage) + ", offload " + v.offload);
     TrainResult r = train(c, world);
     test::expect_same_training(r, zero0, cfg.model.n_embd, /*tol=*/0);
   }
   auto fp32 = cfg;
-  fp32.memory.optimizer_moments = "fp32";
+  fp32.memory.optimizer_moments = optim::MomentFormat::kFp32;
   TrainResult reference = train(fp32, world);
   const double ratio = static_cast<double>(zero0.optimizer_state_bytes) / reference.optimizer_state_bytes;
   EXPECT_LT(ratio, 0.35) << zero0.optimizer_state_bytes << " vs " << reference.optimizer_state_bytes;

@@ -1,5 +1,5 @@
-// The GPU kernel of 8-bit AdamW moments (launch_adamw_8bit) against the CPU path
-// (cpu_adamw_update_8bit) from the same start, over the blocks of four parameters (8-bit and fp32
+// The GPU kernel of 8-bit AdamW moments (adamw_step_gpu) against the CPU path
+// (adamw_step_cpu) from the same start, over the blocks of four parameters (8-bit and fp32
 // moments, with and without weight decay, short blocks at parameter boundaries): parameters,
 // codes, absmax values, fp32 moments and the bf16 copy bitwise equal, with fp32 and bf16
 // gradients, a device-side gradient scale, and a found_inf that leaves everything as it was.
@@ -66,7 +66,7 @@ void expect_gpu_equals_cpu(bool bf16_grad, float device_scale, bool skip) {
   s.weight_decay = 0.1;
   s.step = 3;
   s.grad_scale = 0.5;
-  Adamw8bitArgs a;
+  AdamWStepArgs a;
   auto d_tables = bytes_on_gpu(&quant_tables(), 1);
   a.tables = reinterpret_cast<const QuantTables*>(d_tables.data_ptr<uint8_t>());
   a.c = adamw_coeffs(s);
@@ -84,7 +84,7 @@ void expect_gpu_equals_cpu(bool bf16_grad, float device_scale, bool skip) {
   a.param_bf16 = reinterpret_cast<uint16_t*>(d_out.data_ptr());
   a.grad_scale_device = d_scale.data_ptr<float>();
   a.found_inf = d_inf.data_ptr<float>();
-  ASSERT_EQ(launch_adamw_8bit(a, c10::cuda::getCurrentCUDAStream().stream()), cudaSuccess);
+  ASSERT_EQ(adamw_step_gpu(a, c10::cuda::getCurrentCUDAStream().stream()), cudaSuccess);
 
   const auto before = param;
   const auto mc0 = mc;
@@ -92,7 +92,7 @@ void expect_gpu_equals_cpu(bool bf16_grad, float device_scale, bool skip) {
   std::vector<uint16_t> out(n, 0);
   if (!skip) {
     s.grad_scale = static_cast<double>(a.c.grad_scale * device_scale);  // the kernel's product, rounded as it rounds it
-    cpu_adamw_update_8bit(s, blocks.data(), static_cast<int64_t>(blocks.size()), param.data(), host_buffers(),
+    adamw_step_cpu(s, blocks.data(), static_cast<int64_t>(blocks.size()), param.data(), host_buffers(),
                           grad.data(), HostGradType::kFloat32, out.data());
   }
   const std::string what = std::string(bf16_grad ? "bf16" : "fp32") + " gradient" + (skip ? ", found_inf" : "");

@@ -1,0 +1,92 @@
+#pragma once
+// The optimizer over this rank's shard of the flat parameter space (ZeRO stage 1/2), or over all of
+// it (stage 0). The parameters become views into one flat buffer (FlatLayout order); the rank keeps
+// optimizer state only for its shard [shard_begin, shard_end), cut into spans at parameter
+// boundaries so weight decay still applies to 2-D tensors only. This class owns the shard: the
+// layout, the global gradient norm and clipping, the step count, the all-gather after the update,
+// the state's size and its checkpoint form. The update itself and its buffers are a ShardUpdate
+// (shard_update.h): AdamW on the GPU, on the CPU, or offloaded to the host (adamw_updates.h). The
+// norm and every update are computed so that ZeRO 1/2 and offload give ZeRO 0's bits (Note
+// [Partition-free arithmetic], grad_norm.h).
+//
+// The gradient buffer may be fp32 or the parameters' dtype (precision.reduce_dtype). With found_inf
+// (fp16 loss scaling) step() reads the flag first (one host sync), since the step count is on the
+// host.
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "optim/adamw_updates.h"
+#include "optim/moment_layout.h"
+#include "optim/shard_update.h"
+#include "parallel/communicator.h"
+#include "parallel/flat_layout.h"
+
+namespace gpt2::optim {
+
+class ShardedOptimizer {
+ public:
+  struct Options {
+    AdamWOptions adamw;
+    bool sharded = false;  // false: stage 0, every rank updates everything, gather() does nothing
+    bool offload = false;  // state in host memory, CPU AdamW
+  };
+
+  // grad_flat: the gradient buffer in the same layout (GradBuckets::flat()), fp32 or the params' dtype.
+  ShardedOptimizer(const std::vector<torch::Tensor>& params, const parallel::FlatLayout& layout,
+                   const torch::Tensor& grad_flat, parallel::Communicator& comm, Options options);
+  ~ShardedOptimizer();
+
+  // Global L2 norm of the gradient (an fp64 device scalar; no host sync) and clipping to max_norm
+  // (<= 0: no clipping) by the coefficient min(1, max_norm / (norm + 1e-6)). Reads only this rank's
+  // shard; its cells' sums of squares are all-gathered (Note [Partition-free arithmetic]). Where the
+  // update clips as it reads (GpuAdamW) the gradient is left as it is: the coefficient stays on the
+  // device and the next step() multiplies each gradient by it as it reads it (then forgets it;
+  // another clip_grad_norm before that step replaces it, measuring the unclipped gradient again).
+  // Elsewhere the gradient shard is scaled in place. So between this call and step() read the
+  // gradient through the optimizer only.
+  torch::Tensor clip_grad_norm(double max_norm);
+  // found_inf (fp16 loss scaling): when it holds 1 nothing changes and the step does not count
+  // (the flag is read first: one host sync).
+  void step(double lr, const torch::Tensor& found_inf = {});
+  // All-gathers the updated shards into every rank's parameters (sharded only).
+  void gather();
+
+  // Bytes of optimizer state on the parameters' device (moments, masters, scratch) and in host
+  // memory (offload: masters, moments, the gradient and parameter staging buffers).
+  int64_t state_bytes() const { return update_->device_bytes(); }
+  int64_t host_state_bytes() const { return update_->host_bytes(); }
+  int64_t shard_begin() const { return begin_; }
+  int64_t shard_numel() const { return end_ - begin_; }
+
+  // This rank's optimizer state (ShardState), and that of the flat range [begin, end) inside this
+  // rank's (on the kQuantBlock grid with 8-bit moments): what a ZeRO 0 rank writes of the state every
+  // rank holds. load_state() takes the whole shard's in this optimizer's format and writes the
+  // masters, rounded, into this rank's parameters; gather() then gives every rank the whole model.
+  ShardState state() const { return state(begin_, end_); }
+  ShardState state(int64_t begin, int64_t end) const;
+  void load_state(const ShardState& state);
+  bool moments_8bit() const { return options_.adamw.moments_8bit; }
+  // Where 8-bit moments are in the flat space (built for fp32 moments too: checkpoints convert).
+  const MomentLayout& moment_layout() const { return moment_layout_; }
+  // This rank's shard of the gradient (what clipping and loss-scale unscaling act on; when the
+  // update clips as it reads, clipping only measures it, see clip_grad_norm).
+  const torch::Tensor& grad_shard() const { return shard_.grads; }
+  bool sharded() const { return sharded_; }
+
+ private:
+  parallel::Communicator& comm_;
+  Options options_;
+  bool sharded_;
+  int64_t begin_ = 0, end_ = 0;
+  MomentLayout moment_layout_;
+  torch::Tensor param_flat_;
+  ShardView shard_;
+  std::unique_ptr<ShardUpdate> update_;
+  torch::Tensor clip_coef_;  // for an update that clips as it reads, until the next step
+  int64_t steps_ = 0;        // bias-correction step count
+};
+
+}  // namespace gpt2::optim
