@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "optim/cpu_adamw.h"
 #include "optim/adamw_step.h"
+#include "optim/cpu_adamw.h"
 #include "optim/moments_8bit.h"
 
 using gpt2::optim::CpuAdamWStep;
@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
         if (mode == 2) {
           pool.parallel_for(num_blocks, 1, [&](int64_t b, int64_t e) {
             gpt2::optim::adamw_step_cpu(s, blocks.data() + b, e - b, param.data(), moments8, grad_bf16.data(),
-                                               HostGradType::kBFloat16, param_bf16.data());
+                                        HostGradType::kBFloat16, param_bf16.data());
           });
           return;
         }
@@ -141,10 +141,12 @@ int main(int argc, char** argv) {
       } while (reps < 3 || elapsed < 1.0);
       const double ms = 1e3 * elapsed / reps;
       const double mups = static_cast<double>(n) / (ms * 1e3);
-      std::printf("cpu_adamw: %lld elements, %d threads, %.2f ms/update, %.1f M updates/s, %.1f M updates/s per thread, %s\n",
-                  static_cast<long long>(n), pool.num_threads(), ms, mups, mups / pool.num_threads(),
-                  mode == 2 ? "bf16 grads + bf16 params out, 8-bit moments"
-                            : bf16 ? "bf16 grads + bf16 params out" : "fp32 grads");
+      std::printf(
+          "cpu_adamw: %lld elements, %d threads, %.2f ms/update, %.1f M updates/s, %.1f M updates/s per thread, %s\n",
+          static_cast<long long>(n), pool.num_threads(), ms, mups, mups / pool.num_threads(),
+          mode == 2 ? "bf16 grads + bf16 params out, 8-bit moments"
+          : bf16    ? "bf16 grads + bf16 params out"
+                    : "fp32 grads");
       std::fflush(stdout);
     }
   }

@@ -16,9 +16,9 @@
 #include <functional>
 #include <string>
 
-#include "src/base/cuda_check.h"
 #include "optim/adamw_step.h"
 #include "optim/moments_8bit.h"
+#include "src/base/cuda_check.h"
 #include "src/kernels/gemm.h"
 #include "src/kernels/launch.h"
 #include "tests/optim/host_buffers.h"
@@ -76,12 +76,14 @@ void gelu_backward(int64_t rows, int64_t cols) {
   auto dpre = torch::empty_like(dout), dbias = torch::empty({cols}, opts);
   auto partial = torch::empty({column_sum_chunks(rows) * cols}, torch::dtype(torch::kFloat).device(torch::kCUDA));
   const auto stream = c10::cuda::getCurrentCUDAStream().stream();
-  const double ms = time_ms([&] {
-    CUDA_CHECK(launch_gelu_backward(Dtype::kBF16, dout.data_ptr(), pre.data_ptr(), rows, cols, dpre.data_ptr(),
-                                    partial.data_ptr<float>(), dbias.data_ptr(), stream));
-  }, 20);
-  std::printf("GELU backward + bias %6ld x %4ld: %7.1f us  %6.0f GB/s (dout, pre in; dpre out)\n", static_cast<long>(rows),
-              static_cast<long>(cols), ms * 1e3, 3.0 * rows * cols * 2 / 1e9 / ms * 1e3);
+  const double ms = time_ms(
+      [&] {
+        CUDA_CHECK(launch_gelu_backward(Dtype::kBF16, dout.data_ptr(), pre.data_ptr(), rows, cols, dpre.data_ptr(),
+                                        partial.data_ptr<float>(), dbias.data_ptr(), stream));
+      },
+      20);
+  std::printf("GELU backward + bias %6ld x %4ld: %7.1f us  %6.0f GB/s (dout, pre in; dpre out)\n",
+              static_cast<long>(rows), static_cast<long>(cols), ms * 1e3, 3.0 * rows * cols * 2 / 1e9 / ms * 1e3);
 }
 
 // The loss kernels over (rows, 50304) bf16 logits (gpt2's padded vocabulary): forward reads them
@@ -97,16 +99,20 @@ void cross_entropy(int64_t rows) {
   auto grad = torch::empty_like(logits);
   const auto stream = c10::cuda::getCurrentCUDAStream().stream();
   const double gb = rows * Vp * 2 / 1e9;
-  const double fwd = time_ms([&] {
-    CUDA_CHECK(launch_cross_entropy_forward(Dtype::kBF16, logits.data_ptr(), targets.data_ptr<int64_t>(), rows, Vp, V,
-                                            -1, loss.data_ptr<float>(), lse.data_ptr<float>(), BadTargetNote{nullptr, 1},
-                                            stream));
-  }, 20);
-  const double bwd = time_ms([&] {
-    CUDA_CHECK(launch_cross_entropy_backward(Dtype::kBF16, logits.data_ptr(), targets.data_ptr<int64_t>(),
-                                             lse.data_ptr<float>(), scale.data_ptr<float>(), rows, Vp, V, -1,
-                                             grad.data_ptr(), stream));
-  }, 20);
+  const double fwd = time_ms(
+      [&] {
+        CUDA_CHECK(launch_cross_entropy_forward(Dtype::kBF16, logits.data_ptr(), targets.data_ptr<int64_t>(), rows, Vp,
+                                                V, -1, loss.data_ptr<float>(), lse.data_ptr<float>(),
+                                                BadTargetNote{nullptr, 1}, stream));
+      },
+      20);
+  const double bwd = time_ms(
+      [&] {
+        CUDA_CHECK(launch_cross_entropy_backward(Dtype::kBF16, logits.data_ptr(), targets.data_ptr<int64_t>(),
+                                                 lse.data_ptr<float>(), scale.data_ptr<float>(), rows, Vp, V, -1,
+                                                 grad.data_ptr(), stream));
+      },
+      20);
   std::printf("CE forward  %6ld x %ld: %7.3f ms  %6.0f GB/s\n", static_cast<long>(rows), static_cast<long>(Vp), fwd,
               gb / fwd * 1e3);
   std::printf("CE backward %6ld x %ld: %7.3f ms  %6.0f GB/s\n", static_cast<long>(rows), static_cast<long>(Vp), bwd,
@@ -123,10 +129,12 @@ void adamw_update(int64_t n) {
   {
     auto m = torch::zeros({n}, f32), v = torch::zeros({n}, f32);
     auto steps = torch::zeros({}, f32);
-    const double ms = time_ms([&] {
-      at::_fused_adamw_({master}, {grad}, {m}, {v}, {}, {steps}, 1e-4, 0.9, 0.95, 0.1, 1e-8, false, false);
-      param.copy_(master);
-    }, 10);
+    const double ms = time_ms(
+        [&] {
+          at::_fused_adamw_({master}, {grad}, {m}, {v}, {}, {steps}, 1e-4, 0.9, 0.95, 0.1, 1e-8, false, false);
+          param.copy_(master);
+        },
+        10);
     gb = n * (4.0 * 4 + 3 * 4 + 4 + 2) / 1e9;  // master, grad, m, v in; master, m, v out; the copy
     std::printf("AdamW fp32 moments  %ld values: %7.2f ms  %6.0f GB/s\n", static_cast<long>(n), ms, gb / ms * 1e3);
   }
@@ -169,10 +177,11 @@ void adamw_update(int64_t n) {
   a.moments.exp_avg_sq = v.data_ptr<float>();
   a.grad = grad16.data_ptr();
   a.grad_type = HostGradType::kBFloat16;
-  const double dense_ms = time_ms([&] { CUDA_CHECK(adamw_step_gpu(a, c10::cuda::getCurrentCUDAStream().stream())); }, 10);
+  const double dense_ms =
+      time_ms([&] { CUDA_CHECK(adamw_step_gpu(a, c10::cuda::getCurrentCUDAStream().stream())); }, 10);
   gb = n * 28.0 / 1e9;  // master, m, v in and out (24), bf16 grad in, bf16 parameters out
-  std::printf("AdamW fp32 moments, bf16 grads (ours) %ld values: %7.2f ms  %6.0f GB/s\n", static_cast<long>(n), dense_ms,
-              gb / dense_ms * 1e3);
+  std::printf("AdamW fp32 moments, bf16 grads (ours) %ld values: %7.2f ms  %6.0f GB/s\n", static_cast<long>(n),
+              dense_ms, gb / dense_ms * 1e3);
 }
 
 // Each training GEMM of a GPT-2 step (tokens M, width C, padded vocabulary V) timed as
@@ -240,10 +249,10 @@ int main(int argc, char** argv) try {
   }
   gelu_backward(32 * 1024, 4 * 768);  // gpt2-124m, B=32
   gelu_backward(8 * 1024, 4 * 1600);  // gpt2-1558m, B=8
-  cross_entropy(32 * 1024);  // gpt2-124m, B=32
-  layer_norm(32 * 1024, 768);  // gpt2-124m, B=32
-  layer_norm(8 * 1024, 1600);  // gpt2-1558m, B=8
-  adamw_update(1'557'611'200);  // gpt2-1558m's parameters
+  cross_entropy(32 * 1024);           // gpt2-124m, B=32
+  layer_norm(32 * 1024, 768);         // gpt2-124m, B=32
+  layer_norm(8 * 1024, 1600);         // gpt2-1558m, B=8
+  adamw_update(1'557'611'200);        // gpt2-1558m's parameters
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "kernel_bench: %s\n", e.what());

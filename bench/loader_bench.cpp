@@ -61,10 +61,11 @@ int main(int argc, char** argv) {
     run(50, batches);
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double bps = batches / sec;
-    std::printf("RESULT loader_bench B=%lld T=%lld file_tokens=%lld batches_per_s=%.0f tokens_per_s=%.0fM "
-                "gb_per_s_int64=%.2f threads=1 checksum=%lld\n",
-                static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(file.size()), bps,
-                bps * B * T / 1e6, bps * B * (T + 1) * 8 / 1e9, static_cast<long long>(checksum % 1000));
+    std::printf(
+        "RESULT loader_bench B=%lld T=%lld file_tokens=%lld batches_per_s=%.0f tokens_per_s=%.0fM "
+        "gb_per_s_int64=%.2f threads=1 checksum=%lld\n",
+        static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(file.size()), bps,
+        bps * B * T / 1e6, bps * B * (T + 1) * 8 / 1e9, static_cast<long long>(checksum % 1000));
   } catch (const gpt2::Error& e) {
     std::fprintf(stderr, "loader_bench: %s\n", e.what());
     if (!temp_dir.empty()) gpt2::files::remove_tree(temp_dir);

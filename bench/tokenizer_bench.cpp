@@ -70,10 +70,11 @@ int main(int argc, char** argv) {
     };
     const double one = run(1);
     const double all = run(threads);
-    std::printf("RESULT tokenizer_bench corpus_mb=%.2f docs=%zu tokens=%lld threads_1_mb_s=%.1f threads_%d_mb_s=%.1f "
-                "speedup=%.2f tokens_per_s_all=%.1fM\n",
-                mb, corpus.documents().size(), static_cast<long long>(tokens), one, threads, all, all / one,
-                all * 1e6 / (corpus.document_bytes() / static_cast<double>(tokens)) / 1e6);
+    std::printf(
+        "RESULT tokenizer_bench corpus_mb=%.2f docs=%zu tokens=%lld threads_1_mb_s=%.1f threads_%d_mb_s=%.1f "
+        "speedup=%.2f tokens_per_s_all=%.1fM\n",
+        mb, corpus.documents().size(), static_cast<long long>(tokens), one, threads, all, all / one,
+        all * 1e6 / (corpus.document_bytes() / static_cast<double>(tokens)) / 1e6);
   } catch (const gpt2::Error& e) {
     std::fprintf(stderr, "tokenizer_bench: %s\n", e.what());
     return 2;

@@ -4,8 +4,8 @@
 
 #include <chrono>
 #include <memory>
-#include <vector>
 #include <string>
+#include <vector>
 
 #ifdef GPT2_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -31,10 +31,15 @@ struct BatchLoader::CudaState {
 struct BatchLoader::CudaState {};
 #endif
 
-BatchLoader::BatchLoader(const TokenStream& stream, StartOf start_of, int64_t rows, int64_t seq_len,
-                         int64_t vocab_size, torch::Device device, int depth, int64_t first_index)
-    : stream_(stream), start_of_(std::move(start_of)), rows_(rows), seq_len_(seq_len), vocab_size_(vocab_size),
-      device_(device), sync_buffer_(at::empty({rows, seq_len + 1}, at::kLong)) {
+BatchLoader::BatchLoader(const TokenStream& stream, StartOf start_of, int64_t rows, int64_t seq_len, int64_t vocab_size,
+                         torch::Device device, int depth, int64_t first_index)
+    : stream_(stream),
+      start_of_(std::move(start_of)),
+      rows_(rows),
+      seq_len_(seq_len),
+      vocab_size_(vocab_size),
+      device_(device),
+      sync_buffer_(at::empty({rows, seq_len + 1}, at::kLong)) {
 #ifdef GPT2_WITH_CUDA
   if (device_.is_cuda()) {
     cuda_.reset(new CudaState{at::cuda::getStreamFromPool(false, device_.index()), {}, {}, 0});
@@ -79,8 +84,8 @@ DeviceBatch BatchLoader::to_device(const torch::Tensor& host, std::function<void
     }
     done->block(compute);
     if (reusable) *reusable = [done] { done->synchronize(); };  // the pinned buffer is free once copied
-    batch.x = dev.narrow(1, 0, seq_len_).contiguous();  // (B, T), allocated on the compute stream
-    batch.y = dev.narrow(1, 1, seq_len_).contiguous();  // (B, T)
+    batch.x = dev.narrow(1, 0, seq_len_).contiguous();          // (B, T), allocated on the compute stream
+    batch.y = dev.narrow(1, 1, seq_len_).contiguous();          // (B, T)
     cuda_->consumed[k]->record(compute);
     return batch;
   }

@@ -17,9 +17,9 @@
 namespace gpt2::data {
 
 struct DeviceBatch {
-  torch::Tensor x;            // (B, T) int64 on the device
-  torch::Tensor y;            // (B, T) int64 on the device, x shifted by one
-  double wait_seconds = 0;    // how long next() blocked waiting for the prefetcher
+  torch::Tensor x;          // (B, T) int64 on the device
+  torch::Tensor y;          // (B, T) int64 on the device, x shifted by one
+  double wait_seconds = 0;  // how long next() blocked waiting for the prefetcher
 };
 
 class BatchLoader {
@@ -31,8 +31,8 @@ class BatchLoader {
               torch::Device device, int depth, int64_t first_index = 0);
   ~BatchLoader();
 
-  DeviceBatch next();             // batches first_index, first_index + 1, ... in order
-  DeviceBatch get(int64_t index); // any batch, read now on the calling thread
+  DeviceBatch next();              // batches first_index, first_index + 1, ... in order
+  DeviceBatch get(int64_t index);  // any batch, read now on the calling thread
 
  private:
   void fill(int64_t index, torch::Tensor& buffer) const;
@@ -42,9 +42,9 @@ class BatchLoader {
   StartOf start_of_;
   int64_t rows_, seq_len_, vocab_size_;
   torch::Device device_;
-  torch::Tensor sync_buffer_;             // for get()
+  torch::Tensor sync_buffer_;  // for get()
   std::unique_ptr<Prefetcher> prefetcher_;
-  struct CudaState;                        // copy stream and events (CUDA builds only)
+  struct CudaState;  // copy stream and events (CUDA builds only)
   std::unique_ptr<CudaState> cuda_;
 };
 

@@ -32,8 +32,8 @@ class BatchSampler {
 // Global sample index of row `row` of micro-step `micro` of optimizer step `step` on `rank`.
 // Rows of one optimizer step are numbered micro-major, then rank, then row, so a run on N ranks
 // reads exactly the samples a one-rank run with the same global batch reads (Note [Batch layout]).
-inline int64_t global_sample_index(int64_t step, int64_t micro, int rank, int64_t row,
-                                   int64_t micro_batch, int world_size, int64_t accum_steps) {
+inline int64_t global_sample_index(int64_t step, int64_t micro, int rank, int64_t row, int64_t micro_batch,
+                                   int world_size, int64_t accum_steps) {
   const int64_t per_micro = micro_batch * world_size;
   return step * per_micro * accum_steps + micro * per_micro + rank * micro_batch + row;
 }

@@ -45,8 +45,7 @@ BinFormat parse_bin_format(const std::string& name) {
   throw UserError("--bin_format " + name + ": expected auto, llmc or raw");
 }
 
-BinShardInfo parse_bin_header(std::string_view head, int64_t file_size, BinFormat format,
-                              const std::string& path) {
+BinShardInfo parse_bin_header(std::string_view head, int64_t file_size, BinFormat format, const std::string& path) {
   if (file_size <= 0) throw UserError(path + ": empty .bin file (no header, no tokens)");
   const int32_t first = head.size() >= 4 ? load_i32le(head, 0) : 0;
   const bool magic = head.size() >= 4 && (first == kLlmcMagic || first == kLlmcLlama3Magic);
@@ -55,8 +54,9 @@ BinShardInfo parse_bin_header(std::string_view head, int64_t file_size, BinForma
   if (!llmc) {
     if (file_size % 2 != 0) {
       throw UserError(path + ": " + std::to_string(file_size) + " bytes is an odd size: " +
-                      (format == BinFormat::kRaw ? std::string() : "no llm.c header (magic " +
-                       std::to_string(kLlmcMagic) + ") and ") + "not raw uint16 tokens (nanoGPT)");
+                      (format == BinFormat::kRaw ? std::string()
+                                                 : "no llm.c header (magic " + std::to_string(kLlmcMagic) + ") and ") +
+                      "not raw uint16 tokens (nanoGPT)");
     }
     info.num_tokens = file_size / 2;
     return info;
@@ -143,9 +143,9 @@ size_t BinShardReader::read(std::vector<int32_t>& out, size_t max_tokens) {
   if (max_id >= vocab_size_) {
     for (size_t i = 0; i < n; ++i) {
       if (buffer_[i] >= vocab_size_) {
-        throw UserError(path_ + ": token at position " + std::to_string(position_ + static_cast<int64_t>(i)) +
-                        " is " + std::to_string(buffer_[i]) + ", not below vocab_size " +
-                        std::to_string(vocab_size_) + " (not GPT-2 tokens?)");
+        throw UserError(path_ + ": token at position " + std::to_string(position_ + static_cast<int64_t>(i)) + " is " +
+                        std::to_string(buffer_[i]) + ", not below vocab_size " + std::to_string(vocab_size_) +
+                        " (not GPT-2 tokens?)");
       }
     }
   }

@@ -30,8 +30,7 @@ struct BinShardInfo {
 
 // Decides the layout from the first bytes of a file (`head`: up to kLlmcHeaderBytes of them) and its
 // size. Throws gpt2::UserError naming `path` for a bad magic/version/count or a size that does not fit.
-BinShardInfo parse_bin_header(std::string_view head, int64_t file_size, BinFormat format,
-                              const std::string& path);
+BinShardInfo parse_bin_header(std::string_view head, int64_t file_size, BinFormat format, const std::string& path);
 
 // Streams the tokens of one shard. Move-only; closes the file in the destructor.
 class BinShardReader {

@@ -41,9 +41,7 @@ std::string read_file(const std::string& path) {
 // the other 68 bytes are shifted to U+0100.. in byte order, so every token is a printable string in
 // encoder.json and vocab.bpe. Returns, for each code point below 0x144, its byte or -1.
 std::array<int, 0x144> unicode_to_byte() {
-  auto printable = [](int b) {
-    return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-  };
+  auto printable = [](int b) { return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF); };
   std::array<int, 0x144> map;
   map.fill(-1);
   int shifted = 0;
@@ -58,8 +56,7 @@ std::array<int, 0x144> unicode_to_byte() {
 }
 
 // Raw bytes of a token written in GPT-2's byte alphabet; an empty optional-like flag on failure.
-bool alphabet_to_bytes(std::string_view text, const std::array<int, 0x144>& u2b, std::string* out,
-                       uint32_t* bad_cp) {
+bool alphabet_to_bytes(std::string_view text, const std::array<int, 0x144>& u2b, std::string* out, uint32_t* bad_cp) {
   out->clear();
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
   size_t i = 0;
@@ -132,9 +129,7 @@ constexpr std::array<CpClass, 128> kAsciiClass = [] {
   return a;
 }();
 
-inline CpClass class_of(uint32_t cp) {
-  return cp < 128 ? kAsciiClass[cp] : unicode::classify(cp);
-}
+inline CpClass class_of(uint32_t cp) { return cp < 128 ? kAsciiClass[cp] : unicode::classify(cp); }
 
 // Per-thread cache of words that needed merging. Direct-mapped and fixed-size: a miss costs one
 // compare, an insert overwrites, and no lock is needed because each thread has its own.
@@ -185,8 +180,8 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& dir) {
   for (const auto& [key, value] : members) {
     const int64_t id = json::as_int(value, enc_path + ": id of token '" + key + "'");
     if (id < 0 || static_cast<size_t>(id) >= vocab) {
-      throw UserError(enc_path + ": id " + std::to_string(id) + " of token '" + key +
-                      "' is outside [0, " + std::to_string(vocab) + ") (ids must be dense)");
+      throw UserError(enc_path + ": id " + std::to_string(id) + " of token '" + key + "' is outside [0, " +
+                      std::to_string(vocab) + ") (ids must be dense)");
     }
     if (seen[static_cast<size_t>(id)]) {
       throw UserError(enc_path + ": id " + std::to_string(id) + " is used twice (again by '" + key + "')");
@@ -253,8 +248,7 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& dir) {
     const size_t space = line.find(' ');
     if (space == std::string_view::npos || space == 0 || space + 1 == line.size() ||
         line.find(' ', space + 1) != std::string_view::npos) {
-      throw UserError(where() + "expected two tokens separated by one space, got '" +
-                      std::string(line) + "'");
+      throw UserError(where() + "expected two tokens separated by one space, got '" + std::string(line) + "'");
     }
     uint32_t bad_cp = 0;
     if (!alphabet_to_bytes(line.substr(0, space), u2b, &left, &bad_cp) ||
@@ -356,8 +350,7 @@ int32_t Gpt2Tokenizer::find_pair(int32_t a, int32_t b) const {
 //  4. a run of whitespace: all of it when it ends the text; when a non-space follows, all but its
 //     last code point (\s+(?!\S) backs off one so that space can prefix the next word), and when
 //     the run is one code point, that code point alone (\s+).
-void Gpt2Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out,
-                                  std::string_view source) const {
+void Gpt2Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out, std::string_view source) const {
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
   const size_t n = text.size();
   auto decode_at = [&](size_t at, uint32_t* len) -> uint32_t {
@@ -533,9 +526,7 @@ void Gpt2Tokenizer::merge_large(std::string_view piece, std::vector<int32_t>& ou
     uint32_t left_version;
     uint32_t right_version;
     int32_t merged;
-    bool operator>(const Candidate& o) const {
-      return rank != o.rank ? rank > o.rank : left > o.left;
-    }
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
   };
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
   auto push = [&](int32_t left) {
@@ -544,8 +535,8 @@ void Gpt2Tokenizer::merge_large(std::string_view piece, std::vector<int32_t>& ou
     if (right < 0) return;
     const int32_t m = find_pair(parts[static_cast<size_t>(left)], parts[static_cast<size_t>(right)]);
     if (m < 0) return;
-    heap.push(Candidate{rank(m), left, right, version[static_cast<size_t>(left)],
-                        version[static_cast<size_t>(right)], m});
+    heap.push(
+        Candidate{rank(m), left, right, version[static_cast<size_t>(left)], version[static_cast<size_t>(right)], m});
   };
   for (size_t k = 0; k + 1 < n; ++k) push(static_cast<int32_t>(k));
   while (!heap.empty()) {

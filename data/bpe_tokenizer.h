@@ -20,14 +20,13 @@ class Gpt2Tokenizer {
   // Token ids of `text`. `source` names the text in errors (a file name, "text" by default).
   std::vector<int32_t> encode(std::string_view text, std::string_view source = "text") const;
   // Same, appending to `out` (no EOT is added): what the corpus tool uses to avoid copies.
-  void encode_append(std::string_view text, std::vector<int32_t>& out,
-                     std::string_view source = "text") const;
+  void encode_append(std::string_view text, std::vector<int32_t>& out, std::string_view source = "text") const;
 
   // The bytes the ids stand for (EOT decodes to "<|endoftext|>"). Throws gpt2::UserError for an
   // id outside [0, vocab_size()).
   std::string decode(const std::vector<int32_t>& ids) const;
 
-  int32_t eot_token() const { return eot_token_; }    // 50256 for GPT-2
+  int32_t eot_token() const { return eot_token_; }                                  // 50256 for GPT-2
   int64_t vocab_size() const { return static_cast<int64_t>(id_to_bytes_.size()); }  // 50257
 
  private:
@@ -45,7 +44,7 @@ class Gpt2Tokenizer {
   // Merge rank of a mergeable token (lower merges first).
   int32_t rank(int32_t id) const { return rank_[static_cast<size_t>(id)]; }
 
-  uint64_t instance_id_ = 0;            // keys the per-thread word cache
+  uint64_t instance_id_ = 0;  // keys the per-thread word cache
   int32_t eot_token_ = -1;
   std::vector<std::string> id_to_bytes_;  // raw bytes of every token, by id
   std::vector<int32_t> rank_;             // by id; INT32_MAX for special tokens

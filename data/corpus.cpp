@@ -18,9 +18,7 @@
 namespace gpt2::data {
 namespace {
 
-bool is_blank(std::string_view s) {
-  return s.find_first_not_of(" \t\r\n\v\f") == std::string_view::npos;
-}
+bool is_blank(std::string_view s) { return s.find_first_not_of(" \t\r\n\v\f") == std::string_view::npos; }
 
 // Offset of the first byte that makes `text` not UTF-8 text (invalid UTF-8 or NUL), or npos.
 size_t find_non_text(std::string_view text) {
@@ -163,7 +161,8 @@ bool CorpusReader::next(Corpus* batch, int64_t target_bytes) {
             throw UserError(input.path + ": not UTF-8 text (invalid byte at offset " + std::to_string(bad) + ")");
           }
         } else if (const size_t bad = find_non_text(text); bad != std::string_view::npos) {
-          batch->skipped_.push_back(SkippedFile{input.path, "not UTF-8 text (byte offset " + std::to_string(bad) + ")"});
+          batch->skipped_.push_back(
+              SkippedFile{input.path, "not UTF-8 text (byte offset " + std::to_string(bad) + ")"});
           ++next_input_;
           break;
         }
@@ -229,8 +228,8 @@ double validation_draw(uint64_t seed, uint64_t index) {
   return static_cast<double>(splitmix64(splitmix64(seed) ^ splitmix64(index)) >> 11) * 0x1.0p-53;
 }
 
-std::vector<std::vector<int32_t>> tokenize_documents(const Gpt2Tokenizer& tokenizer, const Corpus& corpus,
-                                                     int threads, TokenizeProgress* progress) {
+std::vector<std::vector<int32_t>> tokenize_documents(const Gpt2Tokenizer& tokenizer, const Corpus& corpus, int threads,
+                                                     TokenizeProgress* progress) {
   const auto& docs = corpus.documents();
   std::vector<std::vector<int32_t>> result(docs.size());
   struct Work {

@@ -107,9 +107,9 @@ class CorpusReader {
   std::vector<SkippedFile> pending_skipped_;  // from expansion; handed to the first batch
   int64_t total_bytes_ = 0;
   size_t next_input_ = 0;
-  std::unique_ptr<JsonlReader> jsonl_;      // open while inside a .jsonl input
-  std::unique_ptr<BinShardReader> shard_;   // open while inside a .bin input
-  std::vector<int32_t> run_;                // the .bin document being collected
+  std::unique_ptr<JsonlReader> jsonl_;     // open while inside a .jsonl input
+  std::unique_ptr<BinShardReader> shard_;  // open while inside a .bin input
+  std::vector<int32_t> run_;               // the .bin document being collected
   int64_t added_eot_ = 0;
 };
 
@@ -130,7 +130,7 @@ struct TokenizeProgress {
 
 // Tokenizes every document with `threads` worker threads (0: one per core); result[i] holds the
 // tokens of document i, in order, without EOT (a .bin document: its tokens as they are).
-std::vector<std::vector<int32_t>> tokenize_documents(const Gpt2Tokenizer& tokenizer, const Corpus& corpus,
-                                                     int threads, TokenizeProgress* progress = nullptr);
+std::vector<std::vector<int32_t>> tokenize_documents(const Gpt2Tokenizer& tokenizer, const Corpus& corpus, int threads,
+                                                     TokenizeProgress* progress = nullptr);
 
 }  // namespace gpt2::data

@@ -55,7 +55,8 @@ std::vector<std::string> glob_matches(const std::string& pattern) {
   }
   ::globfree(&g);
   if (rc == GLOB_NOMATCH) {
-    throw UserError("'" + pattern + "': the pattern matches no files (a glob is expanded by gpt2-data; "
+    throw UserError("'" + pattern +
+                    "': the pattern matches no files (a glob is expanded by gpt2-data; "
                     "check the directory and the quotes)");
   }
   if (rc == GLOB_ABORTED) {

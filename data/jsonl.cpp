@@ -24,8 +24,11 @@ std::optional<std::string> jsonl_document(std::string_view line, const std::stri
     throw UserError(msg + " (not a JSON line)");
   }
   if (!value.is_object()) {
-    const char* got = value.is_array() ? "an array" : value.is_string() ? "a string" : value.is_number() ? "a number"
-                      : value.is_boolean() ? "a boolean" : "null";
+    const char* got = value.is_array()     ? "an array"
+                      : value.is_string()  ? "a string"
+                      : value.is_number()  ? "a number"
+                      : value.is_boolean() ? "a boolean"
+                                           : "null";
     throw UserError(where + ": expected a JSON object with a \"text\" string, got " + got);
   }
   const json::Value* text = json::find(value, "text");

@@ -39,7 +39,7 @@ void Prefetcher::run() {
         reusable = std::move(entry->reusable);
         entry->reusable = nullptr;
       }
-      if (reusable) reusable();  // e.g. the last copy out of this buffer has finished
+      if (reusable) reusable();     // e.g. the last copy out of this buffer has finished
       fill_(index, entry->buffer);  // outside the lock: the trainer keeps consuming meanwhile
       {
         std::lock_guard<std::mutex> lock(mutex_);

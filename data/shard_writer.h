@@ -14,7 +14,7 @@ namespace gpt2::data {
 
 inline constexpr int64_t kDefaultShardTokens = 100'000'000;
 
-std::string single_output_path(const std::string& dir, const std::string& split);       // DIR/<split>.h5
+std::string single_output_path(const std::string& dir, const std::string& split);                // DIR/<split>.h5
 std::string shard_output_path(const std::string& dir, const std::string& split, int64_t index);  // _NNNNNN
 // Removes DIR/<split>.h5 and DIR/<split>_NNNNNN.h5 except those in `keep`; returns the removed paths.
 std::vector<std::string> remove_stale_outputs(const std::string& dir, const std::string& split,
@@ -42,10 +42,10 @@ class ShardWriter {
   std::string split_;
   int64_t shard_tokens_;
   TokenFileAttrs attrs_;
-  bool wide_;                      // vocab_size > 65536: buffer uint32, else uint16 (half the memory)
+  bool wide_;  // vocab_size > 65536: buffer uint32, else uint16 (half the memory)
   std::vector<uint16_t> buf16_;
   std::vector<uint32_t> buf32_;
-  int64_t flushed_ = 0;            // tokens already written to shards
+  int64_t flushed_ = 0;  // tokens already written to shards
   std::vector<std::string> paths_;
 };
 

@@ -16,23 +16,21 @@
 #include <cstring>
 #include <utility>
 
-#include "src/base/h5_check.h"
 #include "src/base/errors.h"
 #include "src/base/files.h"
+#include "src/base/h5_check.h"
 
 namespace gpt2::data {
 namespace {
 
+using h5::h5_error_detail;
 using h5::H5ErrorSilencer;
 using h5::H5Id;
-using h5::h5_error_detail;
 using h5::read_int_attr;
 using h5::write_int_attr;
 using h5::write_string_attr;
 
 // ------------------------------------------------------------------------------------ writing
-
-
 
 void write_dataset(hid_t file, hid_t file_type, hid_t mem_type, const void* data, size_t n) {
   const hsize_t dims[1] = {static_cast<hsize_t>(n)};
@@ -43,8 +41,7 @@ void write_dataset(hid_t file, hid_t file_type, hid_t mem_type, const void* data
   H5_CHECK(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS));
   H5_CHECK(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY));
   H5_CHECK(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER));
-  H5Id dset(H5_ID(H5Dcreate2(file, "tokens", file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT)),
-            H5Dclose);
+  H5Id dset(H5_ID(H5Dcreate2(file, "tokens", file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT)), H5Dclose);
   if (n > 0) H5_CHECK(H5Dwrite(dset.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
 }
 
@@ -118,9 +115,12 @@ std::string describe_type(hid_t type) {
                         std::to_string(H5Tget_offset(type)) + ")"
                   : std::string());
     }
-    case H5T_FLOAT: return "float" + std::to_string(bits);
-    case H5T_STRING: return "string";
-    default: return "a non-numeric type";
+    case H5T_FLOAT:
+      return "float" + std::to_string(bits);
+    case H5T_STRING:
+      return "string";
+    default:
+      return "a non-numeric type";
   }
 }
 
@@ -165,7 +165,8 @@ void check_global_heaps(int fd, uint64_t file_size, ByteRange token_data, const 
       std::memcpy(&index, base + p, 2);
       std::memcpy(&object_size, base + p + 8, 8);
       // libhdf5: need = 16 + align8(size) for objects, size itself for the free space (index 0).
-      const uint64_t need = index > 0 ? (object_size > size ? 0 : 16 + ((object_size + 7) & ~uint64_t{7})) : object_size;
+      const uint64_t need =
+          index > 0 ? (object_size > size ? 0 : 16 + ((object_size + 7) & ~uint64_t{7})) : object_size;
       if (need == 0 || need > size - p) {
         throw UserError(path + ": damaged HDF5 global heap at byte " + std::to_string(at) + " (object " +
                         std::to_string(index) + " of size " + std::to_string(object_size) +
@@ -235,8 +236,7 @@ uint64_t inspect(const std::string& path, int fd, int64_t expected_vocab, uint64
   require_attr(file.get(), "format", path);
   const std::string format = read_string_attr(file.get(), "format", path);
   if (format != kTokenFileFormat) {
-    throw UserError(path + ": root attribute format is '" + format + "', expected '" +
-                    kTokenFileFormat + "'");
+    throw UserError(path + ": root attribute format is '" + format + "', expected '" + kTokenFileFormat + "'");
   }
   for (const char* name : {"format_version", "vocab_size", "eot_token", "tokenizer"}) {
     require_attr(file.get(), name, path);
@@ -290,8 +290,7 @@ uint64_t inspect(const std::string& path, int fd, int64_t expected_vocab, uint64
   }
   info->dtype_bytes = static_cast<int>(type_size);
   if (type_size == 2 && info->vocab_size > 65536) {
-    throw UserError(path + ": /tokens is uint16 but vocab_size " + std::to_string(info->vocab_size) +
-                    " needs uint32");
+    throw UserError(path + ": /tokens is uint16 but vocab_size " + std::to_string(info->vocab_size) + " needs uint32");
   }
 
   H5Id space(H5_ID(H5Dget_space(dset.get())), H5Sclose);
@@ -363,14 +362,20 @@ struct ReportReader {
   bool ok = true;
   uint64_t u64() {
     uint64_t v = 0;
-    if (in.size() - at < 8) { ok = false; return 0; }
+    if (in.size() - at < 8) {
+      ok = false;
+      return 0;
+    }
     std::memcpy(&v, in.data() + at, 8);
     at += 8;
     return v;
   }
   std::string str() {
     const uint64_t n = u64();
-    if (!ok || in.size() - at < n) { ok = false; return {}; }
+    if (!ok || in.size() - at < n) {
+      ok = false;
+      return {};
+    }
     std::string s = in.substr(at, n);
     at += n;
     return s;
@@ -399,7 +404,8 @@ void write_all(int fd, const std::string& data) {
     const uint64_t offset = inspect(path, fd, expected_vocab, file_size, &info);
     report.push_back(static_cast<char>(Report::kOk));
     put_u64(&report, offset);
-    for (int64_t v : {info.num_tokens, info.vocab_size, info.eot_token, int64_t{info.dtype_bytes}, info.format_version}) {
+    for (int64_t v :
+         {info.num_tokens, info.vocab_size, info.eot_token, int64_t{info.dtype_bytes}, info.format_version}) {
       put_u64(&report, static_cast<uint64_t>(v));
     }
     put_str(&report, info.tokenizer);
@@ -434,7 +440,8 @@ uint64_t inspect_isolated(const std::string& path, int fd, int64_t expected_voca
   bool timed_out = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kInspectTimeoutSeconds);
   for (char buf[4096];;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     pollfd p{pipe_fds[0], POLLIN, 0};
     const int ready = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
     if (ready < 0 && errno == EINTR) continue;
@@ -543,8 +550,7 @@ void write_tokens(const std::string& path, const T* tokens, size_t n, const Toke
 
 }  // namespace
 
-void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
-                      const TokenFileAttrs& attrs) {
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens, const TokenFileAttrs& attrs) {
   write_tokens(path, tokens.data(), tokens.size(), attrs, H5T_NATIVE_UINT32);
 }
 
@@ -578,8 +584,9 @@ TokenFile TokenFile::open(const std::string& path, int64_t expected_vocab) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     const int err = errno;
-    throw UserError(path + ": cannot open token file: " + std::strerror(err) +
-                    (path.empty() || path[0] == '/' ? "" : " (relative to the working directory " + files::current_dir() + ")"));
+    throw UserError(
+        path + ": cannot open token file: " + std::strerror(err) +
+        (path.empty() || path[0] == '/' ? "" : " (relative to the working directory " + files::current_dir() + ")"));
   }
   if (S_ISDIR(st.st_mode)) throw UserError(path + ": not a regular file (a directory; name a token file in it)");
   if (!S_ISREG(st.st_mode)) throw UserError(path + ": not a regular file");
@@ -651,9 +658,8 @@ void TokenFile::unmap() {
 
 void TokenFile::read(int64_t start, int64_t n, int64_t* out) const {
   if (start < 0 || n < 0 || start > info_.num_tokens || n > info_.num_tokens - start) {
-    throw UserError(info_.path + ": read of tokens [" + std::to_string(start) + ", " +
-                    std::to_string(start) + "+" + std::to_string(n) + ") is outside [0, " +
-                    std::to_string(info_.num_tokens) + ")");
+    throw UserError(info_.path + ": read of tokens [" + std::to_string(start) + ", " + std::to_string(start) + "+" +
+                    std::to_string(n) + ") is outside [0, " + std::to_string(info_.num_tokens) + ")");
   }
   const int bytes = info_.dtype_bytes;
   const unsigned char* p = data_ + start * bytes;
@@ -678,7 +684,8 @@ void TokenFile::validate_ids() const {
       const int64_t id = load_token(data_ + i * bytes, bytes);
       if (id >= vocab) {
         throw UserError(info_.path + ": token at position " + std::to_string(i) + " is " + std::to_string(id) +
-                        ", not below vocab_size " + std::to_string(vocab) + " (corrupt or made with another tokenizer)");
+                        ", not below vocab_size " + std::to_string(vocab) +
+                        " (corrupt or made with another tokenizer)");
       }
     }
   }

@@ -14,15 +14,14 @@ inline constexpr char kTokenFileFormat[] = "gpt2-tokens";
 inline constexpr int64_t kTokenFileVersion = 1;
 
 struct TokenFileAttrs {
-  int64_t vocab_size = 50257;    // ids must be below this; picks uint16 (<= 65536) or uint32
-  int64_t eot_token = 50256;     // document separator
+  int64_t vocab_size = 50257;  // ids must be below this; picks uint16 (<= 65536) or uint32
+  int64_t eot_token = 50256;   // document separator
   std::string tokenizer = "gpt2";
 };
 
 // Writes `tokens` to `path` (atomically: `path`.tmp, then rename). Throws gpt2::UserError when an
 // id is >= vocab_size or the file cannot be written.
-void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
-                      const TokenFileAttrs& attrs);
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens, const TokenFileAttrs& attrs);
 // The same from a raw array of uint16 or uint32 ids (a shard cut out of a larger buffer); HDF5
 // converts to the file's type as it writes, so no narrowed copy is made.
 void write_token_file(const std::string& path, const uint16_t* tokens, size_t n, const TokenFileAttrs& attrs);

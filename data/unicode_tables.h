@@ -16,8 +16,8 @@ enum class CpClass : uint8_t { kOther = 0, kLetter = 1, kNumber = 2, kSpace = 3 
 
 constexpr CpClass classify(uint32_t cp) {
   if (cp >= 0x110000) return CpClass::kOther;
-  return static_cast<CpClass>(kStage2[(static_cast<uint32_t>(kStage1[cp >> kBlockShift]) << kBlockShift) |
-                                      (cp & ((1u << kBlockShift) - 1))]);
+  return static_cast<CpClass>(
+      kStage2[(static_cast<uint32_t>(kStage1[cp >> kBlockShift]) << kBlockShift) | (cp & ((1u << kBlockShift) - 1))]);
 }
 
 inline constexpr uint32_t kInvalidCodePoint = 0xFFFFFFFFu;
@@ -87,9 +87,12 @@ inline size_t maximal_subpart(const unsigned char* s, size_t n, size_t i) {
   const unsigned char b = s[i];
   size_t need = 0;
   unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
-  if (b >= 0xC2 && b <= 0xDF) need = 1;
-  else if (b >= 0xE0 && b <= 0xEF) need = 2, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
-  else if (b >= 0xF0 && b <= 0xF4) need = 3, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
+  if (b >= 0xC2 && b <= 0xDF)
+    need = 1;
+  else if (b >= 0xE0 && b <= 0xEF)
+    need = 2, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
+  else if (b >= 0xF0 && b <= 0xF4)
+    need = 3, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
   size_t k = 1;
   while (k <= need && i + k < n && s[i + k] >= (k == 1 ? lo : 0x80) && s[i + k] <= (k == 1 ? hi : 0xBF)) ++k;
   return k;

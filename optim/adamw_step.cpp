@@ -3,8 +3,7 @@
 namespace gpt2::optim {
 
 void adamw_step_cpu(const CpuAdamWStep& s, const MomentBlock* blocks, int64_t num_blocks, float* param,
-                    const MomentBuffers& mb, const void* grad,
-                    HostGradType grad_type, uint16_t* param_bf16) {
+                    const MomentBuffers& mb, const void* grad, HostGradType grad_type, uint16_t* param_bf16) {
   const QuantTable& signed_map = quant_table(true);
   const int64_t grad_bytes = grad_type == HostGradType::kBFloat16 ? 2 : 4;
   CpuAdamWStep no_decay = s;

@@ -94,7 +94,8 @@ __device__ __forceinline__ void store_bf16x8(uint16_t* param_bf16, int64_t at, c
   if (param_bf16 == nullptr) return;
   uint32_t w[4];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) w[k] = static_cast<uint32_t>(to_bf16(p[2 * k])) | (static_cast<uint32_t>(to_bf16(p[2 * k + 1])) << 16);
+  for (int k = 0; k < 4; ++k)
+    w[k] = static_cast<uint32_t>(to_bf16(p[2 * k])) | (static_cast<uint32_t>(to_bf16(p[2 * k + 1])) << 16);
   *reinterpret_cast<uint4*>(param_bf16 + at) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
@@ -184,7 +185,8 @@ __device__ __forceinline__ void update_any_block(const AdamWStepArgs& a, const Q
     m[k] = v[k] = 0.0f;
     if (i >= blk.len) continue;
     const int64_t at = blk.begin + i;
-    const float g0 = kBf16Grad ? bf16_to_float(static_cast<const uint16_t*>(a.grad)[at]) : static_cast<const float*>(a.grad)[at];
+    const float g0 =
+        kBf16Grad ? bf16_to_float(static_cast<const uint16_t*>(a.grad)[at]) : static_cast<const float*>(a.grad)[at];
     m[k] = quantized ? __fmul_rn(st.map[mb.exp_avg_codes[at]], m_scale) : mb.exp_avg[blk.state + i];
     if (quantized) {  // Note [Second moment as its root]
       const float root = __fmul_rn(ut.map[mb.exp_avg_sq_codes[at]], v_scale);
@@ -233,8 +235,7 @@ __global__ void __launch_bounds__(kThreads) adamw_step_kernel(AdamWStepArgs a, V
     for (int w = threadIdx.x; w < static_cast<int>(sizeof(QuantTables) / 4); w += kThreads) dst[w] = src[w];
   }
   __syncthreads();
-  const float scale =
-      a.grad_scale_device != nullptr ? __fmul_rn(a.c.grad_scale, *a.grad_scale_device) : a.c.grad_scale;
+  const float scale = a.grad_scale_device != nullptr ? __fmul_rn(a.c.grad_scale, *a.grad_scale_device) : a.c.grad_scale;
   for (int64_t block = blockIdx.x; block < a.num_blocks; block += gridDim.x) {
     const MomentBlock blk = a.blocks[block];
     // The conditions depend on the block alone, so every thread of the CUDA block takes the same

@@ -37,7 +37,7 @@ void adamw_step_cpu(const CpuAdamWStep& s, const MomentBlock* blocks, int64_t nu
 // nonzero nothing changes.
 struct AdamWStepArgs {
   const QuantTables* tables = nullptr;  // null: no 8-bit block in the list
-  AdamWCoeffs c;  // with the weight decay of the decaying blocks
+  AdamWCoeffs c;                        // with the weight decay of the decaying blocks
   const MomentBlock* blocks = nullptr;
   int64_t num_blocks = 0;
   float* param = nullptr;

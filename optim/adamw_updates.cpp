@@ -104,7 +104,8 @@ class ResidentAdamW : public ShardUpdate {
   Operands operands() {
     if (grad32_.defined()) grad32_.copy_(shard_.grads);
     const bool bf16 = shard_.params.scalar_type() == at::kBFloat16;
-    return {(master_.defined() ? master_ : shard_.params).data_ptr<float>(), grad32_.defined() ? &grad32_ : &shard_.grads,
+    return {(master_.defined() ? master_ : shard_.params).data_ptr<float>(),
+            grad32_.defined() ? &grad32_ : &shard_.grads,
             bf16 ? static_cast<uint16_t*>(shard_.params.data_ptr()) : nullptr};
   }
   // fp16 parameters take the rounded masters after the step (bf16 ones the step wrote itself).
@@ -191,7 +192,8 @@ class OffloadAdamW final : public ShardUpdate {
     master_.copy_(shard.params);
     host_grad_ = at::empty({n}, host_options().dtype(g));
     // bf16 parameters come back as bf16 (half the bytes over the bus); others from the master.
-    if (shard.params.scalar_type() == at::kBFloat16) host_param_out_ = at::empty({n}, host_options().dtype(at::kBFloat16));
+    if (shard.params.scalar_type() == at::kBFloat16)
+      host_param_out_ = at::empty({n}, host_options().dtype(at::kBFloat16));
   }
   bool clips_as_it_reads() const override { return false; }
   int64_t device_bytes() const override { return 0; }
@@ -249,8 +251,8 @@ void OffloadAdamW::update_chunk(const CpuAdamWStep& st, int64_t c0, int64_t c1) 
       if (lo >= hi) continue;
       CpuAdamWStep seg = st;
       if (!s.weight_decay) seg.weight_decay = 0;
-      cpu_adamw_update(seg, hi - lo, param + lo, mb.exp_avg + lo, mb.exp_avg_sq + lo, grad + lo * grad_bytes,
-                       grad_type, out != nullptr ? out + lo : nullptr);
+      cpu_adamw_update(seg, hi - lo, param + lo, mb.exp_avg + lo, mb.exp_avg_sq + lo, grad + lo * grad_bytes, grad_type,
+                       out != nullptr ? out + lo : nullptr);
     }
   });
 }
@@ -340,7 +342,8 @@ void AdamWMoments::copy_out(int64_t begin, int64_t end, ShardState* s) const {
     return;
   }
   const MomentLayout& ml = *layout_;
-  const int64_t a0 = ml.absmax_before(begin) - ml.absmax_before(begin_), a1 = ml.absmax_before(end) - ml.absmax_before(begin_);
+  const int64_t a0 = ml.absmax_before(begin) - ml.absmax_before(begin_),
+                a1 = ml.absmax_before(end) - ml.absmax_before(begin_);
   const int64_t f0 = ml.fp32_before(begin) - ml.fp32_before(begin_), f1 = ml.fp32_before(end) - ml.fp32_before(begin_);
   s->exp_avg_codes = cpu_copy(codes_m_, begin - begin_, end - begin);
   s->exp_avg_sq_codes = cpu_copy(codes_v_, begin - begin_, end - begin);
@@ -375,12 +378,15 @@ MomentBuffers ShardState::moment_buffers() const {
   return buffers_of(exp_avg_codes, exp_avg_sq_codes, exp_avg_absmax, exp_avg_sq_absmax, exp_avg, exp_avg_sq);
 }
 
-bool gpu_adamw_updates(const torch::Device& device, bool offload) { return kHaveKernel && device.is_cuda() && !offload; }
+bool gpu_adamw_updates(const torch::Device& device, bool offload) {
+  return kHaveKernel && device.is_cuda() && !offload;
+}
 
 std::unique_ptr<ShardUpdate> make_adamw_update(const ShardView& shard, const AdamWOptions& options, bool offload) {
   if (shard.params.is_cuda() && !kHaveKernel) {
-    throw Error("this build of gpt2-dist has no CUDA kernels (no nvcc when it was configured): it cannot update "
-                "CUDA parameters; rebuild with the CUDA toolkit");
+    throw Error(
+        "this build of gpt2-dist has no CUDA kernels (no nvcc when it was configured): it cannot update "
+        "CUDA parameters; rebuild with the CUDA toolkit");
   }
   if (offload) return std::make_unique<OffloadAdamW>(shard, options);
 #ifdef GPT2_WITH_CUDA
@@ -393,7 +399,8 @@ int64_t offload_host_bytes(int64_t n, at::ScalarType param_dtype, at::ScalarType
   // master + moments (fp32: 8 bytes; 8-bit: 2 bytes of codes and an absmax pair per block) +
   // gradient copy + bf16 parameter staging. The small parameters' fp32 moments are left out.
   const int64_t moments = moments_8bit ? 2 * n + 8 * ((n + kQuantBlock - 1) / kQuantBlock) : 8 * n;
-  return 4 * n + moments + n * (static_cast<int64_t>(c10::elementSize(grad_dtype)) + (param_dtype == at::kBFloat16 ? 2 : 0));
+  return 4 * n + moments +
+         n * (static_cast<int64_t>(c10::elementSize(grad_dtype)) + (param_dtype == at::kBFloat16 ? 2 : 0));
 }
 
 }  // namespace gpt2::optim

@@ -28,9 +28,9 @@ struct AdamWOptions {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double weight_decay = 0.1;      // on the spans marked weight_decay
-  bool moments_8bit = false;      // block-wise 8-bit moments (memory.optimizer_moments = 8bit)
-  int host_threads = 0;           // offload: CPU AdamW threads (<= 0: all hardware threads)
+  double weight_decay = 0.1;                  // on the spans marked weight_decay
+  bool moments_8bit = false;                  // block-wise 8-bit moments (memory.optimizer_moments = 8bit)
+  int host_threads = 0;                       // offload: CPU AdamW threads (<= 0: all hardware threads)
   int64_t chunk_elements = int64_t{1} << 24;  // offload: pipeline granularity (64 MiB of fp32)
 };
 

@@ -238,16 +238,15 @@ struct Kernels {
 };
 
 // One set of kernels per instruction set; ATTR is the target attribute.
-#define GPT2_CPU_ADAMW_KERNELS(NAME, ATTR, FMA)                                                          \
-  template <bool kBf16Grad, bool kBf16Out>                                                               \
-  ATTR void update_##NAME(const Coeffs& c, int64_t n, float* p, float* m, float* v, const void* g,       \
-                          uint16_t* out) {                                                               \
-    adamw_body<kBf16Grad, kBf16Out, FMA>(c, n, p, m, v, g, out);                                         \
-  }                                                                                                      \
-  Kernels kernels_##NAME(const char* isa) {                                                              \
-    return Kernels{{{update_##NAME<false, false>, update_##NAME<false, true>},                           \
-                    {update_##NAME<true, false>, update_##NAME<true, true>}},                            \
-                   isa};                                                                                 \
+#define GPT2_CPU_ADAMW_KERNELS(NAME, ATTR, FMA)                                                                     \
+  template <bool kBf16Grad, bool kBf16Out>                                                                          \
+  ATTR void update_##NAME(const Coeffs& c, int64_t n, float* p, float* m, float* v, const void* g, uint16_t* out) { \
+    adamw_body<kBf16Grad, kBf16Out, FMA>(c, n, p, m, v, g, out);                                                    \
+  }                                                                                                                 \
+  Kernels kernels_##NAME(const char* isa) {                                                                         \
+    return Kernels{{{update_##NAME<false, false>, update_##NAME<false, true>},                                      \
+                    {update_##NAME<true, false>, update_##NAME<true, true>}},                                       \
+                   isa};                                                                                            \
   }
 
 #if defined(__x86_64__) && defined(__GNUC__)

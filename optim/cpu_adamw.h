@@ -18,7 +18,7 @@ namespace gpt2::optim {
 class HostThreadPool {
  public:
   explicit HostThreadPool(int num_threads);  // <= 0: std::thread::hardware_concurrency()
-  ~HostThreadPool();                          // joins
+  ~HostThreadPool();                         // joins
   HostThreadPool(const HostThreadPool&) = delete;
   HostThreadPool& operator=(const HostThreadPool&) = delete;
   int num_threads() const;
@@ -33,8 +33,8 @@ enum class HostGradType { kFloat32, kBFloat16 };
 
 struct CpuAdamWStep {
   double lr = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0;
-  int64_t step = 1;        // 1-based count including this update (bias correction)
-  double grad_scale = 1;   // every gradient is multiplied by this first (unscale, clip coefficient)
+  int64_t step = 1;       // 1-based count including this update (bias correction)
+  double grad_scale = 1;  // every gradient is multiplied by this first (unscale, clip coefficient)
 };
 
 // The update's per-call constants, rounded to fp32 the way ATen's fused CPU kernel rounds them
@@ -45,7 +45,7 @@ struct AdamWCoeffs {
   bool lerp_from_m;
   float beta2;
   float one_minus_beta2;
-  float bc2_sqrt;       // sqrt(1 - beta2^step)
+  float bc2_sqrt;  // sqrt(1 - beta2^step)
   float eps;
   float neg_step_size;  // -lr / (1 - beta1^step)
   float grad_scale;

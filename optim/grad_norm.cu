@@ -31,8 +31,8 @@ __device__ __forceinline__ double block_sum(double v) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) block_sum_squares_kernel(const T* __restrict x, int64_t cell,
-                                                                      double* __restrict out) {
+__global__ void __launch_bounds__(kThreads)
+    block_sum_squares_kernel(const T* __restrict x, int64_t cell, double* __restrict out) {
   const T* c = x + static_cast<int64_t>(blockIdx.x) * cell;
   double s = 0;
   for (int64_t i = threadIdx.x; i < cell; i += kThreads) {
@@ -43,8 +43,8 @@ __global__ void __launch_bounds__(kThreads) block_sum_squares_kernel(const T* __
   if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
-__global__ void __launch_bounds__(kThreads) ordered_sum_kernel(const double* __restrict x, int64_t n,
-                                                               double* __restrict out) {
+__global__ void __launch_bounds__(kThreads)
+    ordered_sum_kernel(const double* __restrict x, int64_t n, double* __restrict out) {
   double s = 0;
   for (int64_t i = threadIdx.x; i < n; i += kThreads) s = __dadd_rn(s, x[i]);
   s = block_sum(s);
@@ -59,12 +59,17 @@ cudaError_t launch_block_sum_squares(const void* x, int dtype, int64_t num_cells
   if (num_cells > INT32_MAX) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(num_cells));
   switch (dtype) {
-    case 0: block_sum_squares_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const float*>(x), cell, out); break;
+    case 0:
+      block_sum_squares_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const float*>(x), cell, out);
+      break;
     case 1:
       block_sum_squares_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), cell, out);
       break;
-    case 2: block_sum_squares_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const __half*>(x), cell, out); break;
-    default: return cudaErrorInvalidValue;
+    case 2:
+      block_sum_squares_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const __half*>(x), cell, out);
+      break;
+    default:
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }

@@ -14,7 +14,7 @@
 namespace gpt2::optim {
 
 struct LossScalerOptions {
-  double init_scale = 65536.0;   // 2^16, as torch.amp.GradScaler
+  double init_scale = 65536.0;  // 2^16, as torch.amp.GradScaler
   double growth = 2.0;
   double backoff = 0.5;
   int64_t growth_interval = 2000;

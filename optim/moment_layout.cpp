@@ -45,13 +45,15 @@ int64_t MomentLayout::fp32_before(int64_t flat) const { return fp32_prefix_[firs
 
 MomentBlock MomentLayout::absmax_block(int64_t index) const {
   const auto it = std::upper_bound(absmax_prefix_.begin(), absmax_prefix_.end(), index);  // first prefix > index
-  if (index < 0 || it == absmax_prefix_.end()) throw std::out_of_range("MomentLayout: no absmax " + std::to_string(index));
+  if (index < 0 || it == absmax_prefix_.end())
+    throw std::out_of_range("MomentLayout: no absmax " + std::to_string(index));
   return blocks_[static_cast<size_t>(it - absmax_prefix_.begin()) - 1];
 }
 
 std::vector<MomentBlock> MomentLayout::blocks(int64_t begin, int64_t end) const {
   const size_t lo = first_block_at(begin), hi = first_block_at(end);
-  std::vector<MomentBlock> out(blocks_.begin() + static_cast<std::ptrdiff_t>(lo), blocks_.begin() + static_cast<std::ptrdiff_t>(hi));
+  std::vector<MomentBlock> out(blocks_.begin() + static_cast<std::ptrdiff_t>(lo),
+                               blocks_.begin() + static_cast<std::ptrdiff_t>(hi));
   for (MomentBlock& b : out) {
     b.begin -= begin;
     b.state -= b.quantized ? absmax_prefix_[lo] : fp32_prefix_[lo];
@@ -67,25 +69,30 @@ void quantize_moments(const MomentLayout& layout, int64_t begin, int64_t end, co
       std::copy(exp_avg_sq + b.begin, exp_avg_sq + b.begin + b.len, out.exp_avg_sq + b.state);
       continue;
     }
-    quantize_blocks(quant_table(true), exp_avg + b.begin, b.len, out.exp_avg_codes + b.begin, out.exp_avg_absmax + b.state);
-    quantize_second_moments(exp_avg_sq + b.begin, b.len, out.exp_avg_sq_codes + b.begin, out.exp_avg_sq_absmax + b.state);
+    quantize_blocks(quant_table(true), exp_avg + b.begin, b.len, out.exp_avg_codes + b.begin,
+                    out.exp_avg_absmax + b.state);
+    quantize_second_moments(exp_avg_sq + b.begin, b.len, out.exp_avg_sq_codes + b.begin,
+                            out.exp_avg_sq_absmax + b.state);
   }
 }
 
-void dequantize_moments(const MomentLayout& layout, int64_t begin, int64_t end, const MomentBuffers& in,
-                        float* exp_avg, float* exp_avg_sq) {
+void dequantize_moments(const MomentLayout& layout, int64_t begin, int64_t end, const MomentBuffers& in, float* exp_avg,
+                        float* exp_avg_sq) {
   for (const MomentBlock& b : layout.blocks(begin, end)) {
     if (!b.quantized) {
       std::copy(in.exp_avg + b.state, in.exp_avg + b.state + b.len, exp_avg + b.begin);
       std::copy(in.exp_avg_sq + b.state, in.exp_avg_sq + b.state + b.len, exp_avg_sq + b.begin);
       continue;
     }
-    dequantize_blocks(quant_table(true), in.exp_avg_codes + b.begin, in.exp_avg_absmax + b.state, b.len, exp_avg + b.begin);
-    dequantize_second_moments(in.exp_avg_sq_codes + b.begin, in.exp_avg_sq_absmax + b.state, b.len, exp_avg_sq + b.begin);
+    dequantize_blocks(quant_table(true), in.exp_avg_codes + b.begin, in.exp_avg_absmax + b.state, b.len,
+                      exp_avg + b.begin);
+    dequantize_second_moments(in.exp_avg_sq_codes + b.begin, in.exp_avg_sq_absmax + b.state, b.len,
+                              exp_avg_sq + b.begin);
   }
 }
 
-void roots_from_plain_second_moments(const MomentLayout& layout, int64_t begin, int64_t end, const MomentBuffers& state) {
+void roots_from_plain_second_moments(const MomentLayout& layout, int64_t begin, int64_t end,
+                                     const MomentBuffers& state) {
   alignas(64) float v[kQuantBlock];
   for (const MomentBlock& b : layout.blocks(begin, end)) {
     if (!b.quantized) continue;

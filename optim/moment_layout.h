@@ -49,9 +49,9 @@ class MomentLayout {
  private:
   size_t first_block_at(int64_t flat) const;  // index of the first block that begins at or after flat
 
-  std::vector<MomentBlock> blocks_;  // every block, flat order, begin and state global
+  std::vector<MomentBlock> blocks_;                   // every block, flat order, begin and state global
   std::vector<int64_t> absmax_prefix_, fp32_prefix_;  // [k]: over blocks_[0, k)
-  int64_t end_ = 0;                                    // past the last parameter
+  int64_t end_ = 0;                                   // past the last parameter
 };
 
 // Checkpoint conversion between the two moment formats over a flat range [begin, end) (on the
@@ -60,11 +60,12 @@ class MomentLayout {
 // block (padding) are skipped.
 void quantize_moments(const MomentLayout& layout, int64_t begin, int64_t end, const float* exp_avg,
                       const float* exp_avg_sq, const MomentBuffers& out);
-void dequantize_moments(const MomentLayout& layout, int64_t begin, int64_t end, const MomentBuffers& in,
-                        float* exp_avg, float* exp_avg_sq);
+void dequantize_moments(const MomentLayout& layout, int64_t begin, int64_t end, const MomentBuffers& in, float* exp_avg,
+                        float* exp_avg_sq);
 // Checkpoints written before Note [Second moment as its root] quantized v itself: their second
 // moments' codes and absmax values over [begin, end) (relative, as above) become those of sqrt(v),
 // in place.
-void roots_from_plain_second_moments(const MomentLayout& layout, int64_t begin, int64_t end, const MomentBuffers& state);
+void roots_from_plain_second_moments(const MomentLayout& layout, int64_t begin, int64_t end,
+                                     const MomentBuffers& state);
 
 }  // namespace gpt2::optim

@@ -51,7 +51,9 @@ QuantTable build_table(const QuantMap& map) {
   t.ext[0] = -std::numeric_limits<float>::infinity();
   std::copy(map.begin(), map.end(), t.ext + 1);
   t.ext[257] = std::numeric_limits<float>::infinity();
-  auto lower_bound = [&map](float x) { return static_cast<int>(std::lower_bound(map.begin(), map.end(), x) - map.begin()); };
+  auto lower_bound = [&map](float x) {
+    return static_cast<int>(std::lower_bound(map.begin(), map.end(), x) - map.begin());
+  };
   auto from_bits = [](uint32_t u) {
     float x;
     std::memcpy(&x, &u, sizeof x);
@@ -84,7 +86,9 @@ QuantTable build_table(const QuantMap& map) {
 
 }  // namespace
 
-const QuantTable& quant_table(bool is_signed) { return is_signed ? quant_tables().signed_table : quant_tables().unsigned_table; }
+const QuantTable& quant_table(bool is_signed) {
+  return is_signed ? quant_tables().signed_table : quant_tables().unsigned_table;
+}
 
 const QuantTables& quant_tables() {
   static const QuantTables kTables{build_table(dynamic_map(true)), build_table(dynamic_map(false))};
@@ -112,8 +116,9 @@ void quantize_scalar(const QuantTable& t, const float* x, int64_t len, float div
 // form: its table loads are bytes). span <= 1 (build_table checks it), and map[lo + span] >= x for
 // every x of the bucket, so lower_bound(x) = lo + [map[lo] < x] without reading span, and the
 // three entries around it are gathered at once.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
-void quantize_avx512(const QuantTable& t, const float* x, int64_t len, float div, uint8_t* codes) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) void quantize_avx512(const QuantTable& t, const float* x,
+                                                                                   int64_t len, float div,
+                                                                                   uint8_t* codes) {
   const __m512 vdiv = _mm512_set1_ps(div);
   const __m512i one = _mm512_set1_epi32(1), byte = _mm512_set1_epi32(0xFF);
   const __m512i min_e = _mm512_set1_epi32(kBucketMinExponent), max_e = _mm512_set1_epi32(127);
@@ -126,9 +131,9 @@ void quantize_avx512(const QuantTable& t, const float* x, int64_t len, float div
     const __m512i u = _mm512_castps_si512(y);
     const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
     const __m512i e = _mm512_srli_epi32(a, 23);
-    __m512i b = _mm512_add_epi32(
-        _mm512_add_epi32(one, _mm512_slli_epi32(_mm512_sub_epi32(e, min_e), kBucketMantissaBits)),
-        _mm512_and_si512(_mm512_srli_epi32(a, 23 - kBucketMantissaBits), mant_mask));
+    __m512i b =
+        _mm512_add_epi32(_mm512_add_epi32(one, _mm512_slli_epi32(_mm512_sub_epi32(e, min_e), kBucketMantissaBits)),
+                         _mm512_and_si512(_mm512_srli_epi32(a, 23 - kBucketMantissaBits), mant_mask));
     b = _mm512_mask_mov_epi32(b, _mm512_cmplt_epi32_mask(e, min_e), _mm512_setzero_si512());
     b = _mm512_mask_mov_epi32(b, _mm512_cmpge_epi32_mask(e, max_e), last);
     const __m512i idx = _mm512_add_epi32(b, _mm512_mullo_epi32(_mm512_srli_epi32(u, 31), per_sign));

@@ -75,11 +75,11 @@ constexpr int kBucketMinExponent = 127 - 27;  // |x| < 2^-27 shares bucket 0
 constexpr int kNumBuckets = 2 + ((127 - kBucketMinExponent) << kBucketMantissaBits);
 
 struct QuantTable {
-  float map[256];                 // the sorted map
-  float ext[258];                 // -inf, the map, +inf: ext[k + 1] = map[k]
-  uint8_t lo[2][kNumBuckets];     // [x < 0]: lower_bound(x) over the bucket is in [lo, lo + span]
+  float map[256];              // the sorted map
+  float ext[258];              // -inf, the map, +inf: ext[k + 1] = map[k]
+  uint8_t lo[2][kNumBuckets];  // [x < 0]: lower_bound(x) over the bucket is in [lo, lo + span]
   uint8_t span[2][kNumBuckets];
-  uint8_t pad[4];                 // the host's 4-byte gathers of the last span entry stay inside
+  uint8_t pad[4];  // the host's 4-byte gathers of the last span entry stay inside
 };
 struct QuantTables {  // what the GPU kernel reads: both maps
   QuantTable signed_table, unsigned_table;
@@ -110,7 +110,7 @@ GPT2_HOST_DEVICE uint8_t quantize_with(const QuantTable& t, float x) {
   const uint32_t u = float_bits(x);
   const int sign = static_cast<int>(u >> 31), b = quant_bucket(u & 0x7FFFFFFFu);
   const int lo = t.lo[sign][b], span = t.span[sign][b];
-  const int i = lo + ((span > 0) & (t.ext[lo + 1] < x));  // lower_bound(x), the first entry >= x
+  const int i = lo + ((span > 0) & (t.ext[lo + 1] < x));          // lower_bound(x), the first entry >= x
   const int code = x - t.ext[i] <= t.ext[i + 1] - x ? i - 1 : i;  // the nearer of map[i - 1], map[i]
   return static_cast<uint8_t>(code < 0 ? 0 : (code > 255 ? 255 : code));
 }
@@ -129,9 +129,9 @@ void dequantize_second_moments(const uint8_t* codes, const float* absmax, int64_
 // fp32 moments. Positions are relative to the start of the range being updated (moment_layout.h
 // cuts a shard into these).
 struct MomentBlock {
-  int64_t begin = 0;      // first element: of the parameters, the gradient and the codes
-  int64_t state = 0;      // 8-bit: index of its absmax values; fp32: offset of its moments in fp32 buffers
-  int32_t len = 0;        // 1..kQuantBlock
+  int64_t begin = 0;          // first element: of the parameters, the gradient and the codes
+  int64_t state = 0;          // 8-bit: index of its absmax values; fp32: offset of its moments in fp32 buffers
+  int32_t len = 0;            // 1..kQuantBlock
   uint16_t quantized = 0;     // 1: 8-bit moments
   uint16_t weight_decay = 0;  // 1: the parameter decays (CpuAdamWStep::weight_decay applies)
 };

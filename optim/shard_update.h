@@ -40,8 +40,8 @@ struct ShardState {
 // What one step needs beyond the update's own state.
 struct StepArgs {
   double lr = 0;
-  int64_t step = 1;          // 1-based count including this update (bias correction)
-  torch::Tensor clip_coef;   // clips_as_it_reads(): a 1-element fp32 device tensor, or undefined (no clip)
+  int64_t step = 1;         // 1-based count including this update (bias correction)
+  torch::Tensor clip_coef;  // clips_as_it_reads(): a 1-element fp32 device tensor, or undefined (no clip)
 };
 
 class ShardUpdate {

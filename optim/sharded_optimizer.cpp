@@ -85,7 +85,7 @@ torch::Tensor ShardedOptimizer::clip_grad_norm(double max_norm) {
 void ShardedOptimizer::step(double lr, const torch::Tensor& found_inf) {
   at::NoGradGuard no_grad;
   StepArgs args;
-  args.clip_coef = std::exchange(clip_coef_, torch::Tensor());  // this step's only
+  args.clip_coef = std::exchange(clip_coef_, torch::Tensor());      // this step's only
   if (found_inf.defined() && found_inf.item<float>() != 0) return;  // fp16 overflow: skip (host sync)
   args.lr = lr;
   args.step = ++steps_;

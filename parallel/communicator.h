@@ -82,4 +82,3 @@ std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, const torch::Devi
                                                 const CollectiveTimeout& timeout);
 
 }  // namespace gpt2::parallel
-

@@ -19,11 +19,11 @@ struct FlatLayout {
 
   FlatLayout(const std::vector<torch::Tensor>& params, int world_size);
 
-  std::vector<int> order;        // parameter indices in flat order
-  std::vector<int64_t> offset;   // flat offset of parameter i (indexed by parameter index)
-  std::vector<int64_t> numel;    // elements of parameter i
-  int64_t total = 0;             // sum of numel
-  int64_t padded = 0;            // total rounded up to a multiple of world_size * kGrid
+  std::vector<int> order;       // parameter indices in flat order
+  std::vector<int64_t> offset;  // flat offset of parameter i (indexed by parameter index)
+  std::vector<int64_t> numel;   // elements of parameter i
+  int64_t total = 0;            // sum of numel
+  int64_t padded = 0;           // total rounded up to a multiple of world_size * kGrid
   int world_size = 1;
 
   int64_t shard_size() const { return padded / world_size; }

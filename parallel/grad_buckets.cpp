@@ -57,11 +57,10 @@ GradBuckets::GradBuckets(const std::vector<torch::Tensor>& params, const FlatLay
   buckets_.back().end = layout.padded;  // the padding rides with the last bucket
   for (size_t i = 0; i < params.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params[i]);
-    hook_keys_.push_back(
-        acc->add_post_hook(std::make_unique<AccumulatedHook>([this, i] {
-          take_gradient(static_cast<int>(i));
-          mark_ready(static_cast<int>(i));
-        })));
+    hook_keys_.push_back(acc->add_post_hook(std::make_unique<AccumulatedHook>([this, i] {
+      take_gradient(static_cast<int>(i));
+      mark_ready(static_cast<int>(i));
+    })));
     accumulators_.push_back(std::move(acc));
   }
 }

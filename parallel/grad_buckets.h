@@ -3,12 +3,12 @@
 // Contract: the gradients live in one flat buffer laid out by FlatLayout; buckets are consecutive
 // ranges of about `bucket_bytes`. A hook on each parameter's gradient accumulator takes the
 // gradient into the buffer (Note [Gradient hand-over]: the step's first one is copied over the
-// parameter's slot, nothing is zeroed in between) and counts it in; when a bucket is complete it is reduced at once on the communicator while backward
-// goes on: all-reduced (ZeRO 0/1: every rank gets the summed gradient), or, with
+// parameter's slot, nothing is zeroed in between) and counts it in; when a bucket is complete it is reduced at once on
+// the communicator while backward goes on: all-reduced (ZeRO 0/1: every rank gets the summed gradient), or, with
 // reduce_to_owners (ZeRO 2), each part of it summed onto the rank whose shard holds it, so no rank
 // holds the full reduced gradient. Every rank still allocates the whole flat gradient buffer: ZeRO 2
-// here saves reduction traffic and the optimizer's reads, not gradient memory. Buckets are launched strictly in index order on every rank
-// (Note [Collective order]); finish() launches what is left (parameters that got no gradient) and
+// here saves reduction traffic and the optimizer's reads, not gradient memory. Buckets are launched strictly in index
+// order on every rank (Note [Collective order]); finish() launches what is left (parameters that got no gradient) and
 // waits for all. With one rank nothing is reduced.
 // In the parameters' dtype .grad is the parameter's slot once its first gradient arrived (later
 // micro-steps add into it in place). The buffer's dtype (`grad_dtype`, precision.reduce_dtype) may
@@ -79,9 +79,9 @@ class GradBuckets {
   const FlatLayout& layout_;
   bool reduce_to_owners_;
   torch::Tensor flat_;
-  bool convert_ = false;               // flat_'s dtype differs from the parameters'
+  bool convert_ = false;  // flat_'s dtype differs from the parameters'
   std::vector<torch::Tensor> params_;
-  std::vector<char> fresh_;            // no gradient taken for param i since zero()
+  std::vector<char> fresh_;     // no gradient taken for param i since zero()
   std::vector<int> bucket_of_;  // param index -> bucket
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep the hooks alive

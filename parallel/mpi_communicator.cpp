@@ -22,11 +22,16 @@ namespace {
 
 MPI_Datatype mpi_type(const torch::Tensor& t) {
   switch (t.scalar_type()) {
-    case at::kFloat: return MPI_FLOAT;
-    case at::kDouble: return MPI_DOUBLE;
-    case at::kInt: return MPI_INT32_T;
-    case at::kLong: return MPI_INT64_T;
-    case at::kByte: return MPI_UINT8_T;
+    case at::kFloat:
+      return MPI_FLOAT;
+    case at::kDouble:
+      return MPI_DOUBLE;
+    case at::kInt:
+      return MPI_INT32_T;
+    case at::kLong:
+      return MPI_INT64_T;
+    case at::kByte:
+      return MPI_UINT8_T;
     default:
       throw Error(std::string("MPI communicator: unsupported dtype ") + std::string(c10::toString(t.scalar_type())) +
                   " (reduce CPU tensors in fp32 or fp64)");
@@ -36,8 +41,10 @@ MPI_Datatype mpi_type(const torch::Tensor& t) {
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return MPI_SUM;  // kAvg divides after completion
-    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kAvg:
+      return MPI_SUM;  // kAvg divides after completion
+    case ReduceOp::kMax:
+      return MPI_MAX;
   }
   return MPI_SUM;
 }
@@ -92,7 +99,8 @@ class MpiWork : public Work {
         finish_(std::move(finish)),
         what_(what),
         timeout_(timeout),
-        deadline_(Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout.seconds))) {}
+        deadline_(Clock::now() +
+                  std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout.seconds))) {}
   ~MpiWork() override {
     // A request must complete before its buffers go away; normally wait() already did this. On an
     // error path (an exception unwinding, a peer gone) waiting could last forever: give up at the
@@ -165,8 +173,8 @@ class MpiCommunicator : public Communicator {
     // Note [Rank-order sums]: every rank gathers every rank's tensor and sums them itself.
     auto received = at::empty({world_size_, t.numel()}, t.options());
     MPI_Request req;
-    MPI_CHECK(MPI_Iallgather(t.data_ptr(), count(t), mpi_type(t), received.data_ptr(), count(t), mpi_type(t), comm_,
-                             &req));
+    MPI_CHECK(
+        MPI_Iallgather(t.data_ptr(), count(t), mpi_type(t), received.data_ptr(), count(t), mpi_type(t), comm_, &req));
     return work(req, {t, received}, "all_reduce", sum_after(received, t, op));
   }
 
@@ -196,8 +204,8 @@ class MpiCommunicator : public Communicator {
     GPT2_ASSERT(in.numel() == out.numel() * world_size_, "reduce_scatter: input must be world_size x output");
     MPI_Request req;
     if (!rank_order_sum(in, op)) {
-      MPI_CHECK(MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), count(out), mpi_type(in), mpi_op(op), comm_,
-                                          &req));
+      MPI_CHECK(
+          MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), count(out), mpi_type(in), mpi_op(op), comm_, &req));
       return work(req, {out, in}, "reduce_scatter", divide_after(out, op));
     }
     // Note [Rank-order sums]: chunk `rank` of every rank's input comes here and is summed in order.
@@ -215,8 +223,8 @@ class MpiCommunicator : public Communicator {
     const int n = count(in);
     // MPI forbids aliased buffers; the in-place form is spelled MPI_IN_PLACE.
     const bool in_place = in.data_ptr() == static_cast<char*>(out.data_ptr()) + rank_ * in.nbytes();
-    MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data_ptr(), n, mpi_type(in), out.data_ptr(), n,
-                             mpi_type(out), comm_, &req));
+    MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data_ptr(), n, mpi_type(in), out.data_ptr(), n, mpi_type(out),
+                             comm_, &req));
     return work(req, {out, in}, "all_gather");
   }
 

@@ -23,8 +23,8 @@
 
 #include "parallel/communicator.h"
 #include "src/base/cuda_check.h"
-#include "src/base/mpi_check.h"
 #include "src/base/log.h"
+#include "src/base/mpi_check.h"
 #include "src/base/threads.h"
 
 namespace gpt2::parallel {
@@ -37,13 +37,20 @@ using Clock = std::chrono::steady_clock;
 
 ncclDataType_t nccl_type(const torch::Tensor& t) {
   switch (t.scalar_type()) {
-    case at::kFloat: return ncclFloat32;
-    case at::kBFloat16: return ncclBfloat16;
-    case at::kHalf: return ncclFloat16;
-    case at::kDouble: return ncclFloat64;
-    case at::kInt: return ncclInt32;
-    case at::kLong: return ncclInt64;
-    case at::kByte: return ncclUint8;
+    case at::kFloat:
+      return ncclFloat32;
+    case at::kBFloat16:
+      return ncclBfloat16;
+    case at::kHalf:
+      return ncclFloat16;
+    case at::kDouble:
+      return ncclFloat64;
+    case at::kInt:
+      return ncclInt32;
+    case at::kLong:
+      return ncclInt64;
+    case at::kByte:
+      return ncclUint8;
     default:
       throw Error(std::string("NCCL communicator: unsupported dtype ") + std::string(c10::toString(t.scalar_type())));
   }
@@ -51,9 +58,12 @@ ncclDataType_t nccl_type(const torch::Tensor& t) {
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;
-    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
   }
   return ncclSum;
 }
@@ -111,7 +121,8 @@ class NcclCommunicator : public Communicator {
     bool finalized = false;
     if (!failed_.load() && std::uncaught_exceptions() == 0) {
       const ncclResult_t rc = ncclCommFinalize(comm_);
-      finalized = (rc == ncclSuccess || rc == ncclInProgress) && wait_until_ready(Clock::now() + seconds(timeout_)).empty();
+      finalized =
+          (rc == ncclSuccess || rc == ncclInProgress) && wait_until_ready(Clock::now() + seconds(timeout_)).empty();
     }
     if (finalized) {
       ncclCommDestroy(comm_);
@@ -176,9 +187,11 @@ class NcclCommunicator : public Communicator {
       const ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
       if (rc != ncclSuccess) state = rc;
       if (state == ncclSuccess) return "";
-      if (state != ncclInProgress) return std::string("failed: ") + ncclGetErrorString(state) + ": " + ncclGetLastError(comm_);
+      if (state != ncclInProgress)
+        return std::string("failed: ") + ncclGetErrorString(state) + ": " + ncclGetLastError(comm_);
       if (Clock::now() >= deadline) {
-        return log::format("did not finish within %g s (%s): a peer rank died or hangs", timeout_, timeout_name_.c_str());
+        return log::format("did not finish within %g s (%s): a peer rank died or hangs", timeout_,
+                           timeout_name_.c_str());
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
@@ -198,7 +211,8 @@ class NcclCommunicator : public Communicator {
   std::unique_ptr<Work> enqueue(const char* what, std::initializer_list<torch::Tensor> tensors, Launch launch) {
     if (failed_.load()) throw Error(std::string("NCCL ") + what + ": communicator was aborted");
     for (const auto& t : tensors) {
-      if (!t.is_cuda() || !t.is_contiguous()) throw Error(std::string("NCCL ") + what + ": needs contiguous CUDA tensors");
+      if (!t.is_cuda() || !t.is_contiguous())
+        throw Error(std::string("NCCL ") + what + ": needs contiguous CUDA tensors");
     }
     c10::cuda::CUDAGuard guard(device_);
     // The collective must see everything the caller's stream wrote into its inputs.
@@ -238,7 +252,8 @@ class NcclCommunicator : public Communicator {
         const double age = std::chrono::duration<double>(Clock::now() - pending_.front().start).count();
         if (age > timeout_) {
           problem = std::string("NCCL ") + pending_.front().what + " did not finish within " +
-                    std::to_string(static_cast<int>(timeout_)) + " s (" + timeout_name_ + "): a peer rank died or hangs";
+                    std::to_string(static_cast<int>(timeout_)) + " s (" + timeout_name_ +
+                    "): a peer rank died or hangs";
         }
       }
       if (!problem.empty()) {

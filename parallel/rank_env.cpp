@@ -6,8 +6,8 @@
 #include <cstring>
 #include <exception>
 
-#include "src/base/mpi_check.h"
 #include "src/base/log.h"
+#include "src/base/mpi_check.h"
 
 namespace gpt2::parallel {
 

@@ -21,8 +21,10 @@ bool mpi_native(const torch::Tensor& t) {
     case at::kDouble:
     case at::kInt:
     case at::kLong:
-    case at::kByte: return true;
-    default: return false;
+    case at::kByte:
+      return true;
+    default:
+      return false;
   }
 }
 

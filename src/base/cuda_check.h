@@ -9,27 +9,28 @@
 
 #include "src/base/errors.h"
 
-#define CUDA_CHECK(call)                                                                          \
-  do {                                                                                            \
-    cudaError_t gpt2_cuda_rc_ = (call);                                                           \
-    if (gpt2_cuda_rc_ != cudaSuccess)                                                             \
-      ::gpt2::throw_call_error(#call, cudaGetErrorString(gpt2_cuda_rc_), __FILE__, __LINE__);     \
+#define CUDA_CHECK(call)                                                                      \
+  do {                                                                                        \
+    cudaError_t gpt2_cuda_rc_ = (call);                                                       \
+    if (gpt2_cuda_rc_ != cudaSuccess)                                                         \
+      ::gpt2::throw_call_error(#call, cudaGetErrorString(gpt2_cuda_rc_), __FILE__, __LINE__); \
   } while (0)
 
-#define CUBLASLT_CHECK(call)                                                                    \
-  do {                                                                                          \
-    cublasStatus_t gpt2_lt_rc_ = (call);                                                        \
-    if (gpt2_lt_rc_ != CUBLAS_STATUS_SUCCESS)                                                   \
+#define CUBLASLT_CHECK(call)                                                                     \
+  do {                                                                                           \
+    cublasStatus_t gpt2_lt_rc_ = (call);                                                         \
+    if (gpt2_lt_rc_ != CUBLAS_STATUS_SUCCESS)                                                    \
       ::gpt2::throw_call_error(#call, cublasLtGetStatusString(gpt2_lt_rc_), __FILE__, __LINE__); \
   } while (0)
 
 #ifdef GPT2_WITH_NCCL
 #include <nccl.h>
-#define NCCL_CHECK(call)                                                                          \
-  do {                                                                                            \
-    ncclResult_t gpt2_nccl_rc_ = (call);                                                          \
-    if (gpt2_nccl_rc_ != ncclSuccess && gpt2_nccl_rc_ != ncclInProgress)                          \
-      ::gpt2::throw_call_error(#call, std::string(ncclGetErrorString(gpt2_nccl_rc_)) + ": " +     \
-                                          ncclGetLastError(nullptr), __FILE__, __LINE__);         \
+#define NCCL_CHECK(call)                                                                                          \
+  do {                                                                                                            \
+    ncclResult_t gpt2_nccl_rc_ = (call);                                                                          \
+    if (gpt2_nccl_rc_ != ncclSuccess && gpt2_nccl_rc_ != ncclInProgress)                                          \
+      ::gpt2::throw_call_error(#call,                                                                             \
+                               std::string(ncclGetErrorString(gpt2_nccl_rc_)) + ": " + ncclGetLastError(nullptr), \
+                               __FILE__, __LINE__);                                                               \
   } while (0)
 #endif

@@ -31,13 +31,12 @@ inline constexpr int kExitPreempted = 3;
 // what(); it is cut unless TORCH_SHOW_CPP_STACKTRACES=1 (PyTorch's own switch) asks for it.
 std::string error_message(const std::exception& e);
 
-[[noreturn]] void throw_call_error(const char* call, const std::string& result, const char* file,
-                                   int line);
+[[noreturn]] void throw_call_error(const char* call, const std::string& result, const char* file, int line);
 
 // Internal invariant (a bug in gpt2-dist, not in the user's input).
-#define GPT2_ASSERT(cond, msg)                                                      \
-  do {                                                                              \
-    if (!(cond)) ::gpt2::throw_call_error(#cond, (msg), __FILE__, __LINE__);        \
+#define GPT2_ASSERT(cond, msg)                                               \
+  do {                                                                       \
+    if (!(cond)) ::gpt2::throw_call_error(#cond, (msg), __FILE__, __LINE__); \
   } while (0)
 
 }  // namespace gpt2

@@ -34,9 +34,9 @@ inline std::string h5_error_detail() {
 }
 
 // Calls `call` (a herr_t/htri_t/hid_t expression) and throws gpt2::Error naming it when negative.
-#define H5_CHECK(call)                                                        \
-  do {                                                                        \
-    if ((call) < 0) ::gpt2::h5::h5_throw(#call, __FILE__, __LINE__);        \
+#define H5_CHECK(call)                                               \
+  do {                                                               \
+    if ((call) < 0) ::gpt2::h5::h5_throw(#call, __FILE__, __LINE__); \
   } while (0)
 
 // Like H5_CHECK, but yields the (non-negative) id or value: hid_t f = H5_ID(H5Fopen(...)).

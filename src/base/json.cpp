@@ -18,15 +18,22 @@ constexpr int kMaxDepth = 512;
 
 const char* type_name(const Value& v) {
   switch (v.type()) {
-    case Value::value_t::null: return "null";
-    case Value::value_t::boolean: return "a boolean";
+    case Value::value_t::null:
+      return "null";
+    case Value::value_t::boolean:
+      return "a boolean";
     case Value::value_t::number_integer:
     case Value::value_t::number_unsigned:
-    case Value::value_t::number_float: return "a number";
-    case Value::value_t::string: return "a string";
-    case Value::value_t::array: return "an array";
-    case Value::value_t::object: return "an object";
-    default: return "a binary value";
+    case Value::value_t::number_float:
+      return "a number";
+    case Value::value_t::string:
+      return "a string";
+    case Value::value_t::array:
+      return "an array";
+    case Value::value_t::object:
+      return "an object";
+    default:
+      return "a binary value";
   }
 }
 
@@ -55,7 +62,8 @@ std::string position(std::string_view text, size_t at, std::string_view source) 
       line_start = i + 1;
     }
   }
-  return std::string(source) + ": line " + std::to_string(line) + ", column " + std::to_string(at - line_start + 1) + ": ";
+  return std::string(source) + ": line " + std::to_string(line) + ", column " + std::to_string(at - line_start + 1) +
+         ": ";
 }
 
 void check_depth(std::string_view text, std::string_view source) {
@@ -64,12 +72,15 @@ void check_depth(std::string_view text, std::string_view source) {
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
-      if (++depth > kMaxDepth) throw UserError(position(text, i, source) + "nesting deeper than " + std::to_string(kMaxDepth));
+      if (++depth > kMaxDepth)
+        throw UserError(position(text, i, source) + "nesting deeper than " + std::to_string(kMaxDepth));
     } else if (c == ']' || c == '}') {
       --depth;
     }

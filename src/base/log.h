@@ -31,9 +31,21 @@ std::string cat(const Args&... args) {
   return os.str();
 }
 
-template <typename... Args> void debug(const Args&... a) { if (enabled(Level::kDebug)) write(Level::kDebug, cat(a...)); }
-template <typename... Args> void info(const Args&... a) { if (enabled(Level::kInfo)) write(Level::kInfo, cat(a...)); }
-template <typename... Args> void warn(const Args&... a) { if (enabled(Level::kWarn)) write(Level::kWarn, cat(a...)); }
-template <typename... Args> void error(const Args&... a) { if (enabled(Level::kError)) write(Level::kError, cat(a...)); }
+template <typename... Args>
+void debug(const Args&... a) {
+  if (enabled(Level::kDebug)) write(Level::kDebug, cat(a...));
+}
+template <typename... Args>
+void info(const Args&... a) {
+  if (enabled(Level::kInfo)) write(Level::kInfo, cat(a...));
+}
+template <typename... Args>
+void warn(const Args&... a) {
+  if (enabled(Level::kWarn)) write(Level::kWarn, cat(a...));
+}
+template <typename... Args>
+void error(const Args&... a) {
+  if (enabled(Level::kError)) write(Level::kError, cat(a...));
+}
 
 }  // namespace gpt2::log

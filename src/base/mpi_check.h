@@ -15,10 +15,9 @@ inline std::string mpi_error_string(int code) {
 }
 }  // namespace gpt2
 
-#define MPI_CHECK(call)                                                                    \
-  do {                                                                                     \
-    int gpt2_mpi_rc_ = (call);                                                             \
-    if (gpt2_mpi_rc_ != MPI_SUCCESS)                                                       \
-      ::gpt2::throw_call_error(#call, ::gpt2::mpi_error_string(gpt2_mpi_rc_),    \
-                               __FILE__, __LINE__);                                        \
+#define MPI_CHECK(call)                                                                            \
+  do {                                                                                             \
+    int gpt2_mpi_rc_ = (call);                                                                     \
+    if (gpt2_mpi_rc_ != MPI_SUCCESS)                                                               \
+      ::gpt2::throw_call_error(#call, ::gpt2::mpi_error_string(gpt2_mpi_rc_), __FILE__, __LINE__); \
   } while (0)

@@ -19,9 +19,9 @@ namespace gpt2 {
 namespace {
 
 using h5::dataset_dims;
-using h5::has_link;
 using h5::H5ErrorSilencer;
 using h5::H5Id;
+using h5::has_link;
 using h5::open_h5;
 using h5::read_int_attr;
 
@@ -120,8 +120,9 @@ void check_shard_contents(const std::string& path, const CheckpointManifest::Sha
       const optim::MomentBlock b = ml->absmax_block(ml->absmax_before(s.begin) + i);
       char v[32];
       std::snprintf(v, sizeof v, "%g", scales[i]);
-      out->push_back(path + ": /" + name + "[" + str(i) + "] = " + v + ", the scale of the 8-bit block of flat elements " +
-                     range_str(b.begin, b.begin + b.len) + ", is not a finite non-negative number");
+      out->push_back(path + ": /" + name + "[" + str(i) + "] = " + v +
+                     ", the scale of the 8-bit block of flat elements " + range_str(b.begin, b.begin + b.len) +
+                     ", is not a finite non-negative number");
       break;
     }
   }
@@ -141,7 +142,8 @@ void check_model_contents(const std::string& path, const CheckpointManifest& m, 
       continue;
     }
     if (*shape != p.shape) {
-      out->push_back(path + ": '" + p.name + "' has shape " + shape_str(*shape) + ", the manifest says " + shape_str(p.shape));
+      out->push_back(path + ": '" + p.name + "' has shape " + shape_str(*shape) + ", the manifest says " +
+                     shape_str(p.shape));
     }
     if (!f32) out->push_back(path + ": '" + p.name + "' is not fp32");
   }
@@ -181,7 +183,8 @@ void check_manifest(const CheckpointManifest& m, const std::set<std::string>& li
       prod *= std::max<int64_t>(d, 0);
     }
     if (!shape_ok || prod != p.numel) {
-      out->push_back(mf + ": parameter '" + p.name + "' has shape " + shape_str(p.shape) + " but numel " + str(p.numel));
+      out->push_back(mf + ": parameter '" + p.name + "' has shape " + shape_str(p.shape) + " but numel " +
+                     str(p.numel));
     }
     if (p.offset < 0 || p.numel < 0 || p.offset + p.numel > m.flat_total) {
       out->push_back(mf + ": parameter '" + p.name + "' at " + range_str(p.offset, p.offset + p.numel) +
@@ -196,8 +199,8 @@ void check_manifest(const CheckpointManifest& m, const std::set<std::string>& li
     const auto& a = m.params[static_cast<size_t>(spans[k - 1].second)];
     const auto& b = m.params[static_cast<size_t>(spans[k].second)];
     if (a.offset + a.numel > b.offset) {
-      out->push_back(mf + ": parameters '" + a.name + "' " + range_str(a.offset, a.offset + a.numel) + " and '" + b.name +
-                     "' " + range_str(b.offset, b.offset + b.numel) + " overlap");
+      out->push_back(mf + ": parameters '" + a.name + "' " + range_str(a.offset, a.offset + a.numel) + " and '" +
+                     b.name + "' " + range_str(b.offset, b.offset + b.numel) + " overlap");
     }
   }
   if (sum != m.flat_total) {
@@ -206,7 +209,8 @@ void check_manifest(const CheckpointManifest& m, const std::set<std::string>& li
 
   // Shards: one per rank, listed (so checksummed), covering [0, flat_padded).
   if (static_cast<int64_t>(m.shards.size()) != m.world_size) {
-    out->push_back(mf + ": " + str(static_cast<int64_t>(m.shards.size())) + " shard(s) for world_size " + str(m.world_size));
+    out->push_back(mf + ": " + str(static_cast<int64_t>(m.shards.size())) + " shard(s) for world_size " +
+                   str(m.world_size));
   }
   std::set<int> ranks;
   for (const auto& s : m.shards) {
@@ -284,7 +288,8 @@ std::vector<std::string> verify_checkpoint(const CheckpointManifest& m) {
   };
   const auto moment_layout = moment_layout_of(m);
   for (const auto& s : m.shards) {
-    contents(s.file, [&](const std::string& path) { check_shard_contents(path, s, m, moment_layout.get(), &problems); });
+    contents(s.file,
+             [&](const std::string& path) { check_shard_contents(path, s, m, moment_layout.get(), &problems); });
   }
   // Checkpoints of older versions also carry the model as a model file; when one is listed it is
   // checked like the shards (nothing reads it: weights come from the masters).

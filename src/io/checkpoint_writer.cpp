@@ -230,7 +230,8 @@ void CheckpointWriter::write_shard(Snapshot& snap, const std::string& shard_path
     h5::H5Id file = h5::create_h5(shard_path);
     const optim::ShardState& s = snap.state;
     // The datasets of docs/DESIGN.md "Checkpoint layout as built", from manifest.h's table.
-    for (const ShardDataset& d : shard_datasets(s.moments_8bit ? optim::MomentFormat::k8bit : optim::MomentFormat::kFp32)) {
+    for (const ShardDataset& d :
+         shard_datasets(s.moments_8bit ? optim::MomentFormat::k8bit : optim::MomentFormat::kFp32)) {
       const torch::Tensor t = (s.*d.state).contiguous();
       if (d.is_uint8) {
         h5::write_bytes(file.get(), d.name, t.data_ptr<uint8_t>(), t.numel());
@@ -242,7 +243,8 @@ void CheckpointWriter::write_shard(Snapshot& snap, const std::string& shard_path
     h5::write_int_attr(file.get(), "begin", snap.begin);
     h5::write_int_attr(file.get(), "end", snap.end);
     h5::write_int_attr(file.get(), "adam_step", snap.state.adam_step);
-    for (auto [name, rng] : {std::pair<const char*, torch::Tensor*>{"rng_cpu", &snap.rng_cpu}, {"rng_cuda", &snap.rng_cuda}}) {
+    for (auto [name, rng] :
+         {std::pair<const char*, torch::Tensor*>{"rng_cpu", &snap.rng_cpu}, {"rng_cuda", &snap.rng_cuda}}) {
       if (rng->defined()) h5::write_bytes(file.get(), name, rng->contiguous().data_ptr<uint8_t>(), rng->numel());
     }
     if (H5Fclose(file.release()) < 0) throw UserError(shard_path + ": writing failed (disk full?)");

@@ -33,9 +33,9 @@ class LossScaler;
 
 // What a save records besides the tensors, and where it goes (the trainer fills it from its config).
 struct CheckpointSettings {
-  std::string dir;           // checkpoint root: step_NNNNNNN/ directories and `latest`
-  int64_t keep = 3;          // complete checkpoints kept, newest first
-  int64_t zero_stage = 0;    // recorded in the manifest
+  std::string dir;         // checkpoint root: step_NNNNNNN/ directories and `latest`
+  int64_t keep = 3;        // complete checkpoints kept, newest first
+  int64_t zero_stage = 0;  // recorded in the manifest
   std::string offload = "none";
   std::string dtype = "fp32";  // parameter dtype on CUDA (CPU runs record fp32)
   uint64_t seed = 0;
@@ -71,7 +71,6 @@ class CheckpointWriter {
   void write_shard(Snapshot& snap, const std::string& shard_path);
   std::string finish();
   void release_hold();
-
 
   const CheckpointSettings settings_;
   const parallel::RankEnv& env_;

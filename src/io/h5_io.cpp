@@ -44,7 +44,8 @@ void write_bytes(hid_t loc, const std::string& name, const uint8_t* data, hsize_
 
 namespace {
 
-void read_range(hid_t file, const char* name, hid_t mem_type, int64_t from, int64_t n, void* out, const std::string& path) {
+void read_range(hid_t file, const char* name, hid_t mem_type, int64_t from, int64_t n, void* out,
+                const std::string& path) {
   if (H5Lexists(file, name, H5P_DEFAULT) <= 0) throw UserError(path + ": no dataset /" + name);
   H5Id dset(H5_ID(H5Dopen2(file, name, H5P_DEFAULT)), H5Dclose);
   H5Id space(H5_ID(H5Dget_space(dset.get())), H5Sclose);

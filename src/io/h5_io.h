@@ -3,7 +3,8 @@
 // creating a file, writing datasets without modification times (so equal contents give equal
 // bytes and CRCs), and reading a range of a 1-D fp32 dataset. Errors are gpt2::UserError naming
 // the file, or gpt2::Error from H5_CHECK for calls that should not fail.
-// defines: gpt2::h5::{create_h5, write_f32, write_bytes, read_f32_range, read_u8_range, read_bytes, read_int_attr_or_throw}
+// defines: gpt2::h5::{create_h5, write_f32, write_bytes, read_f32_range, read_u8_range, read_bytes,
+// read_int_attr_or_throw}
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -26,8 +26,7 @@ std::string strip_prefix(const std::string& name) {
 
 // HF stores these as Conv1D (in, out); we store Linear (out, in).
 bool is_conv1d_weight(const std::string& name) {
-  return ends_with(name, ".c_attn.weight") || ends_with(name, ".c_proj.weight") ||
-         ends_with(name, ".c_fc.weight");
+  return ends_with(name, ".c_attn.weight") || ends_with(name, ".c_proj.weight") || ends_with(name, ".c_fc.weight");
 }
 
 // Causal-mask buffers that older transformers versions saved with the weights.
@@ -69,21 +68,24 @@ GPT2Config hf_config_from_json(const std::string& path) {
     const std::string& act = json::as_string(*v, key("activation_function"));
     if (act != "gelu_new" && act != "gelu_pytorch_tanh") unsupported("activation_function", "'" + act + "'");
   }
-  if (const json::Value* v = json::find(root, "n_inner"); v && !v->is_null() && json::as_int(*v, key("n_inner")) != 4 * cfg.n_embd) {
+  if (const json::Value* v = json::find(root, "n_inner");
+      v && !v->is_null() && json::as_int(*v, key("n_inner")) != 4 * cfg.n_embd) {
     unsupported("n_inner", "(" + std::to_string(json::as_int(*v, "value")) + " != 4*n_embd)");
   }
   if (const json::Value* v = json::find(root, "layer_norm_epsilon");
       v && std::abs(json::as_double(*v, key("layer_norm_epsilon")) - 1e-5) > 1e-12) {
     unsupported("layer_norm_epsilon", "(" + std::to_string(json::as_double(*v, "value")) + ")");
   }
-  if (const json::Value* v = json::find(root, "tie_word_embeddings"); v && !json::as_bool(*v, key("tie_word_embeddings"))) {
+  if (const json::Value* v = json::find(root, "tie_word_embeddings");
+      v && !json::as_bool(*v, key("tie_word_embeddings"))) {
     unsupported("tie_word_embeddings", "false");
   }
   if (const json::Value* v = json::find(root, "scale_attn_by_inverse_layer_idx");
       v && json::as_bool(*v, key("scale_attn_by_inverse_layer_idx"))) {
     unsupported("scale_attn_by_inverse_layer_idx", "true");
   }
-  if (const json::Value* v = json::find(root, "scale_attn_weights"); v && !json::as_bool(*v, key("scale_attn_weights"))) {
+  if (const json::Value* v = json::find(root, "scale_attn_weights");
+      v && !json::as_bool(*v, key("scale_attn_weights"))) {
     unsupported("scale_attn_weights", "false");
   }
   try {
@@ -208,8 +210,7 @@ void save_hf_weights(GPT2& model, const std::string& dir) {
   }
   js << "  \"dtype\": " << json::quote(dtype) << "\n}\n";
   files::write_file_durably(dir + "/config.json", js.str());
-  log::info("saved Hugging Face GPT-2 (", cfg.n_layer, " layers, ", model->num_parameters(),
-            " parameters) to ", dir);
+  log::info("saved Hugging Face GPT-2 (", cfg.n_layer, " layers, ", model->num_parameters(), " parameters) to ", dir);
 }
 
 }  // namespace gpt2

@@ -6,8 +6,8 @@
 // Every mismatch (missing, unexpected, wrong shape) is a gpt2::UserError naming file and tensor.
 #include <string>
 
-#include "src/model/gpt2_model.h"
 #include "src/io/safetensors.h"
+#include "src/model/gpt2_model.h"
 
 namespace gpt2 {
 

@@ -59,27 +59,29 @@ std::string shard_file_name(int rank) {
 
 json::Value CheckpointManifest::to_json() const {
   json::Value ps = json::Value::array(), ss = json::Value::array(), fs = json::Value::array();
-  for (const auto& p : params) ps.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}, {"numel", p.numel}});
+  for (const auto& p : params)
+    ps.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}, {"numel", p.numel}});
   for (const auto& s : shards) ss.push_back({{"file", s.file}, {"rank", s.rank}, {"begin", s.begin}, {"end", s.end}});
-  for (const auto& f : files) fs.push_back({{"name", f.name}, {"bytes", static_cast<int64_t>(f.bytes)}, {"crc32c", f.crc32c}});
+  for (const auto& f : files)
+    fs.push_back({{"name", f.name}, {"bytes", static_cast<int64_t>(f.bytes)}, {"crc32c", f.crc32c}});
   json::Value cfg = json::Value::object();
   for (const auto& [k, v] : config) cfg[k] = v;
   json::Value out = {{"format", kCheckpointFormat},
-          {"format_version", kCheckpointVersion},
-          {"step", step},
-          {"world_size", world_size},
-          {"zero_stage", zero_stage},
-          {"offload", offload},
-          {"dtype", dtype},
-          {"optimizer_moments", choice_name(optimizer_moments)},
-          {"flat_total", flat_total},
-          {"flat_padded", flat_padded},
-          {"params", ps},
-          {"shards", ss},
-          {"loss_scaler", {{"scale", loss_scale}, {"growth_tracker", growth_tracker}}},
-          {"data", {{"seed", static_cast<int64_t>(seed)}, {"next_step", step}}},
-          {"config", cfg},
-          {"files", fs}};
+                     {"format_version", kCheckpointVersion},
+                     {"step", step},
+                     {"world_size", world_size},
+                     {"zero_stage", zero_stage},
+                     {"offload", offload},
+                     {"dtype", dtype},
+                     {"optimizer_moments", choice_name(optimizer_moments)},
+                     {"flat_total", flat_total},
+                     {"flat_padded", flat_padded},
+                     {"params", ps},
+                     {"shards", ss},
+                     {"loss_scaler", {{"scale", loss_scale}, {"growth_tracker", growth_tracker}}},
+                     {"data", {{"seed", static_cast<int64_t>(seed)}, {"next_step", step}}},
+                     {"config", cfg},
+                     {"files", fs}};
   if (optimizer_moments == optim::MomentFormat::k8bit) out["exp_avg_sq_8bit"] = exp_avg_sq_8bit;
   return out;
 }
@@ -94,7 +96,8 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
   CheckpointManifest m;
   m.dir = dir;
   if (json::as_string(json::at(v, "format", what), "format") != kCheckpointFormat) {
-    throw UserError(path + ": format is '" + json::as_string(json::at(v, "format", what), "value") + "', expected '" + kCheckpointFormat + "'");
+    throw UserError(path + ": format is '" + json::as_string(json::at(v, "format", what), "value") + "', expected '" +
+                    kCheckpointFormat + "'");
   }
   const int64_t version = json::as_int(json::at(v, "format_version", what), "format_version");
   if (version != kCheckpointVersion) {
@@ -127,7 +130,8 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
   for (const auto& p : json::as_array(json::at(v, "params", what), "params")) {
     Param q;
     q.name = json::as_string(json::at(p, "name", what + " params"), "params.name");
-    for (const auto& d : json::as_array(json::at(p, "shape", what + " params"), "params.shape")) q.shape.push_back(json::as_int(d, "shape"));
+    for (const auto& d : json::as_array(json::at(p, "shape", what + " params"), "params.shape"))
+      q.shape.push_back(json::as_int(d, "shape"));
     q.offset = json::as_int(json::at(p, "offset", what + " params"), "params.offset");
     q.numel = json::as_int(json::at(p, "numel", what + " params"), "params.numel");
     m.params.push_back(std::move(q));
@@ -163,9 +167,12 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
   }
   const auto& scaler = json::at(v, "loss_scaler", what);
   m.loss_scale = json::as_double(json::at(scaler, "scale", what + " loss_scaler"), "loss_scaler.scale");
-  m.growth_tracker = json::as_int(json::at(scaler, "growth_tracker", what + " loss_scaler"), "loss_scaler.growth_tracker");
-  m.seed = static_cast<uint64_t>(json::as_int(json::at(json::at(v, "data", what), "seed", what + " data"), "data.seed"));
-  for (const auto& [k, val] : json::as_object(json::at(v, "config", what), "config")) m.config.emplace_back(k, json::as_string(val, k));
+  m.growth_tracker =
+      json::as_int(json::at(scaler, "growth_tracker", what + " loss_scaler"), "loss_scaler.growth_tracker");
+  m.seed =
+      static_cast<uint64_t>(json::as_int(json::at(json::at(v, "data", what), "seed", what + " data"), "data.seed"));
+  for (const auto& [k, val] : json::as_object(json::at(v, "config", what), "config"))
+    m.config.emplace_back(k, json::as_string(val, k));
   return m;
 }
 
@@ -234,8 +241,8 @@ std::string find_checkpoint(const std::string& dir, bool warn) {
                 " is the newest complete checkpoint");
     }
   }
-  const bool latest_complete = std::any_of(root.complete.begin(), root.complete.end(),
-                                           [&](const auto& c) { return c.second == root.latest; });
+  const bool latest_complete =
+      std::any_of(root.complete.begin(), root.complete.end(), [&](const auto& c) { return c.second == root.latest; });
   if (!root.latest.empty() && !latest_complete) {
     log::warn(files::join(dir, "latest"), " names ", root.latest, ", which is not a complete checkpoint; taking ",
               newest);
@@ -269,7 +276,8 @@ std::vector<std::string> verify_checkpoint_files(const CheckpointManifest& m, co
     }
     try {
       const std::string crc = crc32c_hex(crc32c_file(path));
-      problems.push_back(crc == f.crc32c ? "" : path + ": checksum mismatch (manifest crc32c " + f.crc32c + ", file " + crc + ")");
+      problems.push_back(
+          crc == f.crc32c ? "" : path + ": checksum mismatch (manifest crc32c " + f.crc32c + ", file " + crc + ")");
     } catch (const Error& e) {  // unreadable: a problem like the others, so every rank reports it
       problems.push_back(e.what());
     }

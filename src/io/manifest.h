@@ -89,7 +89,7 @@ std::string shard_file_name(int rank);
 // and the text of `latest` ("" when absent). Each list ascending by step.
 struct CheckpointRoot {
   std::vector<std::pair<int64_t, std::string>> complete, incomplete;  // (step, directory name)
-  std::vector<std::string> unfinished;                                 // names
+  std::vector<std::string> unfinished;                                // names
   std::string latest;
   static CheckpointRoot scan(const std::string& root);
 };

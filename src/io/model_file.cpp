@@ -15,7 +15,8 @@ using h5::H5ErrorSilencer;
 using h5::H5Id;
 
 void write_model_file(const std::string& path, const ModelFileInfo& info, const std::vector<std::string>& names,
-                      const std::vector<std::vector<int64_t>>& shapes, const std::function<void(size_t, float*)>& fill) {
+                      const std::vector<std::vector<int64_t>>& shapes,
+                      const std::function<void(size_t, float*)>& fill) {
   H5ErrorSilencer quiet;
   H5Id file = h5::create_h5(path);
   h5::write_string_attr(file.get(), "format", kModelFileFormat);
@@ -45,9 +46,8 @@ void save_model_file(GPT2& model, const std::string& path, int64_t step, const s
     values.push_back(item.value().detach().to(torch::kCPU, torch::kFloat).contiguous());
   }
   files::write_durably(path, [&](const std::string& tmp) {
-    write_model_file(tmp, {model->config(), step, source}, names, shapes, [&](size_t i, float* out) {
-      std::copy_n(values[i].data_ptr<float>(), values[i].numel(), out);
-    });
+    write_model_file(tmp, {model->config(), step, source}, names, shapes,
+                     [&](size_t i, float* out) { std::copy_n(values[i].data_ptr<float>(), values[i].numel(), out); });
   });
 }
 
@@ -70,7 +70,8 @@ ModelFileInfo ModelFile::info() const {
   std::string why;
   for (const auto& [key, field] : kGPT2ConfigKeys) {
     if (!h5::read_int_attr(file_.get(), key, &(info.config.*field), &why)) {
-      throw UserError(path_ + ": not a gpt2 model file: " + why + " (model files come from gpt2-ckpt consolidate or import-hf)");
+      throw UserError(path_ + ": not a gpt2 model file: " + why +
+                      " (model files come from gpt2-ckpt consolidate or import-hf)");
     }
   }
   info.step = int_attr("step").value_or(0);

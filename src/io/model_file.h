@@ -26,8 +26,8 @@ inline constexpr int64_t kModelFileVersion = 1;
 // The root attributes besides format and format_version.
 struct ModelFileInfo {
   GPT2Config config;
-  int64_t step = 0;     // training steps behind the weights
-  std::string source;   // a checkpoint directory, an HF directory ("gpt2-train" in older checkpoints)
+  int64_t step = 0;    // training steps behind the weights
+  std::string source;  // a checkpoint directory, an HF directory ("gpt2-train" in older checkpoints)
 };
 
 // Creates `path` (truncating it) and writes a model file: `fill(i, out)` puts parameter i's fp32

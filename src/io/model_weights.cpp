@@ -43,8 +43,8 @@ void load_checkpoint_masters(GPT2& model, const std::string& dir, bool files_ver
     if (it == by_name.end()) throw UserError(dir + "/manifest.json: no parameter '" + item.key() + "'");
     const auto& p = *it->second;
     if (p.shape != item.value().sizes().vec()) {
-      throw UserError(dir + "/manifest.json: '" + p.name + "' has shape " + shape_str(p.shape) +
-                      ", the model needs " + shape_str(item.value().sizes()));
+      throw UserError(dir + "/manifest.json: '" + p.name + "' has shape " + shape_str(p.shape) + ", the model needs " +
+                      shape_str(item.value().sizes()));
     }
     auto values = torch::empty(p.shape, torch::kFloat);
     read_flat_range(m, "master", p.offset, p.offset + p.numel, values.data_ptr<float>());
@@ -56,9 +56,12 @@ void load_checkpoint_masters(GPT2& model, const std::string& dir, bool files_ver
 
 std::string WeightsSource::describe() const {
   switch (kind) {
-    case Kind::checkpoint: return "checkpoint " + path + " (step " + std::to_string(step) + ")";
-    case Kind::model_file: return "model file " + path + " (step " + std::to_string(step) + ")";
-    case Kind::hf_dir: return "Hugging Face directory " + path;
+    case Kind::checkpoint:
+      return "checkpoint " + path + " (step " + std::to_string(step) + ")";
+    case Kind::model_file:
+      return "model file " + path + " (step " + std::to_string(step) + ")";
+    case Kind::hf_dir:
+      return "Hugging Face directory " + path;
   }
   return path;
 }
@@ -81,7 +84,8 @@ WeightsSource find_weights(const std::string& path) {
     s.kind = WeightsSource::Kind::checkpoint;
     s.path = find_checkpoint(path);
     if (s.path.empty()) {
-      throw UserError(path + ": neither a checkpoint (manifest.json, or step_* directories with one), a model "
+      throw UserError(path +
+                      ": neither a checkpoint (manifest.json, or step_* directories with one), a model "
                       "file, nor a Hugging Face directory (config.json + model.safetensors)");
     }
     const CheckpointManifest m = CheckpointManifest::read(s.path);
@@ -102,9 +106,15 @@ void load_weights(GPT2& model, const WeightsSource& source) {
     }
   }
   switch (source.kind) {
-    case WeightsSource::Kind::checkpoint: load_checkpoint_masters(model, source.path, source.files_verified); break;
-    case WeightsSource::Kind::model_file: load_model_file(model, source.path); break;
-    case WeightsSource::Kind::hf_dir: load_hf_weights(model, files::join(source.path, "model.safetensors")); break;
+    case WeightsSource::Kind::checkpoint:
+      load_checkpoint_masters(model, source.path, source.files_verified);
+      break;
+    case WeightsSource::Kind::model_file:
+      load_model_file(model, source.path);
+      break;
+    case WeightsSource::Kind::hf_dir:
+      load_hf_weights(model, files::join(source.path, "model.safetensors"));
+      break;
   }
 }
 
@@ -122,7 +132,7 @@ InferenceModel load_model_to_run(const std::string& path, DeviceChoice device, D
   m.device = (device == DeviceChoice::kCpu || !have_cuda) ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA);
   m.source = find_weights(path);
   const DtypeChoice trained = m.source.trained_dtype;
-  m.dtype = dtype != DtypeChoice::kAuto                         ? dtype
+  m.dtype = dtype != DtypeChoice::kAuto                     ? dtype
             : auto_trained && trained != DtypeChoice::kAuto ? trained
             : m.device.is_cuda()                            ? DtypeChoice::kBf16
                                                             : DtypeChoice::kFp32;

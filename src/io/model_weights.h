@@ -18,12 +18,12 @@ namespace gpt2 {
 struct WeightsSource {
   enum class Kind { checkpoint, model_file, hf_dir };
   Kind kind = Kind::model_file;
-  std::string path;    // the checkpoint directory itself for a checkpoint root
+  std::string path;  // the checkpoint directory itself for a checkpoint root
   GPT2Config config;
-  int64_t step = 0;    // training steps behind the weights (0 for Hugging Face)
+  int64_t step = 0;                                // training steps behind the weights (0 for Hugging Face)
   DtypeChoice trained_dtype = DtypeChoice::kAuto;  // a checkpoint's precision.dtype; auto (unknown) for the others
-  bool files_verified = false;   // a checkpoint whose files the caller has CRC-checked already
-  std::string describe() const;  // "checkpoint runs/ckpt/step_0000100 (step 100)" etc.
+  bool files_verified = false;                     // a checkpoint whose files the caller has CRC-checked already
+  std::string describe() const;                    // "checkpoint runs/ckpt/step_0000100 (step 100)" etc.
 };
 
 // Identifies `path` and reads its model config; nothing else is read yet.

@@ -2,7 +2,6 @@
 // resume.h).
 #include "src/io/resume.h"
 
-
 #include <torch/torch.h>
 #ifdef GPT2_WITH_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -34,8 +33,8 @@ using h5::H5ErrorSilencer;
 using h5::H5Id;
 using h5::read_bytes;
 using h5::read_f32_range;
-using h5::read_u8_range;
 using h5::read_int_attr_or_throw;
+using h5::read_u8_range;
 
 H5Id open_shard(const std::string& path) {
   const hid_t fid = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -88,7 +87,8 @@ void check_layout(const CheckpointManifest& m, GPT2& model, const parallel::Flat
       }
     }
     for (const auto& p : m.params) {
-      if (!in_model.count(p.name)) throw UserError(mf + ": parameter " + p.name + " of the checkpoint is not in the model");
+      if (!in_model.count(p.name))
+        throw UserError(mf + ": parameter " + p.name + " of the checkpoint is not in the model");
     }
   }
   if (m.flat_total != layout.total) {
@@ -198,8 +198,8 @@ void read_8bit_moments(const CheckpointManifest& m, const optim::MomentLayout& m
       local = index - r.first;
     }
   }
-  throw UserError("checkpoint " + m.dir + " is damaged, nothing was loaded: " + files::join(m.dir, file) + ": /" + name +
-                  "[" + std::to_string(local) + "], the scale of the 8-bit block of flat elements [" +
+  throw UserError("checkpoint " + m.dir + " is damaged, nothing was loaded: " + files::join(m.dir, file) + ": /" +
+                  name + "[" + std::to_string(local) + "], the scale of the 8-bit block of flat elements [" +
                   std::to_string(block.begin) + ", " + std::to_string(block.begin + block.len) +
                   "), is not a finite non-negative number");
 }
@@ -207,7 +207,7 @@ void read_8bit_moments(const CheckpointManifest& m, const optim::MomentLayout& m
 // This rank's range [begin, end) of the checkpoint's state, in the optimizer's moment format:
 // read as saved, or converted (fp32 moments quantized, 8-bit ones dequantized) with a logged line.
 optim::ShardState read_shard_state(const CheckpointManifest& m, const optim::ShardedOptimizer& optimizer,
-                                                 const parallel::RankEnv& env) {
+                                   const parallel::RankEnv& env) {
   const int64_t begin = optimizer.shard_begin(), end = begin + optimizer.shard_numel();
   const int64_t real_end = std::max(begin, std::min(end, m.flat_total));
   const optim::MomentLayout& ml = optimizer.moment_layout();
@@ -225,8 +225,9 @@ optim::ShardState read_shard_state(const CheckpointManifest& m, const optim::Sha
     for (const auto& shard : m.shards) {
       for (int64_t x : {shard.begin, shard.end}) {
         if (!ml.on_grid(x)) {
-          throw UserError(files::join(m.dir, "manifest.json") + ": shard " + shard.file + " of 8-bit moments begins or ends at " +
-                          std::to_string(x) + ", not on the " + std::to_string(optim::kQuantBlock) + "-element grid");
+          throw UserError(files::join(m.dir, "manifest.json") + ": shard " + shard.file +
+                          " of 8-bit moments begins or ends at " + std::to_string(x) + ", not on the " +
+                          std::to_string(optim::kQuantBlock) + "-element grid");
         }
       }
     }
@@ -246,7 +247,8 @@ optim::ShardState read_shard_state(const CheckpointManifest& m, const optim::Sha
     s.exp_avg_sq_absmax = torch::zeros({a}, torch::kFloat);
     s.exp_avg = torch::zeros({f}, torch::kFloat);
     s.exp_avg_sq = torch::zeros({f}, torch::kFloat);
-    optim::quantize_moments(ml, begin, end, exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), s.moment_buffers());
+    optim::quantize_moments(ml, begin, end, exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(),
+                            s.moment_buffers());
   } else {  // 8-bit checkpoint, fp32 run: the blocks around this rank's range, dequantized
     log::info("checkpoint ", m.dir, " has 8-bit optimizer moments: dequantizing them to fp32 moments");
     const int64_t g0 = begin / optim::kQuantBlock * optim::kQuantBlock;
@@ -282,8 +284,8 @@ int64_t resume_checkpoint(const std::string& checkpoint_dir, GPT2& model, int64_
     const std::string saved = m.config_value(key);
     const std::string now = std::to_string(config.*model_key.field);
     if (!saved.empty() && saved != now) {
-      throw UserError("config: " + key + " = " + now + ": the checkpoint " + checkpoint_dir +
-                      " was trained with " + saved + "; resume with the same model, or checkpoint.resume = none");
+      throw UserError("config: " + key + " = " + now + ": the checkpoint " + checkpoint_dir + " was trained with " +
+                      saved + "; resume with the same model, or checkpoint.resume = none");
     }
   }
   check_layout(m, model, layout);
@@ -309,8 +311,9 @@ int64_t resume_checkpoint(const std::string& checkpoint_dir, GPT2& model, int64_
     // Every rank re-checks that one file itself, so the message is the same everywhere.
     const auto again = verify_checkpoint_files(m, {i});
     throw UserError("checkpoint " + checkpoint_dir + " is damaged, nothing was loaded: " +
-                    (again.front().empty() ? files::join(m.dir, m.files[i].name) + ": failed verification on another rank"
-                                           : again.front()));
+                    (again.front().empty()
+                         ? files::join(m.dir, m.files[i].name) + ": failed verification on another rank"
+                         : again.front()));
   }
 
   // This rank's range, read from the old shards that overlap it; padding stays zero.

@@ -32,8 +32,7 @@ void read_flat_range(const CheckpointManifest& m, const char* dataset, int64_t b
 // its config's model.* keys, then each parameter's name, shape and flat offset in `layout` (the
 // first that differs is named). `zero_stage` is this run's, for the log.
 int64_t resume_checkpoint(const std::string& checkpoint_dir, GPT2& model, int64_t zero_stage,
-                          const parallel::RankEnv& env,
-                          const parallel::FlatLayout& layout, optim::ShardedOptimizer& optimizer,
-                          optim::LossScaler& scaler);
+                          const parallel::RankEnv& env, const parallel::FlatLayout& layout,
+                          optim::ShardedOptimizer& optimizer, optim::LossScaler& scaler);
 
 }  // namespace gpt2

@@ -27,10 +27,9 @@ struct DtypeEntry {
 };
 
 constexpr DtypeEntry kDtypes[] = {
-    {"F64", torch::kDouble}, {"F32", torch::kFloat},  {"F16", torch::kHalf},
-    {"BF16", torch::kBFloat16}, {"I64", torch::kLong}, {"I32", torch::kInt},
-    {"I16", torch::kShort},  {"I8", torch::kChar},    {"U8", torch::kByte},
-    {"BOOL", torch::kBool},
+    {"F64", torch::kDouble}, {"F32", torch::kFloat}, {"F16", torch::kHalf},  {"BF16", torch::kBFloat16},
+    {"I64", torch::kLong},   {"I32", torch::kInt},   {"I16", torch::kShort}, {"I8", torch::kChar},
+    {"U8", torch::kByte},    {"BOOL", torch::kBool},
 };
 
 [[noreturn]] void bad_file(const std::string& path, const std::string& what) {
@@ -45,8 +44,7 @@ struct Entry {
   uint64_t begin, end;
 };
 
-Entry parse_entry(const std::string& path, const std::string& name, const json::Value& v,
-                  uint64_t data_bytes) {
+Entry parse_entry(const std::string& path, const std::string& name, const json::Value& v, uint64_t data_bytes) {
   const std::string what = path + ": tensor '" + name + "'";
   Entry e;
   e.name = name;
@@ -79,14 +77,12 @@ Entry parse_entry(const std::string& path, const std::string& name, const json::
   e.begin = static_cast<uint64_t>(b);
   e.end = static_cast<uint64_t>(en);
   if (e.end > data_bytes) {
-    bad_file(path, "tensor '" + name + "' data_offsets [" + std::to_string(e.begin) + ", " +
-                       std::to_string(e.end) + "] run past the end of the data (" +
-                       std::to_string(data_bytes) + " bytes)");
+    bad_file(path, "tensor '" + name + "' data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                       "] run past the end of the data (" + std::to_string(data_bytes) + " bytes)");
   }
   if (e.end - e.begin != bytes) {
-    bad_file(path, "tensor '" + name + "' spans " + std::to_string(e.end - e.begin) +
-                       " bytes but dtype " + dtype_name + " and its shape need " +
-                       std::to_string(bytes));
+    bad_file(path, "tensor '" + name + "' spans " + std::to_string(e.end - e.begin) + " bytes but dtype " + dtype_name +
+                       " and its shape need " + std::to_string(bytes));
   }
   return e;
 }
@@ -154,8 +150,7 @@ NamedTensors read_safetensors(const std::string& path, std::map<std::string, std
   });
   for (size_t i = 1; i < by_offset.size(); ++i) {
     if (by_offset[i]->begin < by_offset[i - 1]->end) {
-      bad_file(path, "tensors '" + by_offset[i - 1]->name + "' and '" + by_offset[i]->name +
-                         "' overlap");
+      bad_file(path, "tensors '" + by_offset[i - 1]->name + "' and '" + by_offset[i]->name + "' overlap");
     }
   }
 
@@ -203,9 +198,8 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
     std::string shape;
     for (int64_t d : tensor.sizes()) shape += (shape.empty() ? "" : ",") + std::to_string(d);
     if (header.size() > 1) header += ",";
-    header += json::quote(name) + ":{\"dtype\":\"" + dtype + "\",\"shape\":[" + shape +
-              "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + bytes) +
-              "]}";
+    header += json::quote(name) + ":{\"dtype\":\"" + dtype + "\",\"shape\":[" + shape + "],\"data_offsets\":[" +
+              std::to_string(offset) + "," + std::to_string(offset + bytes) + "]}";
     offset += bytes;
   }
   header += "}";

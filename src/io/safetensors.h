@@ -19,8 +19,7 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 // Reads every tensor (CPU, contiguous) in the order of their data in the file (for our own files,
 // the order write_safetensors was given). If `metadata` is given it receives the
 // "__metadata__" map (empty when absent).
-NamedTensors read_safetensors(const std::string& path,
-                              std::map<std::string, std::string>* metadata = nullptr);
+NamedTensors read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 
 // Writes the tensors (any device, any strides; copied to CPU contiguous) in the given order, the
 // header padded with spaces to a multiple of 8 bytes, durably (files.h Note [Durable write]): a

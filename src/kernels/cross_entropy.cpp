@@ -66,8 +66,8 @@ LossForward loss_forward(const torch::Tensor& logits, const torch::Tensor& targe
   if (logits.is_cuda()) {
 #ifdef GPT2_WITH_CUDA
     const BadTargetNote note{bad_target_record(logits.device()), positions};
-    CUDA_CHECK(launch_cross_entropy_forward(dtype_of(logits, who), logits.data_ptr(), targets.data_ptr<int64_t>(),
-                                            rows, logits.size(1), vocab, ignore_index, loss.data_ptr<float>(),
+    CUDA_CHECK(launch_cross_entropy_forward(dtype_of(logits, who), logits.data_ptr(), targets.data_ptr<int64_t>(), rows,
+                                            logits.size(1), vocab, ignore_index, loss.data_ptr<float>(),
                                             lse.data_ptr<float>(), note, stream_of(logits)));
 #endif
   } else {
@@ -95,8 +95,7 @@ void loss_backward(const torch::Tensor& logits, const torch::Tensor& targets, co
 #ifdef GPT2_WITH_CUDA
     CUDA_CHECK(launch_cross_entropy_backward(dtype_of(logits, who), logits.data_ptr(), targets.data_ptr<int64_t>(),
                                              lse.data_ptr<float>(), scale.data_ptr<float>(), logits.size(0),
-                                             logits.size(1), vocab, ignore_index, grad.data_ptr(),
-                                             stream_of(logits)));
+                                             logits.size(1), vocab, ignore_index, grad.data_ptr(), stream_of(logits)));
 #endif
     return;
   }
@@ -202,11 +201,13 @@ class HeadCrossEntropy : public torch::autograd::Function<HeadCrossEntropy> {
 
 torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab,
                             int64_t ignore_index) {
-  if (logits.is_cuda() && !have_cuda_kernels()) throw std::logic_error("kernels::cross_entropy: this build has no CUDA");
+  if (logits.is_cuda() && !have_cuda_kernels())
+    throw std::logic_error("kernels::cross_entropy: this build has no CUDA");
   if (!(logits.is_cuda() || logits.is_cpu()) || logits.dim() != 2 || !logits.is_contiguous() ||
       !is_kernel_dtype(logits.scalar_type()) || vocab < 1 || vocab > logits.size(1)) {
-    throw std::invalid_argument("kernels::cross_entropy: logits must be contiguous (N, Vp) fp32/bf16/fp16 on CPU "
-                                "or CUDA with 1 <= vocab <= Vp");
+    throw std::invalid_argument(
+        "kernels::cross_entropy: logits must be contiguous (N, Vp) fp32/bf16/fp16 on CPU "
+        "or CUDA with 1 <= vocab <= Vp");
   }
   const auto [flat, positions] =
       flat_targets(targets, logits, "kernels::cross_entropy: targets must be N int64 ids on the logits' device");
@@ -216,13 +217,15 @@ torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& ta
 
 torch::Tensor head_cross_entropy(const torch::Tensor& h, const torch::Tensor& weight, const torch::Tensor& targets,
                                  int64_t vocab, int64_t ignore_index) {
-  if (h.is_cuda() && !have_cuda_kernels()) throw std::logic_error("kernels::head_cross_entropy: this build has no CUDA");
+  if (h.is_cuda() && !have_cuda_kernels())
+    throw std::logic_error("kernels::head_cross_entropy: this build has no CUDA");
   const auto t = h.scalar_type();
   if (!(h.is_cuda() || h.is_cpu()) || h.dim() != 2 || weight.dim() != 2 || weight.size(1) != h.size(1) ||
       weight.scalar_type() != t || weight.device() != h.device() || !is_kernel_dtype(t) || vocab < 1 ||
       vocab > weight.size(0)) {
-    throw std::invalid_argument("kernels::head_cross_entropy: h (N, C) and weight (Vp, C) on CPU or CUDA, of one "
-                                "dtype (fp32/bf16/fp16), with 1 <= vocab <= Vp");
+    throw std::invalid_argument(
+        "kernels::head_cross_entropy: h (N, C) and weight (Vp, C) on CPU or CUDA, of one "
+        "dtype (fp32/bf16/fp16), with 1 <= vocab <= Vp");
   }
   const auto [flat, positions] =
       flat_targets(targets, h, "kernels::head_cross_entropy: targets must be N int64 ids on h's device");

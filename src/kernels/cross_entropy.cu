@@ -103,7 +103,8 @@ __global__ void __launch_bounds__(kThreads)
 
   // Block reduction: warps by shuffles, then the first warp over the warps' results.
   for (int offset = 16; offset > 0; offset >>= 1) {
-    acc = merge(acc, MaxSum{__shfl_down_sync(0xffffffffu, acc.m, offset), __shfl_down_sync(0xffffffffu, acc.s, offset)});
+    acc =
+        merge(acc, MaxSum{__shfl_down_sync(0xffffffffu, acc.m, offset), __shfl_down_sync(0xffffffffu, acc.s, offset)});
   }
   __shared__ MaxSum warps[kThreads / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -112,7 +113,8 @@ __global__ void __launch_bounds__(kThreads)
   if (warp == 0) {
     acc = lane < kThreads / 32 ? warps[lane] : MaxSum{-INFINITY, 0.0f};
     for (int offset = 16; offset > 0; offset >>= 1) {
-      acc = merge(acc, MaxSum{__shfl_down_sync(0xffffffffu, acc.m, offset), __shfl_down_sync(0xffffffffu, acc.s, offset)});
+      acc = merge(acc,
+                  MaxSum{__shfl_down_sync(0xffffffffu, acc.m, offset), __shfl_down_sync(0xffffffffu, acc.s, offset)});
     }
     if (lane == 0) {
       const float l = acc.m + logf(acc.s);
@@ -174,11 +176,11 @@ cudaError_t forward(const void* logits, const int64_t* targets, int64_t rows, in
   const T* x = static_cast<const T*>(logits);
   const auto grid = static_cast<unsigned>(rows);
   if (can_pack<T>(logits, row_stride)) {
-    cross_entropy_forward<T, 16 / sizeof(T)><<<grid, kThreads, 0, stream>>>(x, targets, row_stride, vocab, ignore_index,
-                                                                            loss, lse, note);
+    cross_entropy_forward<T, 16 / sizeof(T)>
+        <<<grid, kThreads, 0, stream>>>(x, targets, row_stride, vocab, ignore_index, loss, lse, note);
   } else {
-    cross_entropy_forward<T, 1><<<grid, kThreads, 0, stream>>>(x, targets, row_stride, vocab, ignore_index, loss, lse,
-                                                               note);
+    cross_entropy_forward<T, 1>
+        <<<grid, kThreads, 0, stream>>>(x, targets, row_stride, vocab, ignore_index, loss, lse, note);
   }
   return cudaGetLastError();
 }
@@ -190,10 +192,11 @@ cudaError_t backward(const void* logits, const int64_t* targets, const float* ls
   const T* x = static_cast<const T*>(logits);
   T* g = static_cast<T*>(grad);
   if (can_pack<T>(logits, row_stride) && can_pack<T>(grad, row_stride)) {
-    cross_entropy_backward<T, 16 / sizeof(T)><<<rows, kThreads, 0, stream>>>(x, targets, lse, scale, row_stride, vocab,
-                                                                      ignore_index, g);
+    cross_entropy_backward<T, 16 / sizeof(T)>
+        <<<rows, kThreads, 0, stream>>>(x, targets, lse, scale, row_stride, vocab, ignore_index, g);
   } else {
-    cross_entropy_backward<T, 1><<<rows, kThreads, 0, stream>>>(x, targets, lse, scale, row_stride, vocab, ignore_index, g);
+    cross_entropy_backward<T, 1>
+        <<<rows, kThreads, 0, stream>>>(x, targets, lse, scale, row_stride, vocab, ignore_index, g);
   }
   return cudaGetLastError();
 }

@@ -9,8 +9,8 @@
 // are classes (padding columns get zero gradient); targets int64, N of them in any shape (e.g.
 // (B, T)), in [0, vocab) or ignore_index (ignored rows count for nothing). Any other id is a
 // gpt2::UserError naming its (row, position) (Note [Target check], target_check.h): at once on CPU;
-// on CUDA the loss is NaN, the id is noted for raise_noted_bad_target() and its row gets no gradient. Returns the mean over counted rows as an fp32 scalar,
-// differentiable with respect to the logits.
+// on CUDA the loss is NaN, the id is noted for raise_noted_bad_target() and its row gets no gradient. Returns the mean
+// over counted rows as an fp32 scalar, differentiable with respect to the logits.
 //
 // head_cross_entropy(h, W, ...) is the language-model head and this loss in one autograd node:
 // logits = h W^T exist only inside it, backward overwrites them with their gradient and runs the

@@ -33,10 +33,15 @@ inline cudaStream_t stream_of(const torch::Tensor& t) {
 
 inline Dtype dtype_of(const torch::Tensor& t, const char* who) {
   switch (t.scalar_type()) {
-    case torch::kFloat: return Dtype::kF32;
-    case torch::kHalf: return Dtype::kF16;
-    case torch::kBFloat16: return Dtype::kBF16;
-    default: throw std::invalid_argument(std::string(who) + ": dtype " + c10::toString(t.scalar_type()) + " is not fp32, fp16 or bf16");
+    case torch::kFloat:
+      return Dtype::kF32;
+    case torch::kHalf:
+      return Dtype::kF16;
+    case torch::kBFloat16:
+      return Dtype::kBF16;
+    default:
+      throw std::invalid_argument(std::string(who) + ": dtype " + c10::toString(t.scalar_type()) +
+                                  " is not fp32, fp16 or bf16");
   }
 }
 #endif

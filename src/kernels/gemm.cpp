@@ -62,10 +62,17 @@ constexpr int kRounds = 2;  // every candidate timed in turn, twice; each keeps 
 
 bool lt_type(const torch::Tensor& t, cudaDataType_t* type) {
   switch (t.scalar_type()) {
-    case torch::kFloat: *type = CUDA_R_32F; return true;
-    case torch::kBFloat16: *type = CUDA_R_16BF; return true;
-    case torch::kHalf: *type = CUDA_R_16F; return true;
-    default: return false;
+    case torch::kFloat:
+      *type = CUDA_R_32F;
+      return true;
+    case torch::kBFloat16:
+      *type = CUDA_R_16BF;
+      return true;
+    case torch::kHalf:
+      *type = CUDA_R_16F;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -142,14 +149,19 @@ void build(const LtGemm& g, Descriptors* desc) {
   CUBLASLT_CHECK(cublasLtMatmulDescCreate(&desc->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc->op, CUBLASLT_MATMUL_DESC_TRANSA, &g.a.op, sizeof(g.a.op)));
   CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc->op, CUBLASLT_MATMUL_DESC_TRANSB, &g.b.op, sizeof(g.b.op)));
-  CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &g.epilogue, sizeof(g.epilogue)));
+  CUBLASLT_CHECK(
+      cublasLtMatmulDescSetAttribute(desc->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &g.epilogue, sizeof(g.epilogue)));
   if (g.bias != nullptr) {
-    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
-    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &g.type, sizeof(g.type)));
+    CUBLASLT_CHECK(
+        cublasLtMatmulDescSetAttribute(desc->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+    CUBLASLT_CHECK(
+        cublasLtMatmulDescSetAttribute(desc->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &g.type, sizeof(g.type)));
   }
   if (g.aux != nullptr) {
-    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof(g.aux)));
-    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g.ldd, sizeof(g.ldd)));
+    CUBLASLT_CHECK(
+        cublasLtMatmulDescSetAttribute(desc->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof(g.aux)));
+    CUBLASLT_CHECK(
+        cublasLtMatmulDescSetAttribute(desc->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g.ldd, sizeof(g.ldd)));
   }
   const bool ta = g.a.op == CUBLAS_OP_T, tb = g.b.op == CUBLAS_OP_T;
   CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&desc->a, g.type, ta ? g.k : g.m, ta ? g.m : g.k, g.a.ld));
@@ -160,8 +172,19 @@ void build(const LtGemm& g, Descriptors* desc) {
 // What the heuristic sees of a product, so what its choice may depend on.
 using Key = std::array<int64_t, 14>;
 Key key_of(const LtGemm& g) {
-  return {g.device, static_cast<int64_t>(g.type), g.m, g.n, g.k, g.a.ld, g.b.ld, g.ldd, static_cast<int64_t>(g.a.op),
-          static_cast<int64_t>(g.b.op), static_cast<int64_t>(g.epilogue), alignment_of(g.a.ptr), alignment_of(g.b.ptr),
+  return {g.device,
+          static_cast<int64_t>(g.type),
+          g.m,
+          g.n,
+          g.k,
+          g.a.ld,
+          g.b.ld,
+          g.ldd,
+          static_cast<int64_t>(g.a.op),
+          static_cast<int64_t>(g.b.op),
+          static_cast<int64_t>(g.epilogue),
+          alignment_of(g.a.ptr),
+          alignment_of(g.b.ptr),
           alignment_of(g.d) * 1024 + (g.aux ? alignment_of(g.aux) : 0)};
 }
 
@@ -173,11 +196,14 @@ std::vector<cublasLtMatmulAlgo_t> heuristic_algos(const LtGemm& g, const Descrip
   cublasStatus_t rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
                                                            sizeof(workspace));
   if (rc == CUBLAS_STATUS_SUCCESS)
-    rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
+    rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                              sizeof(align_a));
   if (rc == CUBLAS_STATUS_SUCCESS)
-    rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
+    rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                              sizeof(align_b));
   if (rc == CUBLAS_STATUS_SUCCESS)
-    rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d));
+    rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+                                              sizeof(align_d));
   // Split-K partial sums add up in fp32 (the compute type), never in the bf16/fp16 output: summed
   // in the output type, a long-K weight gradient lost half a bit more than ATen's (GemmGpu tests).
   const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
@@ -187,8 +213,8 @@ std::vector<cublasLtMatmulAlgo_t> heuristic_algos(const LtGemm& g, const Descrip
   std::vector<cublasLtMatmulHeuristicResult_t> results(count);
   int returned = 0;
   if (rc == CUBLAS_STATUS_SUCCESS) {
-    rc = cublasLtMatmulAlgoGetHeuristic(at::cuda::getCurrentCUDABlasLtHandle(), desc.op, desc.a, desc.b, desc.d,
-                                        desc.d, pref, count, results.data(), &returned);
+    rc = cublasLtMatmulAlgoGetHeuristic(at::cuda::getCurrentCUDABlasLtHandle(), desc.op, desc.a, desc.b, desc.d, desc.d,
+                                        pref, count, results.data(), &returned);
   }
   cublasLtMatmulPreferenceDestroy(pref);
   std::vector<cublasLtMatmulAlgo_t> algos;
@@ -208,7 +234,8 @@ cublasStatus_t run_algo(const LtGemm& g, const Descriptors& desc, const cublasLt
 }
 
 void check_run(cublasStatus_t rc) {
-  if (rc != CUBLAS_STATUS_SUCCESS) ::gpt2::throw_call_error("cublasLtMatmul", cublasLtGetStatusString(rc), __FILE__, __LINE__);
+  if (rc != CUBLAS_STATUS_SUCCESS)
+    ::gpt2::throw_call_error("cublasLtMatmul", cublasLtGetStatusString(rc), __FILE__, __LINE__);
 }
 
 // Milliseconds per run of fn (after one warm-up run), or +inf when fn reports it cannot run.
@@ -245,16 +272,21 @@ std::vector<GemmCandidateTime> time_candidates(const LtGemm& g, const Descriptor
                                                const std::function<void()>& aten) {
   std::vector<GemmCandidateTime> times;
   if (aten) times.push_back({"aten", std::numeric_limits<double>::infinity()});
-  for (size_t i = 0; i < algos.size(); ++i) times.push_back({"lt" + std::to_string(i), std::numeric_limits<double>::infinity()});
+  for (size_t i = 0; i < algos.size(); ++i)
+    times.push_back({"lt" + std::to_string(i), std::numeric_limits<double>::infinity()});
   for (int round = 0; round < kRounds; ++round) {
     size_t t = 0;
     if (aten) {
-      times[t].ms = std::min(times[t].ms, time_runs([&] { aten(); return true; }));
+      times[t].ms = std::min(times[t].ms, time_runs([&] {
+                               aten();
+                               return true;
+                             }));
       ++t;
     }
     for (size_t i = 0; i < algos.size(); ++i, ++t) {
       if (round > 0 && times[t].ms == std::numeric_limits<double>::infinity()) continue;  // it failed to run
-      times[t].ms = std::min(times[t].ms, time_runs([&] { return run_algo(g, desc, algos[i]) == CUBLAS_STATUS_SUCCESS; }));
+      times[t].ms =
+          std::min(times[t].ms, time_runs([&] { return run_algo(g, desc, algos[i]) == CUBLAS_STATUS_SUCCESS; }));
     }
   }
   for (auto& t : times) {
@@ -313,7 +345,8 @@ std::optional<Choice> choose(const LtGemm& g, const std::function<void()>& aten)
 }
 
 bool tunable(const torch::Tensor& a, std::initializer_list<const torch::Tensor*> others) {
-  if (!tuning_on || !a.is_cuda() || (a.scalar_type() != torch::kBFloat16 && a.scalar_type() != torch::kHalf)) return false;
+  if (!tuning_on || !a.is_cuda() || (a.scalar_type() != torch::kBFloat16 && a.scalar_type() != torch::kHalf))
+    return false;
   for (const torch::Tensor* t : others) {
     if (t->scalar_type() != a.scalar_type() || t->device() != a.device()) return false;
   }
@@ -462,7 +495,8 @@ int64_t load_gemm_choices(const std::string& bytes, const std::string& what) {
   whole = whole && (bytes.size() - eol - 1) % kRecordBytes == 0;
 #endif
   if (!whole) {
-    throw UserError(what + ": not a GEMM tuning table (gpt2-gemm-choices) or a truncated one; delete it and the run "
+    throw UserError(what +
+                    ": not a GEMM tuning table (gpt2-gemm-choices) or a truncated one; delete it and the run "
                     "times its GEMMs afresh");
   }
 #ifdef GPT2_WITH_CUDA

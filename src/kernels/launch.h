@@ -68,8 +68,8 @@ cudaError_t launch_column_sum(Dtype dtype, const void* a, int64_t rows, int64_t 
                               cudaStream_t stream);
 // GELU (tanh) backward with the bias gradient of the layer before it: dpre = dout * gelu'(pre),
 // dbias[c] = sum_r dpre[r, c]. `partial` as for launch_column_sum.
-cudaError_t launch_gelu_backward(Dtype dtype, const void* dout, const void* pre, int64_t rows, int64_t cols,
-                                 void* dpre, float* partial, void* dbias, cudaStream_t stream);
+cudaError_t launch_gelu_backward(Dtype dtype, const void* dout, const void* pre, int64_t rows, int64_t cols, void* dpre,
+                                 float* partial, void* dbias, cudaStream_t stream);
 
 // Slot decoding's attention (slot_attention.h): for every (row b, head h), y[b, h] = sum over
 // j <= positions[b] of softmax_j(q[b, h] . k[b, h, j] * scale) v[b, h, j]. q's row b, head h starts

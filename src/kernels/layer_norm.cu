@@ -15,14 +15,14 @@
 namespace gpt2::kernels {
 namespace {
 
-constexpr int kWarps = 8;        // rows in flight per block
+constexpr int kWarps = 8;  // rows in flight per block
 constexpr int kMaxPacksPerLane = 8;
 
 template <typename T, int VEC, int PPL>
 __global__ void __launch_bounds__(kWarps * 32)
     layer_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ gamma,
-                   const T* __restrict__ beta, int64_t rows, int cols, float eps, T* __restrict__ s_out,
-                   T* __restrict__ out, float* __restrict__ mean_out, float* __restrict__ rstd_out) {
+                              const T* __restrict__ beta, int64_t rows, int cols, float eps, T* __restrict__ s_out,
+                              T* __restrict__ out, float* __restrict__ mean_out, float* __restrict__ rstd_out) {
   using P = Pack<T, VEC>;
   const int lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -66,7 +66,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       const P g = reinterpret_cast<const P*>(gamma)[p], b = reinterpret_cast<const P*>(beta)[p];
       P o;
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) o.v[k] = from_float<T>((v[i][k] - mean) * rstd * to_float(g.v[k]) + to_float(b.v[k]));
+      for (int k = 0; k < VEC; ++k)
+        o.v[k] = from_float<T>((v[i][k] - mean) * rstd * to_float(g.v[k]) + to_float(b.v[k]));
       reinterpret_cast<P*>(out + base)[p] = o;
     }
   }
@@ -178,7 +179,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
   __syncthreads();
-  for (int c = threadIdx.x; c < 2 * cols; c += blockDim.x) partial[static_cast<int64_t>(blockIdx.x) * 2 * cols + c] = acc[c];
+  for (int c = threadIdx.x; c < 2 * cols; c += blockDim.x)
+    partial[static_cast<int64_t>(blockIdx.x) * 2 * cols + c] = acc[c];
 }
 
 template <typename T, int VEC, int PPL>
@@ -201,7 +203,8 @@ cudaError_t backward_rows(const LayerNormArgs& a, const void* dout, const void* 
   cudaError_t rc = cudaGetDevice(&device);
   if (rc == cudaSuccess) rc = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (rc == cudaSuccess) {
-    rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, layer_norm_backward_kernel<T, VEC, PPL, G>, kWarps * 32, smem);
+    rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, layer_norm_backward_kernel<T, VEC, PPL, G>, kWarps * 32,
+                                                       smem);
   }
   if (rc != cudaSuccess) return rc;
   const int64_t bound = layer_norm_backward_blocks(a.rows), fit = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
@@ -229,15 +232,24 @@ int packs_per_lane(int64_t cols) {
 // Calls F<T, VEC, PPL>::run for the smallest PPL that holds a row (kernels are unrolled over PPL).
 #define GPT2_LN_DISPATCH(VEC, PPL, CALL) \
   switch (PPL) {                         \
-    case 1: return CALL(VEC, 1);         \
-    case 2: return CALL(VEC, 2);         \
-    case 3: return CALL(VEC, 3);         \
-    case 4: return CALL(VEC, 4);         \
-    case 5: return CALL(VEC, 5);         \
-    case 6: return CALL(VEC, 6);         \
-    case 7: return CALL(VEC, 7);         \
-    case 8: return CALL(VEC, 8);         \
-    default: return cudaErrorInvalidValue; \
+    case 1:                              \
+      return CALL(VEC, 1);               \
+    case 2:                              \
+      return CALL(VEC, 2);               \
+    case 3:                              \
+      return CALL(VEC, 3);               \
+    case 4:                              \
+      return CALL(VEC, 4);               \
+    case 5:                              \
+      return CALL(VEC, 5);               \
+    case 6:                              \
+      return CALL(VEC, 6);               \
+    case 7:                              \
+      return CALL(VEC, 7);               \
+    case 8:                              \
+      return CALL(VEC, 8);               \
+    default:                             \
+      return cudaErrorInvalidValue;      \
   }
 
 template <typename T>
@@ -261,7 +273,8 @@ cudaError_t forward_typed(const LayerNormArgs& a, float eps, const void* y, void
 // 52.4 and 80.8.
 template <typename T, int VEC>
 cudaError_t backward_grouped(const LayerNormArgs& a, const void* dout, const void* ds, const float* mean,
-                             const float* rstd, void* dx, float* partial, void* dgamma, void* dbeta, cudaStream_t stream) {
+                             const float* rstd, void* dx, float* partial, void* dgamma, void* dbeta,
+                             cudaStream_t stream) {
   const int64_t packs = a.cols / VEC;
 #define GPT2_CALL(G) backward_rows<T, VEC, 1, G>(a, dout, ds, mean, rstd, dx, partial, dgamma, dbeta, stream)
   if (packs <= 32) return GPT2_CALL(1);
@@ -274,9 +287,11 @@ cudaError_t backward_grouped(const LayerNormArgs& a, const void* dout, const voi
 
 template <typename T>
 cudaError_t backward_typed(const LayerNormArgs& a, const void* dout, const void* ds, const float* mean,
-                           const float* rstd, void* dx, float* partial, void* dgamma, void* dbeta, cudaStream_t stream) {
+                           const float* rstd, void* dx, float* partial, void* dgamma, void* dbeta,
+                           cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
-  if (vec_for<T>(a, {a.s, dout, ds, dx}) == kVec) return backward_grouped<T, kVec>(a, dout, ds, mean, rstd, dx, partial, dgamma, dbeta, stream);
+  if (vec_for<T>(a, {a.s, dout, ds, dx}) == kVec)
+    return backward_grouped<T, kVec>(a, dout, ds, mean, rstd, dx, partial, dgamma, dbeta, stream);
   return backward_grouped<T, 1>(a, dout, ds, mean, rstd, dx, partial, dgamma, dbeta, stream);
 }
 
@@ -285,12 +300,14 @@ cudaError_t backward_typed(const LayerNormArgs& a, const void* dout, const void*
 bool layer_norm_supported(Dtype dtype, int64_t cols) {
   const int64_t elem = dtype == Dtype::kF32 ? 4 : 2;
   // The packed path (cols a multiple of 16 bytes) up to 8 packs per lane; the scalar one up to 8 elements.
-  return cols > 0 && ((cols * elem % 16 == 0 && cols * elem <= 16 * 32 * kMaxPacksPerLane) || cols <= 32 * kMaxPacksPerLane);
+  return cols > 0 &&
+         ((cols * elem % 16 == 0 && cols * elem <= 16 * 32 * kMaxPacksPerLane) || cols <= 32 * kMaxPacksPerLane);
 }
 
 int64_t layer_norm_backward_blocks(int64_t rows) {
   int device = 0, sms = 132;
-  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
     (void)cudaGetLastError();
   }
   const int64_t want = (rows + kWarps - 1) / kWarps;
@@ -301,9 +318,12 @@ int64_t layer_norm_backward_blocks(int64_t rows) {
 cudaError_t launch_layer_norm_forward(Dtype dtype, const LayerNormArgs& a, float eps, const void* y, void* s_out,
                                       void* out, float* mean, float* rstd, cudaStream_t stream) {
   switch (dtype) {
-    case Dtype::kF32: return forward_typed<float>(a, eps, y, s_out, out, mean, rstd, stream);
-    case Dtype::kF16: return forward_typed<__half>(a, eps, y, s_out, out, mean, rstd, stream);
-    case Dtype::kBF16: return forward_typed<__nv_bfloat16>(a, eps, y, s_out, out, mean, rstd, stream);
+    case Dtype::kF32:
+      return forward_typed<float>(a, eps, y, s_out, out, mean, rstd, stream);
+    case Dtype::kF16:
+      return forward_typed<__half>(a, eps, y, s_out, out, mean, rstd, stream);
+    case Dtype::kBF16:
+      return forward_typed<__nv_bfloat16>(a, eps, y, s_out, out, mean, rstd, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -312,8 +332,10 @@ cudaError_t launch_layer_norm_backward(Dtype dtype, const LayerNormArgs& a, cons
                                        const float* mean, const float* rstd, void* dx, float* partial, void* dgamma,
                                        void* dbeta, cudaStream_t stream) {
   switch (dtype) {
-    case Dtype::kF32: return backward_typed<float>(a, dout, ds, mean, rstd, dx, partial, dgamma, dbeta, stream);
-    case Dtype::kF16: return backward_typed<__half>(a, dout, ds, mean, rstd, dx, partial, dgamma, dbeta, stream);
+    case Dtype::kF32:
+      return backward_typed<float>(a, dout, ds, mean, rstd, dx, partial, dgamma, dbeta, stream);
+    case Dtype::kF16:
+      return backward_typed<__half>(a, dout, ds, mean, rstd, dx, partial, dgamma, dbeta, stream);
     case Dtype::kBF16:
       return backward_typed<__nv_bfloat16>(a, dout, ds, mean, rstd, dx, partial, dgamma, dbeta, stream);
   }

@@ -58,8 +58,8 @@ class Linear : public torch::autograd::Function<Linear> {
     const auto dy = grads[0].contiguous().view({-1, weight.size(0)});
     torch::Tensor dx;
     if (ctx->needs_input_grad(0)) dx = gemm(dy, weight).view(x.sizes());
-    auto [dw, db] = weight_and_bias_grads(dy, x.reshape({-1, x.size(-1)}), ctx->needs_input_grad(1),
-                                          ctx->needs_input_grad(2));
+    auto [dw, db] =
+        weight_and_bias_grads(dy, x.reshape({-1, x.size(-1)}), ctx->needs_input_grad(1), ctx->needs_input_grad(2));
     return {dx, dw, db};
   }
 };
@@ -114,11 +114,10 @@ class Mlp : public torch::autograd::Function<Mlp> {
 bool linear_applies(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
 #ifdef GPT2_WITH_CUDA
   const auto t = x.scalar_type();
-  return x.is_cuda() && is_kernel_dtype(t) && x.dim() >= 1 &&
-         weight.defined() && bias.defined() && weight.dim() == 2 && bias.dim() == 1 &&
-         weight.size(1) == x.size(-1) && bias.size(0) == weight.size(0) && weight.scalar_type() == t &&
-         bias.scalar_type() == t && weight.device() == x.device() && bias.device() == x.device() &&
-         weight.is_contiguous() && bias.is_contiguous();
+  return x.is_cuda() && is_kernel_dtype(t) && x.dim() >= 1 && weight.defined() && bias.defined() && weight.dim() == 2 &&
+         bias.dim() == 1 && weight.size(1) == x.size(-1) && bias.size(0) == weight.size(0) &&
+         weight.scalar_type() == t && bias.scalar_type() == t && weight.device() == x.device() &&
+         bias.device() == x.device() && weight.is_contiguous() && bias.is_contiguous();
 #else
   (void)x, (void)weight, (void)bias;
   return false;
@@ -127,8 +126,9 @@ bool linear_applies(const torch::Tensor& x, const torch::Tensor& weight, const t
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
   if (!linear_applies(x, weight, bias)) {
-    throw std::invalid_argument("kernels::linear: x (..., in), weight (out, in), bias (out) contiguous on one CUDA "
-                                "device, one dtype of fp32/bf16/fp16, in a CUDA build");
+    throw std::invalid_argument(
+        "kernels::linear: x (..., in), weight (out, in), bias (out) contiguous on one CUDA "
+        "device, one dtype of fp32/bf16/fp16, in a CUDA build");
   }
 #ifdef GPT2_WITH_CUDA
   return Linear::apply(x.contiguous(), weight, bias);
@@ -149,8 +149,9 @@ bool mlp_applies(const torch::Tensor& x, const torch::Tensor& fc_weight, const t
 torch::Tensor mlp(const torch::Tensor& x, const torch::Tensor& fc_weight, const torch::Tensor& fc_bias,
                   const torch::Tensor& proj_weight, const torch::Tensor& proj_bias, bool keep_gelu_output) {
   if (!mlp_applies(x, fc_weight, fc_bias, proj_weight, proj_bias)) {
-    throw std::invalid_argument("kernels::mlp: x (..., C), fc weight (H, C) and bias (H), proj weight (C', H) and bias "
-                                "(C') contiguous on one CUDA device, one dtype of fp32/bf16/fp16, in a CUDA build");
+    throw std::invalid_argument(
+        "kernels::mlp: x (..., C), fc weight (H, C) and bias (H), proj weight (C', H) and bias "
+        "(C') contiguous on one CUDA device, one dtype of fp32/bf16/fp16, in a CUDA build");
   }
 #ifdef GPT2_WITH_CUDA
   return Mlp::apply(x.contiguous(), fc_weight, fc_bias, proj_weight, proj_bias, keep_gelu_output);

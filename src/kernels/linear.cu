@@ -38,9 +38,9 @@ __device__ __forceinline__ float gelu_tanh_grad_fast(float x) {
 // GELU = false: sums a. GELU = true: a is the output gradient, pre the GELU input; writes
 // out = a * gelu'(pre) and sums out as stored (rounded to T, as a sum over the stored tensor would).
 template <typename T, int VEC, bool GELU>
-__global__ void __launch_bounds__(kPacks * kLanes)
-    bias_grad_kernel(const T* __restrict__ a, const T* __restrict__ pre, int64_t rows, int64_t cols, T* __restrict__ out,
-                float* __restrict__ partial) {
+__global__ void __launch_bounds__(kPacks* kLanes)
+    bias_grad_kernel(const T* __restrict__ a, const T* __restrict__ pre, int64_t rows, int64_t cols,
+                     T* __restrict__ out, float* __restrict__ partial) {
   using P = Pack<T, VEC>;
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t packs = cols / VEC;
@@ -113,9 +113,12 @@ template <bool GELU>
 cudaError_t dispatch(Dtype dtype, const void* a, const void* pre, int64_t rows, int64_t cols, void* out, float* partial,
                      void* sums, cudaStream_t stream) {
   switch (dtype) {
-    case Dtype::kF32: return run<float, GELU>(a, pre, rows, cols, out, partial, sums, stream);
-    case Dtype::kF16: return run<__half, GELU>(a, pre, rows, cols, out, partial, sums, stream);
-    case Dtype::kBF16: return run<__nv_bfloat16, GELU>(a, pre, rows, cols, out, partial, sums, stream);
+    case Dtype::kF32:
+      return run<float, GELU>(a, pre, rows, cols, out, partial, sums, stream);
+    case Dtype::kF16:
+      return run<__half, GELU>(a, pre, rows, cols, out, partial, sums, stream);
+    case Dtype::kBF16:
+      return run<__nv_bfloat16, GELU>(a, pre, rows, cols, out, partial, sums, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -129,8 +132,8 @@ cudaError_t launch_column_sum(Dtype dtype, const void* a, int64_t rows, int64_t 
   return dispatch<false>(dtype, a, nullptr, rows, cols, nullptr, partial, sums, stream);
 }
 
-cudaError_t launch_gelu_backward(Dtype dtype, const void* dout, const void* pre, int64_t rows, int64_t cols,
-                                 void* dpre, float* partial, void* dbias, cudaStream_t stream) {
+cudaError_t launch_gelu_backward(Dtype dtype, const void* dout, const void* pre, int64_t rows, int64_t cols, void* dpre,
+                                 float* partial, void* dbias, cudaStream_t stream) {
   return dispatch<true>(dtype, dout, pre, rows, cols, dpre, partial, dbias, stream);
 }
 

@@ -72,20 +72,19 @@ bool slot_attention_applies(const torch::Tensor& q, const torch::Tensor& keys, c
   const int64_t B = keys.size(0), nh = keys.size(1), capacity = keys.size(2), hs = keys.size(3);
   const auto t = keys.scalar_type();
   const bool shapes = capacity >= 1 && hs >= 1 && q.size(0) == B && q.size(1) == nh && q.size(2) == 1 &&
-                      q.size(3) == hs && q.stride(3) == 1 && values.sizes() == keys.sizes() &&
-                      keys.is_contiguous() && values.is_contiguous() && positions.size(0) == B &&
-                      positions.scalar_type() == torch::kLong && positions.is_contiguous();
+                      q.size(3) == hs && q.stride(3) == 1 && values.sizes() == keys.sizes() && keys.is_contiguous() &&
+                      values.is_contiguous() && positions.size(0) == B && positions.scalar_type() == torch::kLong &&
+                      positions.is_contiguous();
   const bool types = is_kernel_dtype(t) && q.scalar_type() == t && values.scalar_type() == t;
-  const bool one_device = q.device() == keys.device() && values.device() == keys.device() &&
-                          positions.device() == keys.device();
-  const bool no_grad = !(torch::GradMode::is_enabled() &&
-                         (q.requires_grad() || keys.requires_grad() || values.requires_grad()));
+  const bool one_device =
+      q.device() == keys.device() && values.device() == keys.device() && positions.device() == keys.device();
+  const bool no_grad =
+      !(torch::GradMode::is_enabled() && (q.requires_grad() || keys.requires_grad() || values.requires_grad()));
   if (!(shapes && types && one_device && no_grad)) return false;
   if (keys.is_cpu()) return true;
 #ifdef GPT2_WITH_CUDA
   const auto align = static_cast<uintptr_t>(2 * keys.element_size());
-  return keys.is_cuda() && slot_attention_supported(hs) &&
-         reinterpret_cast<uintptr_t>(keys.data_ptr()) % align == 0 &&
+  return keys.is_cuda() && slot_attention_supported(hs) && reinterpret_cast<uintptr_t>(keys.data_ptr()) % align == 0 &&
          reinterpret_cast<uintptr_t>(values.data_ptr()) % align == 0;
 #else
   return false;
@@ -106,21 +105,35 @@ torch::Tensor slot_attention(const torch::Tensor& q, const torch::Tensor& keys, 
     const int64_t* pp = positions.data_ptr<int64_t>();
     for (int64_t b = 0; b < B; ++b) {
       if (pp[b] < 0 || pp[b] >= capacity) {
-        throw std::invalid_argument("kernels::slot_attention: positions[" + std::to_string(b) + "] = " +
-                                    std::to_string(pp[b]) + " is outside [0, capacity = " + std::to_string(capacity) +
-                                    ")");
+        throw std::invalid_argument("kernels::slot_attention: positions[" + std::to_string(b) +
+                                    "] = " + std::to_string(pp[b]) +
+                                    " is outside [0, capacity = " + std::to_string(capacity) + ")");
       }
     }
     switch (keys.scalar_type()) {
-      case torch::kFloat: cpu_slot_attention<float>(q, keys, values, positions, y); break;
-      case torch::kBFloat16: cpu_slot_attention<c10::BFloat16>(q, keys, values, positions, y); break;
-      default: cpu_slot_attention<c10::Half>(q, keys, values, positions, y); break;
+      case torch::kFloat:
+        cpu_slot_attention<float>(q, keys, values, positions, y);
+        break;
+      case torch::kBFloat16:
+        cpu_slot_attention<c10::BFloat16>(q, keys, values, positions, y);
+        break;
+      default:
+        cpu_slot_attention<c10::Half>(q, keys, values, positions, y);
+        break;
     }
     return y;
   }
 #ifdef GPT2_WITH_CUDA
-  SlotAttentionArgs args{q.data_ptr(), q.stride(0), q.stride(1), keys.data_ptr(), values.data_ptr(),
-                         positions.data_ptr<int64_t>(), B, nh, capacity, hs,
+  SlotAttentionArgs args{q.data_ptr(),
+                         q.stride(0),
+                         q.stride(1),
+                         keys.data_ptr(),
+                         values.data_ptr(),
+                         positions.data_ptr<int64_t>(),
+                         B,
+                         nh,
+                         capacity,
+                         hs,
                          static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)))};
   CUDA_CHECK(launch_slot_attention(dtype_of(keys, "kernels::slot_attention"), args, y.data_ptr(), stream_of(keys)));
 #endif

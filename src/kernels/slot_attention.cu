@@ -24,10 +24,20 @@ constexpr int kMaxHeadSize = 128;  // 2 pairs of dims per lane in the accumulato
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // Two elements of T in one load, and their fp32 values.
-template <typename T> struct PairOf;
-template <> struct PairOf<float> { using type = float2; };
-template <> struct PairOf<__half> { using type = __half2; };
-template <> struct PairOf<__nv_bfloat16> { using type = __nv_bfloat162; };
+template <typename T>
+struct PairOf;
+template <>
+struct PairOf<float> {
+  using type = float2;
+};
+template <>
+struct PairOf<__half> {
+  using type = __half2;
+};
+template <>
+struct PairOf<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+};
 __device__ __forceinline__ float2 to_float2(float2 v) { return v; }
 __device__ __forceinline__ float2 to_float2(__half2 v) { return __half22float2(v); }
 __device__ __forceinline__ float2 to_float2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
@@ -80,8 +90,8 @@ __global__ void __launch_bounds__(kWarps * 32) slot_attention_kernel(SlotAttenti
     }
     const float m_new = fmaxf(m, warp_max(s));  // finite: lane 0's position is always < n
     const float p = j < n ? expf(s - m_new) : 0.0f;
-    const float alpha = expf(m - m_new);        // 0 on the first tile (m = -inf)
-    l = l * alpha + warp_sum(p);                // the butterfly leaves the same bits in every lane
+    const float alpha = expf(m - m_new);  // 0 on the first tile (m = -inf)
+    l = l * alpha + warp_sum(p);          // the butterfly leaves the same bits in every lane
 #pragma unroll
     for (int k = 0; k < PPL; ++k) {
       acc[k].x *= alpha;
@@ -161,9 +171,12 @@ bool slot_attention_supported(int64_t head_size) {
 cudaError_t launch_slot_attention(Dtype dtype, const SlotAttentionArgs& args, void* y, cudaStream_t stream) {
   if (!slot_attention_supported(args.head_size) || args.capacity < 1) return cudaErrorInvalidValue;
   switch (dtype) {
-    case Dtype::kF32: return launch_typed<float>(args, y, stream);
-    case Dtype::kF16: return launch_typed<__half>(args, y, stream);
-    case Dtype::kBF16: return launch_typed<__nv_bfloat16>(args, y, stream);
+    case Dtype::kF32:
+      return launch_typed<float>(args, y, stream);
+    case Dtype::kF16:
+      return launch_typed<__half>(args, y, stream);
+    case Dtype::kBF16:
+      return launch_typed<__nv_bfloat16>(args, y, stream);
   }
   return cudaErrorInvalidValue;
 }

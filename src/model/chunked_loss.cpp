@@ -79,9 +79,9 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
 
 torch::Tensor chunked_cross_entropy(const torch::Tensor& h, const torch::Tensor& W, const torch::Tensor& targets,
                                     int64_t vocab, int64_t ignore_index, int64_t chunk_rows) {
-  TORCH_CHECK(h.dim() == 2 && W.dim() == 2 && h.size(1) == W.size(1) && targets.numel() == h.size(0) &&
-                  vocab <= W.size(0),
-              "chunked_cross_entropy: h ", h.sizes(), ", W ", W.sizes(), ", targets ", targets.sizes());
+  TORCH_CHECK(
+      h.dim() == 2 && W.dim() == 2 && h.size(1) == W.size(1) && targets.numel() == h.size(0) && vocab <= W.size(0),
+      "chunked_cross_entropy: h ", h.sizes(), ", W ", W.sizes(), ", targets ", targets.sizes());
   // Note [Target check]: CPU throws here; CUDA notes a bad id, ignores its row and makes the loss NaN.
   const auto checked = kernels::check_targets(targets, vocab, ignore_index);
   auto loss = ChunkedCrossEntropy::apply(h.contiguous(), W, checked.targets.reshape({-1}).contiguous(), vocab,

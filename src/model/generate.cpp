@@ -32,10 +32,14 @@ void validate_generation(const GPT2Config& cfg, const std::vector<std::vector<in
       }
     }
   }
-  if (o.max_new_tokens < 0) throw UserError("generate: max_new_tokens must be >= 0, got " + std::to_string(o.max_new_tokens));
-  if (!(o.temperature >= 0.0)) throw UserError("generate: temperature must be >= 0 (0 = greedy), got " + std::to_string(o.temperature));
-  if (o.top_k < 0) throw UserError("generate: top_k must be >= 0 (0 = whole vocabulary), got " + std::to_string(o.top_k));
-  if (!(o.top_p > 0.0 && o.top_p <= 1.0)) throw UserError("generate: top_p must be in (0, 1], got " + std::to_string(o.top_p));
+  if (o.max_new_tokens < 0)
+    throw UserError("generate: max_new_tokens must be >= 0, got " + std::to_string(o.max_new_tokens));
+  if (!(o.temperature >= 0.0))
+    throw UserError("generate: temperature must be >= 0 (0 = greedy), got " + std::to_string(o.temperature));
+  if (o.top_k < 0)
+    throw UserError("generate: top_k must be >= 0 (0 = whole vocabulary), got " + std::to_string(o.top_k));
+  if (!(o.top_p > 0.0 && o.top_p <= 1.0))
+    throw UserError("generate: top_p must be in (0, 1], got " + std::to_string(o.top_p));
 }
 
 int64_t sample_next(torch::Tensor logits, const SamplingOptions& o, at::Generator& gen) {

@@ -22,8 +22,8 @@ struct SamplingOptions {
   int64_t top_k = 0;         // 0 = whole vocabulary; > 0 keeps the k most likely ids
   double top_p = 1.0;        // 1 = off; < 1 keeps the most likely ids until their mass reaches top_p
   uint64_t seed = 0;
-  int64_t stop_token = -1;   // a row ends once it samples this id (kept in its output); -1 = never
-  bool kv_cache = true;      // false: recompute the whole context for every token (the reference)
+  int64_t stop_token = -1;  // a row ends once it samples this id (kept in its output); -1 = never
+  bool kv_cache = true;     // false: recompute the whole context for every token (the reference)
 };
 
 struct GenerationStats {

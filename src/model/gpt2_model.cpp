@@ -63,14 +63,14 @@ std::pair<torch::Tensor, torch::Tensor> cached_positions(const KVCache& cache, i
                                                          const torch::TensorOptions& opts) {
   const int64_t start = cache.length, end = start + t;
   // Position of query i in row b: start + i - pad[b], clamped at 0 for padding.
-  auto q_abs = torch::arange(start, end, opts);                                           // (t)
-  auto pos = (q_abs.unsqueeze(0) - cache.pad_tensor.unsqueeze(1)).clamp_min(0);           // (B, t)
-  torch::Tensor mask;  // (B, 1, t, end); undefined = causal
+  auto q_abs = torch::arange(start, end, opts);                                  // (t)
+  auto pos = (q_abs.unsqueeze(0) - cache.pad_tensor.unsqueeze(1)).clamp_min(0);  // (B, t)
+  torch::Tensor mask;                                                            // (B, 1, t, end); undefined = causal
   const bool padded = std::any_of(cache.pad.begin(), cache.pad.end(), [](int64_t p) { return p > 0; });
   if (padded || (start > 0 && t > 1)) {
-    auto k_abs = torch::arange(end, opts);                                                // (end)
-    auto causal = k_abs.view({1, 1, 1, end}) <= q_abs.view({1, 1, t, 1});                 // (1, 1, t, end)
-    auto real_key = k_abs.view({1, 1, 1, end}) >= cache.pad_tensor.view({-1, 1, 1, 1});   // (B, 1, 1, end)
+    auto k_abs = torch::arange(end, opts);                                               // (end)
+    auto causal = k_abs.view({1, 1, 1, end}) <= q_abs.view({1, 1, t, 1});                // (1, 1, t, end)
+    auto real_key = k_abs.view({1, 1, 1, end}) >= cache.pad_tensor.view({-1, 1, 1, 1});  // (B, 1, 1, end)
     auto self = k_abs.view({1, 1, 1, end}) == q_abs.view({1, 1, t, 1});                  // padding sees itself
     mask = causal & (real_key | self);
   }
@@ -94,12 +94,12 @@ int64_t GPT2Config::padded_vocab_size() const {
 
 int64_t GPT2Config::num_parameters(bool count_padding) const {
   const int64_t c = n_embd;
-  const int64_t per_block = 2 * c                  // ln_1
-                            + c * 3 * c + 3 * c    // attn.c_attn
-                            + c * c + c            // attn.c_proj
-                            + 2 * c                // ln_2
-                            + c * 4 * c + 4 * c    // mlp.c_fc
-                            + 4 * c * c + c;       // mlp.c_proj
+  const int64_t per_block = 2 * c                // ln_1
+                            + c * 3 * c + 3 * c  // attn.c_attn
+                            + c * c + c          // attn.c_proj
+                            + 2 * c              // ln_2
+                            + c * 4 * c + 4 * c  // mlp.c_fc
+                            + 4 * c * c + c;     // mlp.c_proj
   const int64_t vocab_rows = count_padding ? padded_vocab_size() : vocab_size;
   return vocab_rows * c + block_size * c + n_layer * per_block + 2 * c;
 }
@@ -147,7 +147,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const KVS
       return project(c_proj, y.view({B, T, C}), fused_kernels);  // T = 1: (B, nh, 1, hs) is (B, 1, C) in memory
     }
     const int64_t L = slot->mask.size(3);
-    k = slot->keys.narrow(2, 0, L);                                  // (B, nh, L, hs)
+    k = slot->keys.narrow(2, 0, L);  // (B, nh, L, hs)
     v = slot->values.narrow(2, 0, L);
     mask = slot->mask;
     causal = false;
@@ -156,8 +156,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const KVS
     const int64_t end = slot->start + T;
     slot->keys.narrow(2, slot->start, T).copy_(k);
     slot->values.narrow(2, slot->start, T).copy_(v);
-    k = slot->keys.narrow(2, 0, end);                                // (B, nh, end, hs)
-    v = slot->values.narrow(2, 0, end);                              // (B, nh, end, hs)
+    k = slot->keys.narrow(2, 0, end);    // (B, nh, end, hs)
+    v = slot->values.narrow(2, 0, end);  // (B, nh, end, hs)
     if (slot->mask.defined()) mask = slot->mask;
     // Without a mask: one new position sees everything before it; a first chunk is plain causal.
     causal = !mask && slot->start == 0 && T > 1;
@@ -165,7 +165,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const KVS
   // Scale defaults to 1/sqrt(hs), as HF (scale_attn_weights=True). SDPA picks flash/efficient
   // kernels on GPU; the strided q/k/v (last dim contiguous) are accepted without a copy.
   auto y = torch::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, causal);  // (B, nh, T, hs)
-  y = y.transpose(1, 2).contiguous().view({B, T, C});                                     // (B, T, C)
+  y = y.transpose(1, 2).contiguous().view({B, T, C});                                      // (B, T, C)
   return project(c_proj, y, fused_kernels);
 }
 
@@ -179,7 +179,7 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   if (fused_kernels && kernels::mlp_applies(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias)) {
     return kernels::mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias, keep_gelu_output);  // (B, T, C)
   }
-  return project(c_proj, torch::gelu(project(c_fc, x, false), "tanh"), false);       // (B, T, 4C) -> (B, T, C)
+  return project(c_proj, torch::gelu(project(c_fc, x, false), "tanh"), false);  // (B, T, 4C) -> (B, T, C)
 }
 
 BlockImpl::BlockImpl(const GPT2Config& cfg) {
@@ -193,9 +193,9 @@ BlockImpl::BlockImpl(const GPT2Config& cfg) {
 // handed on unadded.
 std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_pair(const torch::Tensor& x, const torch::Tensor& pending,
                                                                 const KVSlot* slot) {
-  auto [r, n1] = add_and_normalize(ln_1, x, pending, fused_kernels);              // r = x + pending, (B, T, C)
+  auto [r, n1] = add_and_normalize(ln_1, x, pending, fused_kernels);                  // r = x + pending, (B, T, C)
   auto [h, n2] = add_and_normalize(ln_2, r, attn->forward(n1, slot), fused_kernels);  // h = r + attn(ln_1(r))
-  return {h, mlp(n2)};                                                              // the output is h + mlp(ln_2(h))
+  return {h, mlp(n2)};                                                                // the output is h + mlp(ln_2(h))
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
@@ -222,8 +222,7 @@ GPT2Impl::GPT2Impl(const GPT2Config& cfg) : cfg_(cfg) {
   transformer_ = register_module("transformer", Transformer(cfg_));
   // Keep the padding rows at zero from the start, whatever init follows.
   torch::NoGradGuard no_grad;
-  transformer_->wte->weight.narrow(0, cfg_.vocab_size, cfg_.padded_vocab_size() - cfg_.vocab_size)
-      .zero_();
+  transformer_->wte->weight.narrow(0, cfg_.vocab_size, cfg_.padded_vocab_size() - cfg_.vocab_size).zero_();
 }
 
 torch::Tensor GPT2Impl::forward(const torch::Tensor& idx) {
@@ -231,14 +230,14 @@ torch::Tensor GPT2Impl::forward(const torch::Tensor& idx) {
 }
 
 torch::Tensor GPT2Impl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
-  TORCH_CHECK(targets.sizes() == idx.sizes(), "GPT2::loss: targets ", targets.sizes(),
-              " must match idx ", idx.sizes());
+  TORCH_CHECK(targets.sizes() == idx.sizes(), "GPT2::loss: targets ", targets.sizes(), " must match idx ", idx.sizes());
   return head_loss(hidden(idx), targets);  // () fp32, or fp64 for fp64 models
 }
 
 torch::Tensor GPT2Impl::cached_hidden(const torch::Tensor& idx, KVCache& cache) {
-  TORCH_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong && idx.size(0) == static_cast<int64_t>(cache.pad.size()),
-              "GPT2::forward_cached expects (B, t) int64 ids with B = the cache's rows, got ", idx.sizes());
+  TORCH_CHECK(
+      idx.dim() == 2 && idx.scalar_type() == torch::kLong && idx.size(0) == static_cast<int64_t>(cache.pad.size()),
+      "GPT2::forward_cached expects (B, t) int64 ids with B = the cache's rows, got ", idx.sizes());
   const int64_t end = cache.length + idx.size(1);
   if (end > cache.capacity()) {
     throw UserError("KV cache overflow: " + std::to_string(end) + " positions, capacity " +
@@ -259,7 +258,7 @@ torch::Tensor GPT2Impl::forward_cached(const torch::Tensor& idx, KVCache& cache,
               "GPT2::forward_cached expects (B) int64 last positions, got ", last.sizes());
   const auto h = cached_hidden(idx, cache);  // (B, t, C)
   const auto at = last.view({-1, 1, 1}).expand({h.size(0), 1, h.size(2)});
-  return head(h.gather(1, at).squeeze(1));   // (B, V)
+  return head(h.gather(1, at).squeeze(1));  // (B, V)
 }
 
 // Note [Slot decoding]
@@ -291,7 +290,8 @@ torch::Tensor GPT2Impl::forward_slots(const torch::Tensor& ids, const torch::Ten
   TORCH_CHECK(positions.dim() == 1 && positions.size(0) == ids.size(0) && positions.scalar_type() == torch::kLong,
               "GPT2::forward_slots expects (B) int64 positions, got ", positions.sizes());
   if (attend <= 0) attend = cache.capacity();
-  TORCH_CHECK(attend <= cache.capacity(), "GPT2::forward_slots: attend ", attend, " exceeds the capacity ", cache.capacity());
+  TORCH_CHECK(attend <= cache.capacity(), "GPT2::forward_slots: attend ", attend, " exceeds the capacity ",
+              cache.capacity());
   return head(hidden(ids, &cache, positions, attend).select(1, 0));  // (B, V)
 }
 
@@ -308,8 +308,8 @@ KVCache KVCache::row_view(int64_t row) const {
 
 KVCache GPT2Impl::make_kv_cache(int64_t capacity, const std::vector<int64_t>& pad) {
   if (capacity < 1 || capacity > cfg_.block_size) {
-    throw UserError("KV cache capacity " + std::to_string(capacity) + " must be in [1, model.block_size = " +
-                    std::to_string(cfg_.block_size) + "]");
+    throw UserError("KV cache capacity " + std::to_string(capacity) +
+                    " must be in [1, model.block_size = " + std::to_string(cfg_.block_size) + "]");
   }
   const auto& w = transformer_->wte->weight;
   const int64_t B = static_cast<int64_t>(pad.size());
@@ -327,9 +327,9 @@ torch::Tensor GPT2Impl::hidden(const torch::Tensor& idx, KVCache* cache, const t
                                int64_t attend) {
   torch::Tensor pos, mask;  // (T), or (B, T) and the attention mask when decoding (cached_positions)
   if (slot_positions.defined()) {
-    pos = slot_positions.view({-1, 1});                                                       // (B, 1)
-    const auto keys = torch::arange(attend, slot_positions.options());                        // (L)
-    mask = keys.view({1, 1, 1, -1}) <= slot_positions.view({-1, 1, 1, 1});                   // (B, 1, 1, L)
+    pos = slot_positions.view({-1, 1});                                     // (B, 1)
+    const auto keys = torch::arange(attend, slot_positions.options());      // (L)
+    mask = keys.view({1, 1, 1, -1}) <= slot_positions.view({-1, 1, 1, 1});  // (B, 1, 1, L)
   } else if (cache == nullptr) {
     TORCH_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong,
                 "GPT2::forward expects (B, T) int64 token ids, got ", idx.sizes(), " ", idx.scalar_type());
@@ -390,8 +390,7 @@ torch::Tensor GPT2Impl::head_loss(const torch::Tensor& h, const torch::Tensor& t
   auto flat = head(h).reshape({-1, cfg_.vocab_size});
   if (flat.scalar_type() == torch::kBFloat16 || flat.scalar_type() == torch::kHalf) flat = flat.to(torch::kFloat);
   auto loss = torch::nn::functional::cross_entropy(
-      flat, checked.targets.reshape({-1}),
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));
+      flat, checked.targets.reshape({-1}), torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));
   return checked.poison.defined() ? loss + checked.poison : loss;
 }
 
@@ -431,9 +430,7 @@ void GPT2Impl::set_slot_attention(bool on) {
   for (auto& block : transformer_->blocks) block->attn->slot_attention = on;
 }
 
-bool GPT2Impl::slot_attention_on() const {
-  return fused_kernels_ && slot_attention_;
-}
+bool GPT2Impl::slot_attention_on() const { return fused_kernels_ && slot_attention_; }
 
 void GPT2Impl::set_recompute_gelu(bool on) {
   for (auto& block : transformer_->blocks) block->mlp->keep_gelu_output = !on;

@@ -64,8 +64,8 @@ struct KVCache {
 struct KVSlot {
   torch::Tensor keys, values;  // (B, n_head, capacity, head_size)
   int64_t start = 0;
-  torch::Tensor mask;          // (B, 1, t, start + t) bool, true = attend; undefined = causal
-  torch::Tensor rows_at;       // slot decoding: (B) int64 position of each row's new token; else undefined
+  torch::Tensor mask;     // (B, 1, t, start + t) bool, true = attend; undefined = causal
+  torch::Tensor rows_at;  // slot decoding: (B) int64 position of each row's new token; else undefined
 };
 
 // Causal multi-head self-attention with one fused qkv projection.
@@ -131,7 +131,7 @@ class TransformerImpl : public torch::nn::Module {
   torch::nn::Embedding wpe{nullptr};  // (block_size, C)
   torch::nn::ModuleList h{nullptr};   // n_layer Blocks
   torch::nn::LayerNorm ln_f{nullptr};
-  std::vector<Block> blocks;          // the same modules as h, typed
+  std::vector<Block> blocks;  // the same modules as h, typed
 };
 TORCH_MODULE(Transformer);
 
@@ -230,7 +230,7 @@ class GPT2Impl : public torch::nn::Module {
   int64_t recompute_every_ = 0;  // see set_recompute_every
   bool chunked_loss_ = false;    // see set_chunked_loss
   bool fused_kernels_ = true;    // see set_fused_kernels
-  bool slot_attention_ = true;  // see set_slot_attention
+  bool slot_attention_ = true;   // see set_slot_attention
 };
 TORCH_MODULE(GPT2);
 

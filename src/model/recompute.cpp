@@ -66,8 +66,7 @@ class ForkRng {
 // Not in the anonymous namespace: the node's name() (CppNode<gpt2::RecomputeFunction>) is what
 // tests look for in the graph.
 struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               RecomputeFn fn) {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, RecomputeFn fn) {
     auto st = c10::make_intrusive<RecomputeState>();
     st->cpu_rng = get_rng_state(at::kCPU);
     if (x.is_cuda()) {

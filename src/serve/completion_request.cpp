@@ -37,7 +37,8 @@ std::vector<int64_t> token_ids(const Value& list, const std::string& param, cons
   for (const Value& v : list) {
     const int64_t id = typed(param, [&] { return json::as_int(v, param); });
     if (id < 0 || id >= limits.vocab_size) {
-      bad(param, param + ": token id " + std::to_string(id) + " is outside [0, " + std::to_string(limits.vocab_size) + ")");
+      bad(param,
+          param + ": token id " + std::to_string(id) + " is outside [0, " + std::to_string(limits.vocab_size) + ")");
     }
     ids.push_back(id);
   }
@@ -100,8 +101,9 @@ CompletionRequest parse_completion_request(std::string_view text, const data::Gp
   if (const Value* v = member(body, "model")) {
     const auto& name = typed("model", [&] { return json::as_string(*v, "model"); });
     if (name != limits.model_name) {
-      throw RequestError(404, "model", "model '" + name + "' is not served here; this server serves '" +
-                                           limits.model_name + "' (GET /v1/models)");
+      throw RequestError(
+          404, "model",
+          "model '" + name + "' is not served here; this server serves '" + limits.model_name + "' (GET /v1/models)");
     }
   }
   r.prompts = prompts_of(body, tokenizer, limits);
@@ -151,7 +153,8 @@ CompletionRequest parse_completion_request(std::string_view text, const data::Gp
       r.include_usage = typed("stream_options", [&] { return json::as_bool(*u, "stream_options.include_usage"); });
     }
   }
-  if (const Value* v = member(body, "ignore_eos")) r.ignore_eos = typed("ignore_eos", [&] { return json::as_bool(*v, "ignore_eos"); });
+  if (const Value* v = member(body, "ignore_eos"))
+    r.ignore_eos = typed("ignore_eos", [&] { return json::as_bool(*v, "ignore_eos"); });
   if (const Value* v = member(body, "return_token_ids")) {
     r.return_token_ids = typed("return_token_ids", [&] { return json::as_bool(*v, "return_token_ids"); });
   }
@@ -169,7 +172,8 @@ CompletionRequest parse_completion_request(std::string_view text, const data::Gp
   if (member(body, "suffix") != nullptr) bad("suffix", "suffix is not supported");
   for (const char* key : {"presence_penalty", "frequency_penalty"}) {
     if (const Value* v = member(body, key)) {
-      if (typed(key, [&] { return json::as_double(*v, key); }) != 0.0) bad(key, std::string(key) + " is not supported (0 only)");
+      if (typed(key, [&] { return json::as_double(*v, key); }) != 0.0)
+        bad(key, std::string(key) + " is not supported (0 only)");
     }
   }
   if (const Value* v = member(body, "logit_bias")) {

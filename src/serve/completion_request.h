@@ -45,15 +45,15 @@ struct CompletionRequest {
   int64_t max_tokens = 16;                    // OpenAI's default
   double temperature = 1.0;                   // 0 = greedy
   double top_p = 1.0;
-  int64_t top_k = 0;                          // extension (vLLM): 0 or -1 = off
+  int64_t top_k = 0;  // extension (vLLM): 0 or -1 = off
   bool has_seed = false;
   uint64_t seed = 0;
-  std::vector<std::string> stop;              // up to 4 non-empty strings; the text ends before one
+  std::vector<std::string> stop;  // up to 4 non-empty strings; the text ends before one
   bool stream = false;
-  bool include_usage = false;                 // stream_options.include_usage
-  bool ignore_eos = false;                    // extension (vLLM): go on past <|endoftext|>
-  bool return_token_ids = false;              // extension (vLLM): choices[].token_ids, prompt_token_ids
-  int64_t stop_token = -1;                    // resolved: eot_token, or -1 with ignore_eos
+  bool include_usage = false;     // stream_options.include_usage
+  bool ignore_eos = false;        // extension (vLLM): go on past <|endoftext|>
+  bool return_token_ids = false;  // extension (vLLM): choices[].token_ids, prompt_token_ids
+  int64_t stop_token = -1;        // resolved: eot_token, or -1 with ignore_eos
 };
 
 CompletionRequest parse_completion_request(std::string_view body, const data::Gpt2Tokenizer& tokenizer,

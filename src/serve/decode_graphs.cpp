@@ -86,7 +86,7 @@ DecodeOutputs DecodeGraphs::step(const std::vector<int64_t>& ids, const std::vec
 
 std::pair<torch::Tensor, torch::Tensor> DecodeGraphs::forward(int64_t attend) {
   auto logits = model_->forward_slots(ids_, positions_, cache_, attend);  // (rows, V)
-  auto greedy = logits.argmax(1);                                          // (rows)
+  auto greedy = logits.argmax(1);                                         // (rows)
   return {logits, greedy};
 }
 

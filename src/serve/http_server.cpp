@@ -4,10 +4,10 @@
 #include <sys/socket.h>
 
 #include <atomic>
-#include <cctype>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -45,7 +45,8 @@ std::chrono::milliseconds millis(double seconds) {
 // Compares without an early exit, so response times do not reveal how much of a key was right.
 bool same_secret(std::string_view given, std::string_view expected) {
   unsigned diff = given.size() != expected.size() ? 1 : 0;
-  for (size_t i = 0; i < given.size() && i < expected.size(); ++i) diff |= static_cast<unsigned char>(given[i] ^ expected[i]);
+  for (size_t i = 0; i < given.size() && i < expected.size(); ++i)
+    diff |= static_cast<unsigned char>(given[i] ^ expected[i]);
   return diff == 0;
 }
 
@@ -65,7 +66,9 @@ bool authorized(std::string_view header, const std::string& key) {
 
 std::string error_body(int status, const std::string& param, const std::string& message) {
   json::Value e = {{"message", message},
-                   {"type", status >= 500 ? "server_error" : status == 401 ? "authentication_error" : "invalid_request_error"},
+                   {"type", status >= 500   ? "server_error"
+                            : status == 401 ? "authentication_error"
+                                            : "invalid_request_error"},
                    {"param", param.empty() ? json::Value() : json::Value(param)},
                    {"code", json::Value()}};
   return json::dump(json::Value{{"error", e}}) + "\n";
@@ -100,9 +103,9 @@ struct Server::Impl {
   std::atomic<int64_t> connections{0};
   std::atomic<uint64_t> next_id{0};
   std::mutex seeds_mu;
-  std::mt19937_64 seeds{std::random_device{}()};  // seeds for requests that give none (under seeds_mu)
+  std::mt19937_64 seeds{std::random_device{}()};         // seeds for requests that give none (under seeds_mu)
   std::chrono::steady_clock::time_point drain_deadline;  // control strand
-  bool cancelled_all = false;                             // control strand
+  bool cancelled_all = false;                            // control strand
 
   net::io_context ioc;
   net::strand<net::io_context::executor_type> control{net::make_strand(ioc)};  // acceptor, signals, drain
@@ -146,8 +149,8 @@ class Session : public std::enable_shared_from_this<Session> {
     size_t finished = 0;
     int64_t completion_tokens = 0;
     bool keep_alive = true;
-    bool chunked = true;      // HTTP/1.1: chunked transfer; 1.0: the stream ends with the connection
-    bool stream_done = false; // every byte of the stream is queued
+    bool chunked = true;       // HTTP/1.1: chunked transfer; 1.0: the stream ends with the connection
+    bool stream_done = false;  // every byte of the stream is queued
   };
 
   void read_request() {
@@ -168,10 +171,11 @@ class Session : public std::enable_shared_from_this<Session> {
     const auto expect = parser_->get()[http::field::expect];
     if (!parser_->is_done() && beast::iequals(expect, "100-continue")) {
       static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-      return net::async_write(stream_, net::buffer(kContinue), [self = shared_from_this()](beast::error_code ec, size_t) {
-        if (ec) return self->close();
-        self->read_body();
-      });
+      return net::async_write(stream_, net::buffer(kContinue),
+                              [self = shared_from_this()](beast::error_code ec, size_t) {
+                                if (ec) return self->close();
+                                self->read_body();
+                              });
     }
     read_body();
   }
@@ -187,7 +191,8 @@ class Session : public std::enable_shared_from_this<Session> {
       return close();  // the client left, or was too slow: nothing to answer
     }
     if (ec == http::error::body_limit) {
-      return send_error(413, "", "request body exceeds " + std::to_string(server_.options.max_body_bytes) + " bytes", true);
+      return send_error(413, "", "request body exceeds " + std::to_string(server_.options.max_body_bytes) + " bytes",
+                        true);
     }
     if (ec == http::error::header_limit) {
       return send_error(431, "", "request headers exceed " + std::to_string(kHeaderLimit) + " bytes", true);
@@ -210,7 +215,8 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!key.empty()) {
       const auto auth = req[http::field::authorization];
       if (!authorized(std::string_view(auth.data(), auth.size()), key)) {
-        return send_error(401, "", "missing or wrong API key: send the header 'Authorization: Bearer <key>'", !keep_alive_);
+        return send_error(401, "", "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
+                          !keep_alive_);
       }
     }
     if (server_.draining) return send_error(503, "", "the server is shutting down", true);
@@ -227,21 +233,28 @@ class Session : public std::enable_shared_from_this<Session> {
     } else if (target == "/v1/models") {
       if (only(http::verb::get)) send(200, "application/json", models_body(), !keep_alive_);
     } else if (target == "/metrics") {
-      if (only(http::verb::get)) send(200, "text/plain; version=0.0.4; charset=utf-8", server_.metrics.render(), !keep_alive_);
+      if (only(http::verb::get))
+        send(200, "text/plain; version=0.0.4; charset=utf-8", server_.metrics.render(), !keep_alive_);
     } else {
-      send_error(404, "", "no route " + std::string(target) +
-                              " (POST /v1/completions, GET /v1/models, GET /health, GET /metrics)", !keep_alive_);
+      send_error(
+          404, "",
+          "no route " + std::string(target) + " (POST /v1/completions, GET /v1/models, GET /health, GET /metrics)",
+          !keep_alive_);
     }
   }
 
   std::string models_body() const {
-    json::Value model = {{"id", server_.limits.model_name}, {"object", "model"}, {"created", 0},
-                         {"owned_by", "gpt2-dist"}, {"max_model_len", server_.limits.block_size}};
+    json::Value model = {{"id", server_.limits.model_name},
+                         {"object", "model"},
+                         {"created", 0},
+                         {"owned_by", "gpt2-dist"},
+                         {"max_model_len", server_.limits.block_size}};
     return json::dump(json::Value{{"object", "list"}, {"data", json::Value::array({model})}}) + "\n";
   }
 
   // Writes a whole response; then the next request, or (close) the end of the connection.
-  void send(int status, const std::string& content_type, std::string body, bool close_after, bool ends_completion = false) {
+  void send(int status, const std::string& content_type, std::string body, bool close_after,
+            bool ends_completion = false) {
     auto res = std::make_shared<Response>(static_cast<http::status>(status), version_);
     res->set(http::field::server, "gpt2-serve");
     res->set(http::field::content_type, content_type);
@@ -252,13 +265,14 @@ class Session : public std::enable_shared_from_this<Session> {
     res->prepare_payload();
     server_.metrics.request_answered(status);
     stream_.expires_after(millis(server_.options.write_timeout_s));
-    http::async_write(stream_, *res, [self = shared_from_this(), res, close_after, ends_completion](beast::error_code ec, size_t) {
-      self->stream_.expires_never();
-      if (ends_completion) self->release_completion();
-      if (ec) return self->close();
-      if (close_after) return self->linger_close();
-      self->read_request();
-    });
+    http::async_write(stream_, *res,
+                      [self = shared_from_this(), res, close_after, ends_completion](beast::error_code ec, size_t) {
+                        self->stream_.expires_never();
+                        if (ends_completion) self->release_completion();
+                        if (ec) return self->close();
+                        if (close_after) return self->linger_close();
+                        self->read_request();
+                      });
   }
 
   void send_error(int status, const std::string& param, const std::string& message, bool close_after,
@@ -305,8 +319,10 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     c->sequences = server_.scheduler.submit(std::move(specs));
     if (c->sequences.empty()) {
-      return send_error(503, "", "the queue is full (" + std::to_string(server_.scheduler.options().max_queue) +
-                                     " waiting sequences, --max_queue); retry later", !keep_alive_);
+      return send_error(503, "",
+                        "the queue is full (" + std::to_string(server_.scheduler.options().max_queue) +
+                            " waiting sequences, --max_queue); retry later",
+                        !keep_alive_);
     }
     const size_t n = r.prompts.size();
     c->id = "cmpl-" + std::to_string(++server_.next_id);
@@ -319,8 +335,9 @@ class Session : public std::enable_shared_from_this<Session> {
     completion_ = std::move(c);
     ++server_.in_flight;
     if (completion_->request.stream) {
-      std::string head = "HTTP/1." + std::to_string(version_ % 10) +
-                         " 200 OK\r\nServer: gpt2-serve\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n";
+      std::string head =
+          "HTTP/1." + std::to_string(version_ % 10) +
+          " 200 OK\r\nServer: gpt2-serve\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n";
       head += completion_->chunked ? "Transfer-Encoding: chunked\r\n" : "";
       head += completion_->keep_alive && completion_->chunked ? "" : "Connection: close\r\n";
       write_raw(head + "\r\n");
@@ -329,9 +346,13 @@ class Session : public std::enable_shared_from_this<Session> {
     watch_for_disconnect(generation);
   }
 
-  json::Value choice_json(size_t i, const std::string& text, FinishReason reason, const std::vector<int64_t>* ids) const {
-    json::Value choice = {{"index", i}, {"text", text}, {"logprobs", json::Value()},
-                          {"finish_reason", reason == FinishReason::kNone ? json::Value() : json::Value(finish_reason_name(reason))}};
+  json::Value choice_json(size_t i, const std::string& text, FinishReason reason,
+                          const std::vector<int64_t>* ids) const {
+    json::Value choice = {
+        {"index", i},
+        {"text", text},
+        {"logprobs", json::Value()},
+        {"finish_reason", reason == FinishReason::kNone ? json::Value() : json::Value(finish_reason_name(reason))}};
     if (ids != nullptr) choice["token_ids"] = *ids;
     return choice;
   }
@@ -343,7 +364,8 @@ class Session : public std::enable_shared_from_this<Session> {
   json::Value usage(const Completion& c) const {
     int64_t prompt_tokens = 0;
     for (const auto& p : c.request.prompts) prompt_tokens += static_cast<int64_t>(p.size());
-    return {{"prompt_tokens", prompt_tokens}, {"completion_tokens", c.completion_tokens},
+    return {{"prompt_tokens", prompt_tokens},
+            {"completion_tokens", c.completion_tokens},
             {"total_tokens", prompt_tokens + c.completion_tokens}};
   }
 
@@ -390,13 +412,16 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (!all_done) return;
     for (FinishReason f : c.finish) {
-      if (f == FinishReason::kError) return send_error(500, "", "the model failed on this request (see the server log)", true, true);
-      if (f == FinishReason::kCancelled) return send_error(503, "", "the request was cancelled (the server is shutting down)", true, true);
+      if (f == FinishReason::kError)
+        return send_error(500, "", "the model failed on this request (see the server log)", true, true);
+      if (f == FinishReason::kCancelled)
+        return send_error(503, "", "the request was cancelled (the server is shutting down)", true, true);
     }
     json::Value body = envelope(c);
     body["choices"] = json::Value::array();
     for (size_t k = 0; k < c.text.size(); ++k) {
-      body["choices"].push_back(choice_json(k, c.text[k], c.finish[k], c.request.return_token_ids ? &c.token_ids[k] : nullptr));
+      body["choices"].push_back(
+          choice_json(k, c.text[k], c.finish[k], c.request.return_token_ids ? &c.token_ids[k] : nullptr));
       if (c.request.return_token_ids) body["choices"][k]["prompt_token_ids"] = c.request.prompts[k];
     }
     body["usage"] = usage(c);
@@ -530,7 +555,8 @@ void Server::Impl::accept() {
       static const std::string kBusy = [] {
         const std::string body = error_body(503, "", "too many connections (--max_connections); retry later");
         return "HTTP/1.1 503 Service Unavailable\r\nServer: gpt2-serve\r\nContent-Type: application/json\r\n"
-               "Retry-After: 1\r\nConnection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+               "Retry-After: 1\r\nConnection: close\r\nContent-Length: " +
+               std::to_string(body.size()) + "\r\n\r\n" + body;
       }();
       socket.non_blocking(true, ignored);
       socket.send(net::buffer(kBusy), 0, ignored);

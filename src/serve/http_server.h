@@ -28,15 +28,15 @@ class Scheduler;
 struct CompletionLimits;
 
 struct ServerOptions {
-  std::string host = "127.0.0.1";       // loopback unless asked: the server has no TLS
-  uint16_t port = 8000;                 // 0 = any free port (run() logs the one bound)
-  std::string api_key;                  // empty = no authentication
-  int64_t max_body_bytes = 1 << 20;     // 413 above this
-  double read_timeout_s = 30;           // a whole request (headers and body), and keep-alive idling
-  double write_timeout_s = 30;          // each write of a response or stream chunk
-  double shutdown_timeout_s = 30;       // SIGTERM: how long requests in flight may go on
+  std::string host = "127.0.0.1";    // loopback unless asked: the server has no TLS
+  uint16_t port = 8000;              // 0 = any free port (run() logs the one bound)
+  std::string api_key;               // empty = no authentication
+  int64_t max_body_bytes = 1 << 20;  // 413 above this
+  double read_timeout_s = 30;        // a whole request (headers and body), and keep-alive idling
+  double write_timeout_s = 30;       // each write of a response or stream chunk
+  double shutdown_timeout_s = 30;    // SIGTERM: how long requests in flight may go on
   int io_threads = 2;
-  int64_t max_connections = 1000;       // more are answered 503 and closed at once (descriptors are finite)
+  int64_t max_connections = 1000;  // more are answered 503 and closed at once (descriptors are finite)
 };
 
 class Server {

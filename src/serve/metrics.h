@@ -29,15 +29,15 @@ class Metrics {
  public:
   explicit Metrics(int64_t max_batch);
 
-  void request_answered(int status);                        // every HTTP response, by status code
+  void request_answered(int status);  // every HTTP response, by status code
   void completion_done(int64_t prompt_tokens, int64_t completion_tokens, double seconds);
-  void first_token(double seconds_since_arrival);           // time to first token
-  void decode_step(int64_t active, double seconds);         // one batched decode iteration
+  void first_token(double seconds_since_arrival);    // time to first token
+  void decode_step(int64_t active, double seconds);  // one batched decode iteration
   void prefill(int64_t tokens, double seconds);
   void set_queue(int64_t queued, int64_t active);
   void connection_opened();
   void connection_closed();
-  void client_gone();                                       // a request cancelled by its client leaving
+  void client_gone();  // a request cancelled by its client leaving
 
   std::string render() const;
 

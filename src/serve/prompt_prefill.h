@@ -48,8 +48,8 @@ class PromptPrefill {
 
   GPT2 model_;
   KVCache& cache_;
-  const bool padded_;  // a CUDA model: the padded path
-  KVCache staging_;    // padded path: one row x the capacity
+  const bool padded_;                              // a CUDA model: the padded path
+  KVCache staging_;                                // padded path: one row x the capacity
   torch::Tensor ids_host_, last_host_, row_host_;  // (1, capacity), (1), (1) int64, pinned
   torch::Tensor ids_, last_, row_;                 // the same on the device: the graphs' inputs
   torch::Tensor logits_, greedy_, greedy_host_;    // (1, V), (1) device; (1) pinned host

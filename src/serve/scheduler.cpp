@@ -19,11 +19,16 @@ namespace gpt2::serve {
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kCancelled: return "cancelled";
-    case FinishReason::kError: return "error";
-    case FinishReason::kNone: break;
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
+    case FinishReason::kNone:
+      break;
   }
   return "";
 }
@@ -57,8 +62,10 @@ Scheduler::Scheduler(GPT2 model, const data::Gpt2Tokenizer& tokenizer, Scheduler
     : model_(std::move(model)), tokenizer_(tokenizer), options_(options), metrics_(metrics) {
   if (options_.max_batch < 1) throw UserError("--max_batch must be >= 1, got " + std::to_string(options_.max_batch));
   if (options_.max_queue < 0) throw UserError("--max_queue must be >= 0, got " + std::to_string(options_.max_queue));
-  if (options_.attend_block < 0) throw UserError("--attend_block must be >= 0, got " + std::to_string(options_.attend_block));
-  if (options_.prefill_batch < 1) throw UserError("--prefill_batch must be >= 1, got " + std::to_string(options_.prefill_batch));
+  if (options_.attend_block < 0)
+    throw UserError("--attend_block must be >= 0, got " + std::to_string(options_.attend_block));
+  if (options_.prefill_batch < 1)
+    throw UserError("--prefill_batch must be >= 1, got " + std::to_string(options_.prefill_batch));
   if (options_.slot_attention != SchedulerOptions::SlotAttention::kAuto) {
     model_->set_slot_attention(options_.slot_attention == SchedulerOptions::SlotAttention::kOn);
   }
@@ -215,7 +222,8 @@ void Scheduler::prefill_group(const std::vector<Slot*>& group) {
   } else {
     // n prompts in one forward into a cache of their own, then their keys and values into the slots.
     std::vector<int64_t> ids;
-    for (const Slot* slot : group) ids.insert(ids.end(), slot->sequence->spec.prompt.begin(), slot->sequence->spec.prompt.end());
+    for (const Slot* slot : group)
+      ids.insert(ids.end(), slot->sequence->spec.prompt.begin(), slot->sequence->spec.prompt.end());
     const auto ids_t = torch::tensor(ids, torch::kLong).view({n, T}).to(device_);
     KVCache fresh = model_->make_kv_cache(T, std::vector<int64_t>(n, 0));
     logits = model_->forward_cached(ids_t, fresh);
@@ -231,8 +239,8 @@ void Scheduler::prefill_group(const std::vector<Slot*>& group) {
     Slot& slot = *group[i];
     Sequence& seq = *slot.sequence;
     const auto& o = seq.spec.sampling;
-    const int64_t id = o.temperature == 0.0 ? greedy[i]
-                                            : sample_next(logits[i].to(torch::kCPU, torch::kFloat), o, seq.generator);
+    const int64_t id =
+        o.temperature == 0.0 ? greedy[i] : sample_next(logits[i].to(torch::kCPU, torch::kFloat), o, seq.generator);
     slot.position = T;
     accept_token(slot, id);
   }
@@ -255,7 +263,8 @@ void Scheduler::decode_step() {
   // Note [Slot decoding]: the whole context (exact batch invariance), or the longest row rounded up;
   // with slot attention each row reads its own context whatever attend is: one value, one graph.
   const int64_t block = slot_attention_ ? 0 : options_.attend_block;
-  const int64_t attend = block > 0 ? std::min(cache_.capacity(), (longest + block - 1) / block * block) : cache_.capacity();
+  const int64_t attend =
+      block > 0 ? std::min(cache_.capacity(), (longest + block - 1) / block * block) : cache_.capacity();
   // forward_slots + argmax, from a CUDA graph on a GPU; greedy rows need one id each (S ids come
   // back, the wait for the device). Rows that sample bring their logits to the host (sample_next,
   // as gpt2-generate does).
@@ -273,8 +282,8 @@ void Scheduler::decode_step() {
     if (!slot.sequence) continue;
     Sequence& seq = *slot.sequence;
     const bool sample = seq.spec.sampling.temperature != 0.0;
-    const int64_t id = sample ? sample_next(sampled[static_cast<int64_t>(r++)], seq.spec.sampling, seq.generator)
-                              : greedy_ids[s];
+    const int64_t id =
+        sample ? sample_next(sampled[static_cast<int64_t>(r++)], seq.spec.sampling, seq.generator) : greedy_ids[s];
     ++slot.position;
     accept_token(slot, id);
   }
@@ -294,7 +303,8 @@ void Scheduler::accept_token(Slot& slot, int64_t id) {
     event.text = seq.text.push(id);
     if (seq.text.stopped()) event.finished = FinishReason::kStop;
   }
-  if (event.finished == FinishReason::kNone && seq.generated >= o.max_new_tokens) event.finished = FinishReason::kLength;
+  if (event.finished == FinishReason::kNone && seq.generated >= o.max_new_tokens)
+    event.finished = FinishReason::kLength;
   if (event.finished == FinishReason::kNone && seq.cancelled) event.finished = FinishReason::kCancelled;
   slot.last = id;
   if (event.finished == FinishReason::kNone) {
@@ -303,7 +313,8 @@ void Scheduler::accept_token(Slot& slot, int64_t id) {
   }
   event.text += seq.text.finish();
   if (event.finished == FinishReason::kStop || event.finished == FinishReason::kLength) {
-    metrics_.completion_done(static_cast<int64_t>(seq.spec.prompt.size()), seq.generated, seconds_since(seq.spec.arrived));
+    metrics_.completion_done(static_cast<int64_t>(seq.spec.prompt.size()), seq.generated,
+                             seconds_since(seq.spec.arrived));
   }
   seq.spec.on_event(std::move(event));
   slot.sequence.reset();

@@ -9,8 +9,8 @@
 // Contract: submit(), cancel() and the getters are thread safe and never wait for the model. A
 // sequence's events come on the scheduler thread, in order, the last with `finished` set (also
 // for a cancelled one). Greedy ids equal gpt2-generate's for the same prompt up to near-ties (on CPU
-// the same prefill, on CUDA a padded one; decode steps of other shapes), and are the same alone or in a full batch (with
-// slot attention or attend_block 0, bit for bit: a row's arithmetic does not depend on the other rows).
+// the same prefill, on CUDA a padded one; decode steps of other shapes), and are the same alone or in a full batch
+// (with slot attention or attend_block 0, bit for bit: a row's arithmetic does not depend on the other rows).
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -47,16 +47,16 @@ struct SequenceEvent {
   std::string text;                // new text: whole characters, stop strings held back (TextStream)
   std::vector<int64_t> token_ids;  // the new ids (the stop token included, as gpt2-generate --ids shows it)
   FinishReason finished = FinishReason::kNone;
-  int64_t completion_tokens = 0;   // ids so far
+  int64_t completion_tokens = 0;  // ids so far
 };
 
 using Clock = std::chrono::steady_clock;
 
 // One prompt to continue (one choice of a request).
 struct SequenceSpec {
-  std::vector<int64_t> prompt;         // non-empty, ids < vocab_size, prompt + max_new_tokens <= block_size
-  SamplingOptions sampling;            // max_new_tokens, temperature, top_k, top_p, seed, stop_token
-  std::vector<std::string> stop;       // stop strings
+  std::vector<int64_t> prompt;    // non-empty, ids < vocab_size, prompt + max_new_tokens <= block_size
+  SamplingOptions sampling;       // max_new_tokens, temperature, top_k, top_p, seed, stop_token
+  std::vector<std::string> stop;  // stop strings
   Clock::time_point arrived = Clock::now();
   std::function<void(SequenceEvent)> on_event;  // runs on the scheduler thread: hand off, never block
 };
@@ -134,13 +134,13 @@ class Scheduler {
   mutable std::mutex mu_;
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Sequence>> queue_;  // guarded by mu_
-  bool stopping_ = false;                         // guarded by mu_
-  std::atomic<int64_t> active_{0};                // written by the scheduler thread only
+  bool stopping_ = false;                        // guarded by mu_
+  std::atomic<int64_t> active_{0};               // written by the scheduler thread only
   std::atomic<bool> cancel_all_{false};
 
   // Owned by the scheduler thread.
   std::vector<Slot> slots_;
-  KVCache cache_;  // max_batch rows x block_size
+  KVCache cache_;                           // max_batch rows x block_size
   std::unique_ptr<DecodeGraphs> decode_;    // the decode step's device work, over cache_
   std::unique_ptr<PromptPrefill> prefill_;  // a prompt alone into its slot of cache_
   std::thread thread_;
@@ -152,6 +152,7 @@ namespace gpt2 {
 template <>
 struct ChoiceNames<serve::SchedulerOptions::SlotAttention> {
   using S = serve::SchedulerOptions::SlotAttention;
-  static constexpr std::array<std::pair<S, const char*>, 3> names{{{S::kAuto, "auto"}, {S::kOn, "on"}, {S::kOff, "off"}}};
+  static constexpr std::array<std::pair<S, const char*>, 3> names{
+      {{S::kAuto, "auto"}, {S::kOn, "on"}, {S::kOff, "off"}}};
 };
 }  // namespace gpt2

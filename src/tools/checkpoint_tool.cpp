@@ -5,13 +5,13 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
-#include <memory>
-#include <optional>
-#include <stdexcept>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <optional>
 #include <ostream>
 #include <set>
+#include <stdexcept>
 #include <utility>
 
 #include "optim/moment_layout.h"
@@ -62,7 +62,9 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 std::string range_str(int64_t b, int64_t e) { return "[" + str(b) + ", " + str(e) + ")"; }
 
-std::string pad_right(const std::string& s, size_t width) { return s.size() >= width ? s : s + std::string(width - s.size(), ' '); }
+std::string pad_right(const std::string& s, size_t width) {
+  return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
+}
 
 // ---- JSON, indented: containers of scalars that fit on a line stay on one line.
 
@@ -90,8 +92,10 @@ void pretty(const json::Value& v, int indent, std::string& s) {
         const char c = one[i];
         spaced += c;
         if (in_string) {
-          if (c == '\\' && i + 1 < one.size()) spaced += one[++i];
-          else if (c == '"') in_string = false;
+          if (c == '\\' && i + 1 < one.size())
+            spaced += one[++i];
+          else if (c == '"')
+            in_string = false;
         } else if (c == '"') {
           in_string = true;
         } else if (c == ',' || c == ':') {
@@ -134,7 +138,8 @@ std::string resolve_checkpoint(const std::string& path) {
   const std::string dir = find_checkpoint(path);  // throws when `latest` names a missing checkpoint
   if (dir.empty()) {
     throw UserError(files::join(path, "manifest.json") +
-                    ": missing: not a checkpoint (no manifest.json, and no complete step_* directory under " + path + ")");
+                    ": missing: not a checkpoint (no manifest.json, and no complete step_* directory under " + path +
+                    ")");
   }
   return dir;
 }
@@ -177,8 +182,9 @@ std::string inspect_text(const CheckpointManifest& m) {
   line("offload", m.offload.empty() ? "none" : m.offload);
   line("dtype", m.dtype);
   line("optimizer moments", m.optimizer_moments == optim::MomentFormat::k8bit
-                                ? "8bit (block-wise, " + str(optim::kQuantBlock) + " values per absmax; fp32 for tensors under " +
-                                      str(optim::kMinQuantNumel) + " values)"
+                                ? "8bit (block-wise, " + str(optim::kQuantBlock) +
+                                      " values per absmax; fp32 for tensors under " + str(optim::kMinQuantNumel) +
+                                      " values)"
                                 : choice_name(m.optimizer_moments));
   line("parameters", str(m.flat_total) + " (flat_total; padded to " + str(m.flat_padded) + ", " +
                          str(static_cast<int64_t>(m.params.size())) + " tensors)");
@@ -241,8 +247,10 @@ int64_t consolidate_checkpoint(const CheckpointManifest& m, const std::string& o
 int verify_root(const std::string& root_dir, std::ostream& out) {
   const CheckpointRoot root = CheckpointRoot::scan(root_dir);
   if (root.complete.empty() && root.incomplete.empty() && root.latest.empty()) {
-    throw UserError(files::join(root_dir, "manifest.json") + ": missing: not a checkpoint (no manifest.json, and no "
-                    "step_* directory under " + root_dir + ")");
+    throw UserError(files::join(root_dir, "manifest.json") +
+                    ": missing: not a checkpoint (no manifest.json, and no "
+                    "step_* directory under " +
+                    root_dir + ")");
   }
   std::vector<std::pair<int64_t, std::string>> lines;  // by step
   int damaged = 0;
@@ -259,9 +267,9 @@ int verify_root(const std::string& root_dir, std::ostream& out) {
     } catch (const Damaged& e) {
       problems = e.problems();
     }
-    std::string line = problems.empty() ? log::format("OK %s: %zu files, %llu bytes", name.c_str(), count,
-                                                      (unsigned long long)bytes)
-                                        : log::format("DAMAGED %s: %zu problem(s)", name.c_str(), problems.size());
+    std::string line = problems.empty()
+                           ? log::format("OK %s: %zu files, %llu bytes", name.c_str(), count, (unsigned long long)bytes)
+                           : log::format("DAMAGED %s: %zu problem(s)", name.c_str(), problems.size());
     for (const auto& p : problems) line += "\n  " + p;
     if (problems.empty()) good.insert(name);
     damaged += problems.empty() ? 0 : 1;
@@ -303,10 +311,9 @@ std::optional<ToolArgs> parse_tool_args(const std::vector<std::string>& args, st
   namespace po = boost::program_options;
   ToolArgs a;
   po::options_description options("options");
-  options.add_options()
-      ("help,h", "this help")
-      ("json", po::bool_switch(&a.as_json), "inspect: print the manifest as JSON")
-      ("out", po::value(&a.out_file), "consolidate, import-hf: the model FILE to write; export-hf: the DIR");
+  options.add_options()("help,h", "this help")("json", po::bool_switch(&a.as_json),
+                                               "inspect: print the manifest as JSON")(
+      "out", po::value(&a.out_file), "consolidate, import-hf: the model FILE to write; export-hf: the DIR");
   po::options_description hidden;
   std::vector<std::string> paths;
   hidden.add_options()("command", po::value(&a.command))("path", po::value(&paths));
@@ -373,10 +380,12 @@ int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostre
       } else {
         save_hf_weights(model, out_file);
       }
-      out << "wrote " << out_file << ": " << model->num_parameters() << " parameters from " << source.describe() << "\n";
+      out << "wrote " << out_file << ": " << model->num_parameters() << " parameters from " << source.describe()
+          << "\n";
       return kExitOk;
     }
-    if (command == "verify" && files::is_directory(path) && !files::is_regular_file(files::join(path, "manifest.json"))) {
+    if (command == "verify" && files::is_directory(path) &&
+        !files::is_regular_file(files::join(path, "manifest.json"))) {
       return verify_root(path, out);
     }
     const std::string dir = resolve_checkpoint(path);

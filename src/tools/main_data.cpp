@@ -81,22 +81,21 @@ std::optional<Options> parse_options(int argc, char** argv) {
   std::string separator;
   std::string bin_format = "auto";
   po::options_description named("options");
-  named.add_options()
-      ("help,h", "print this help")
-      ("out,o", po::value(&opt.out), "output directory (created if missing)")
-      ("val_fraction", po::value(&opt.val_fraction)->default_value(opt.val_fraction, "0.005"),
-       "fraction of documents for the val split, in [0, 1); 0 writes no val file")
-      ("doc_separator", po::value(&separator),
-       "a line that separates documents inside a text file (e.g. % for fortune files); "
-       "default: each text file is one document")
-      ("tokenizer_dir", po::value(&opt.tokenizer_dir),
-       "directory with encoder.json and vocab.bpe (default: the repo's data/tokenizer/gpt2)")
-      ("threads", po::value(&opt.threads)->default_value(opt.threads), "tokenizer threads (0: one per core)")
-      ("seed", po::value(&opt.seed)->default_value(opt.seed), "seed of the train/val document split")
-      ("shard_tokens", po::value(&opt.shard_tokens)->default_value(opt.shard_tokens),
-       "most tokens per output file; a larger split is written as numbered shards")
-      ("bin_format", po::value(&bin_format)->default_value(bin_format),
-       "*.bin layout: auto (llm.c header if its magic is there, else raw uint16), llmc, raw (nanoGPT)");
+  named.add_options()("help,h", "print this help")("out,o", po::value(&opt.out),
+                                                   "output directory (created if missing)")(
+      "val_fraction", po::value(&opt.val_fraction)->default_value(opt.val_fraction, "0.005"),
+      "fraction of documents for the val split, in [0, 1); 0 writes no val file")(
+      "doc_separator", po::value(&separator),
+      "a line that separates documents inside a text file (e.g. % for fortune files); "
+      "default: each text file is one document")(
+      "tokenizer_dir", po::value(&opt.tokenizer_dir),
+      "directory with encoder.json and vocab.bpe (default: the repo's data/tokenizer/gpt2)")(
+      "threads", po::value(&opt.threads)->default_value(opt.threads), "tokenizer threads (0: one per core)")(
+      "seed", po::value(&opt.seed)->default_value(opt.seed), "seed of the train/val document split")(
+      "shard_tokens", po::value(&opt.shard_tokens)->default_value(opt.shard_tokens),
+      "most tokens per output file; a larger split is written as numbered shards")(
+      "bin_format", po::value(&bin_format)->default_value(bin_format),
+      "*.bin layout: auto (llm.c header if its magic is there, else raw uint16), llmc, raw (nanoGPT)");
   po::options_description hidden;
   hidden.add_options()("input", po::value(&opt.inputs)->composing(), "input files, directories or globs");
   po::positional_options_description positional;
@@ -106,7 +105,8 @@ std::optional<Options> parse_options(int argc, char** argv) {
     return std::nullopt;
   }
   if (opt.inputs.empty()) {
-    throw gpt2::UserError("no INPUT given: pass text, .jsonl or .bin files, directories or globs (see gpt2-data --help)");
+    throw gpt2::UserError(
+        "no INPUT given: pass text, .jsonl or .bin files, directories or globs (see gpt2-data --help)");
   }
   if (opt.out.empty()) throw gpt2::UserError("--out DIR is required (see gpt2-data --help)");
   if (!(opt.val_fraction >= 0 && opt.val_fraction < 1)) {
@@ -255,8 +255,8 @@ int run(const Options& opt) {
 
   const std::string tok_dir = opt.tokenizer_dir.empty() ? data::find_default_tokenizer_dir() : opt.tokenizer_dir;
   const data::Gpt2Tokenizer tokenizer = data::Gpt2Tokenizer::load(tok_dir);
-  log::info("tokenizer: GPT-2 BPE from ", tok_dir, " (vocab ", tokenizer.vocab_size(), ", eot ",
-            tokenizer.eot_token(), ")");
+  log::info("tokenizer: GPT-2 BPE from ", tok_dir, " (vocab ", tokenizer.vocab_size(), ", eot ", tokenizer.eot_token(),
+            ")");
 
   // ---- list inputs (every path and pattern is checked before any work)
   data::CorpusOptions corpus_options;
@@ -336,12 +336,12 @@ int run(const Options& opt) {
               describe_outputs(summary.paths[s]));
   }
   const double mb = reader.total_bytes() / 1e6;
-  log::info(log::format("%lld documents, %lld text tokens (+%lld EOT), %lld .bin tokens, %.3f bytes/token, "
-                        "%.1f MB/s (%.2f s)",
-                        static_cast<long long>(num_docs), static_cast<long long>(text_tokens),
-                        static_cast<long long>(text_docs), static_cast<long long>(shard_tokens),
-                        text_tokens > 0 ? static_cast<double>(text_bytes) / text_tokens : 0.0,
-                        seconds > 0 ? mb / seconds : 0.0, seconds));
+  log::info(log::format(
+      "%lld documents, %lld text tokens (+%lld EOT), %lld .bin tokens, %.3f bytes/token, "
+      "%.1f MB/s (%.2f s)",
+      static_cast<long long>(num_docs), static_cast<long long>(text_tokens), static_cast<long long>(text_docs),
+      static_cast<long long>(shard_tokens), text_tokens > 0 ? static_cast<double>(text_bytes) / text_tokens : 0.0,
+      seconds > 0 ? mb / seconds : 0.0, seconds));
   return gpt2::kExitOk;
 }
 

@@ -8,8 +8,8 @@
 // go to the ranks in batches of B, round robin; the token-weighted mean is reduced over the ranks.
 // Rank 0 prints one line: "loss L | perplexity P | W windows x T tokens = N tokens | MODEL".
 // Exit 0 ok, 2 bad input (named), 1 anything else.
-#include <boost/program_options.hpp>
 #include <torch/torch.h>
+#include <boost/program_options.hpp>
 
 #include <cmath>
 #include <cstdio>
@@ -46,15 +46,15 @@ constexpr char kUsage[] =
 std::optional<Options> parse_options(int argc, char** argv) {
   Options o;
   po::options_description named("options");
-  named.add_options()
-      ("help,h", "this help")
-      ("model", po::value(&o.model), "MODEL (also the first positional argument)")
-      ("data", po::value(&o.data), "token file(s): path, comma list or glob")
-      ("seq_len", po::value(&o.seq_len)->default_value(o.seq_len), "tokens per window; 0 = the model's block_size")
-      ("batch", po::value(&o.batch)->default_value(o.batch), "windows per forward pass")
-      ("windows", po::value(&o.windows)->default_value(o.windows), "windows to evaluate from the start; 0 = all")
-      ("device", gpt2::tools::choice_value("device", &o.device), "auto | cpu | cuda")
-      ("dtype", gpt2::tools::choice_value("dtype", &o.dtype), "auto (a checkpoint's training dtype; else bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16");
+  named.add_options()("help,h", "this help")("model", po::value(&o.model),
+                                             "MODEL (also the first positional argument)")(
+      "data", po::value(&o.data), "token file(s): path, comma list or glob")(
+      "seq_len", po::value(&o.seq_len)->default_value(o.seq_len), "tokens per window; 0 = the model's block_size")(
+      "batch", po::value(&o.batch)->default_value(o.batch), "windows per forward pass")(
+      "windows", po::value(&o.windows)->default_value(o.windows), "windows to evaluate from the start; 0 = all")(
+      "device", gpt2::tools::choice_value("device", &o.device), "auto | cpu | cuda")(
+      "dtype", gpt2::tools::choice_value("dtype", &o.dtype),
+      "auto (a checkpoint's training dtype; else bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16");
   po::positional_options_description positional;
   positional.add("model", 1);
   po::variables_map vm;
@@ -97,7 +97,8 @@ int run(int argc, char** argv, const gpt2::parallel::RankEnv& env) {
       const int64_t rows = std::min(o.batch, windows - first);
       buffer.resize(static_cast<size_t>(rows * (T + 1)));
       for (int64_t r = 0; r < rows; ++r) {
-        stream.read_ids((first + r) * T, T + 1, buffer.data() + r * (T + 1), config.vocab_size, "the model's vocab_size");
+        stream.read_ids((first + r) * T, T + 1, buffer.data() + r * (T + 1), config.vocab_size,
+                        "the model's vocab_size");
       }
       const auto all = torch::from_blob(buffer.data(), {rows, T + 1}, torch::kLong).to(loaded.device);
       const auto x = all.narrow(1, 0, T), y = all.narrow(1, 1, T);  // (rows, T) each

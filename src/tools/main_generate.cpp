@@ -4,10 +4,10 @@
 //                 [--temperature T] [--top_k K] [--top_p P] [--seed S] [--device auto|cpu|cuda]
 //                 [--dtype auto|fp32|bf16|fp16] [--ids] [--no_kv_cache] [--ignore_eot]
 // One prompt streams its tokens to stdout as they come; several are printed when done (text stops
-// before the <|endoftext|> that ended a sample; --ids prints it). Speed goes to stderr. Exit 0 ok, 2 bad input (named), 1 anything else.
-// defines: main. uses: generate (src/model/generate.h), Gpt2Tokenizer (data/).
-#include <boost/program_options.hpp>
+// before the <|endoftext|> that ended a sample; --ids prints it). Speed goes to stderr. Exit 0 ok, 2 bad input (named),
+// 1 anything else. defines: main. uses: generate (src/model/generate.h), Gpt2Tokenizer (data/).
 #include <torch/torch.h>
+#include <boost/program_options.hpp>
 
 #include <fstream>
 #include <iostream>
@@ -21,8 +21,8 @@
 #include "src/base/decimal.h"
 #include "src/base/errors.h"
 #include "src/base/log.h"
-#include "src/model/generate.h"
 #include "src/io/model_weights.h"
+#include "src/model/generate.h"
 #include "src/tools/command_line.h"
 
 namespace po = boost::program_options;
@@ -56,22 +56,22 @@ std::optional<Options> parse_options(int argc, char** argv) {
   s.top_k = 200;
   s.seed = 1337;
   po::options_description named("options");
-  named.add_options()
-      ("help,h", "this help")
-      ("model", po::value(&o.model), "MODEL (also the first positional argument)")
-      ("prompt", po::value(&o.prompts), "a prompt (repeat for a batch)")
-      ("prompt_file", po::value(&o.prompt_file), "prompts, one per line")
-      ("max_new_tokens", po::value(&s.max_new_tokens)->default_value(s.max_new_tokens), "tokens to sample per prompt")
-      ("temperature", po::value(&s.temperature)->default_value(s.temperature, gpt2::decimal(s.temperature)), "0 = greedy")
-      ("top_k", po::value(&s.top_k)->default_value(s.top_k), "keep the k most likely ids; 0 = all")
-      ("top_p", po::value(&s.top_p)->default_value(s.top_p, gpt2::decimal(s.top_p)), "nucleus: keep ids until their mass reaches p; 1 = off")
-      ("seed", po::value(&s.seed)->default_value(s.seed), "sampling seed")
-      ("device", gpt2::tools::choice_value("device", &o.device), "auto | cpu | cuda")
-      ("dtype", gpt2::tools::choice_value("dtype", &o.dtype), "auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16")
-      ("tokenizer_dir", po::value(&o.tokenizer_dir), "encoder.json + vocab.bpe (default: data/tokenizer/gpt2)")
-      ("ids", po::bool_switch(&o.ids), "prompts and output are token ids separated by spaces (no tokenizer)")
-      ("no_kv_cache", "recompute the whole context for every token (slow; the reference)")
-      ("ignore_eot", po::bool_switch(&o.ignore_eot), "keep sampling after <|endoftext|>");
+  named.add_options()("help,h", "this help")("model", po::value(&o.model),
+                                             "MODEL (also the first positional argument)")(
+      "prompt", po::value(&o.prompts), "a prompt (repeat for a batch)")("prompt_file", po::value(&o.prompt_file),
+                                                                        "prompts, one per line")(
+      "max_new_tokens", po::value(&s.max_new_tokens)->default_value(s.max_new_tokens), "tokens to sample per prompt")(
+      "temperature", po::value(&s.temperature)->default_value(s.temperature, gpt2::decimal(s.temperature)),
+      "0 = greedy")("top_k", po::value(&s.top_k)->default_value(s.top_k), "keep the k most likely ids; 0 = all")(
+      "top_p", po::value(&s.top_p)->default_value(s.top_p, gpt2::decimal(s.top_p)),
+      "nucleus: keep ids until their mass reaches p; 1 = off")("seed", po::value(&s.seed)->default_value(s.seed),
+                                                               "sampling seed")(
+      "device", gpt2::tools::choice_value("device", &o.device), "auto | cpu | cuda")(
+      "dtype", gpt2::tools::choice_value("dtype", &o.dtype), "auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16")(
+      "tokenizer_dir", po::value(&o.tokenizer_dir), "encoder.json + vocab.bpe (default: data/tokenizer/gpt2)")(
+      "ids", po::bool_switch(&o.ids), "prompts and output are token ids separated by spaces (no tokenizer)")(
+      "no_kv_cache", "recompute the whole context for every token (slow; the reference)")(
+      "ignore_eot", po::bool_switch(&o.ignore_eot), "keep sampling after <|endoftext|>");
   po::positional_options_description positional;
   positional.add("model", 1);
   po::variables_map vm;
@@ -137,8 +137,8 @@ int run(int argc, char** argv) {
 
   std::optional<data::Gpt2Tokenizer> tokenizer;
   if (!o.ids) {
-    tokenizer.emplace(data::Gpt2Tokenizer::load(o.tokenizer_dir.empty() ? data::find_default_tokenizer_dir()
-                                                                        : o.tokenizer_dir));
+    tokenizer.emplace(
+        data::Gpt2Tokenizer::load(o.tokenizer_dir.empty() ? data::find_default_tokenizer_dir() : o.tokenizer_dir));
   }
   const int64_t eot = tokenizer ? tokenizer->eot_token() : 50256;
   o.sampling.stop_token = o.ignore_eot || eot >= vocab ? -1 : eot;

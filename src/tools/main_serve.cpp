@@ -6,8 +6,8 @@
 // `gpt2-serve: listening on http://HOST:PORT` once it serves; SIGTERM/SIGINT drain and exit 0.
 // Exit 2 bad input (named), 1 anything else.
 // defines: main. uses: Scheduler, Server (src/serve/), load_model_to_run (src/io/model_weights.h).
-#include <boost/program_options.hpp>
 #include <torch/torch.h>
+#include <boost/program_options.hpp>
 
 #include <sys/resource.h>
 
@@ -36,7 +36,9 @@ namespace {
 constexpr char kApiKeyEnv[] = "GPT2_SERVE_API_KEY";
 
 struct Options {
-  std::string model, device = "auto", dtype = "auto", tokenizer_dir, model_name;
+  std::string model, tokenizer_dir, model_name;
+  gpt2::DeviceChoice device = gpt2::DeviceChoice::kAuto;
+  gpt2::DtypeChoice dtype = gpt2::DtypeChoice::kAuto;
   serve::ServerOptions server;
   serve::SchedulerOptions scheduler;
   int64_t max_prompts = 64;
@@ -55,49 +57,54 @@ std::optional<Options> parse_options(int argc, char** argv) {
   Options o;
   auto& s = o.server;
   po::options_description named("options");
-  named.add_options()
-      ("help,h", "this help")
-      ("model", po::value(&o.model), "MODEL (also the first positional argument)")
-      ("host", po::value(&s.host)->default_value(s.host), "address to listen on (another than loopback exposes the server)")
-      ("port", po::value(&o.port)->default_value(o.port), "TCP port; 0 = any free one (logged)")
-      ("device", gpt2::tools::choice_value("device", &o.device), "auto | cpu | cuda")
-      ("dtype", gpt2::tools::choice_value("dtype", &o.dtype), "auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16")
-      ("max_batch", po::value(&o.scheduler.max_batch)->default_value(o.scheduler.max_batch), "batch slots: sequences decoded together")
-      ("max_queue", po::value(&o.scheduler.max_queue)->default_value(o.scheduler.max_queue), "sequences waiting for a slot before 503")
-      ("attend_block", po::value(&o.scheduler.attend_block)->default_value(o.scheduler.attend_block),
-       "0: decode steps attend over the whole context (a request's logits are the same bits in any batch); "
-       "N: over the longest active sequence rounded up to N (faster for short sequences, last-bit differences)")
-      ("prefill_batch", po::value(&o.scheduler.prefill_batch)->default_value(o.scheduler.prefill_batch),
-       "1: each prompt prefilled alone (its bits independent of the company; on cuda padded to a multiple of "
-       "64 positions and replayed from a CUDA graph); N: up to N prompts of one length per forward (last-bit "
-       "differences with the company)")
-      ("slot_attention", gpt2::tools::choice_value("slot_attention", &o.scheduler.slot_attention),
-       "auto | on | off. on: decode steps attend through a kernel that reads each row's own context only "
-       "(the same bits in any batch; --attend_block no longer matters); off: attention over --attend_block "
-       "positions of every row under a mask; auto: on")
-      ("cuda_graphs", po::value(&o.scheduler.cuda_graphs)->default_value(o.scheduler.cuda_graphs, "true"),
-       "true: on CUDA, decode steps and prefills replay CUDA graphs (the same tokens, less host time); false: "
-       "their kernels launch one by one. Ignored on cpu")
-      ("api_key", po::value(&s.api_key), "require 'Authorization: Bearer KEY' (default: $GPT2_SERVE_API_KEY)")
-      ("model_name", po::value(&o.model_name), "the model's name in the API (default: MODEL's last path component)")
-      ("tokenizer_dir", po::value(&o.tokenizer_dir), "encoder.json + vocab.bpe (default: data/tokenizer/gpt2)")
-      ("max_body_bytes", po::value(&s.max_body_bytes)->default_value(s.max_body_bytes), "larger request bodies get 413")
-      ("max_prompts", po::value(&o.max_prompts)->default_value(o.max_prompts), "prompts (choices) per request")
-      ("read_timeout_s", po::value(&s.read_timeout_s)->default_value(s.read_timeout_s, gpt2::decimal(s.read_timeout_s)),
-       "a request must arrive in full within this (also the keep-alive idle limit)")
-      ("write_timeout_s", po::value(&s.write_timeout_s)->default_value(s.write_timeout_s, gpt2::decimal(s.write_timeout_s)),
-       "a client must take each write within this")
-      ("shutdown_timeout_s", po::value(&s.shutdown_timeout_s)->default_value(s.shutdown_timeout_s, gpt2::decimal(s.shutdown_timeout_s)),
-       "SIGTERM: how long requests in flight may go on")
-      ("io_threads", po::value(&s.io_threads)->default_value(s.io_threads), "threads serving connections")
-      ("max_connections", po::value(&s.max_connections)->default_value(s.max_connections),
-       "open connections; more get 503 (the descriptor limit is raised to allow them)");
+  named.add_options()("help,h", "this help")("model", po::value(&o.model),
+                                             "MODEL (also the first positional argument)")(
+      "host", po::value(&s.host)->default_value(s.host),
+      "address to listen on (another than loopback exposes the server)")(
+      "port", po::value(&o.port)->default_value(o.port), "TCP port; 0 = any free one (logged)")(
+      "device", gpt2::tools::choice_value("device", &o.device), "auto | cpu | cuda")(
+      "dtype", gpt2::tools::choice_value("dtype", &o.dtype), "auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16")(
+      "max_batch", po::value(&o.scheduler.max_batch)->default_value(o.scheduler.max_batch),
+      "batch slots: sequences decoded together")(
+      "max_queue", po::value(&o.scheduler.max_queue)->default_value(o.scheduler.max_queue),
+      "sequences waiting for a slot before 503")(
+      "attend_block", po::value(&o.scheduler.attend_block)->default_value(o.scheduler.attend_block),
+      "0: decode steps attend over the whole context (a request's logits are the same bits in any batch); "
+      "N: over the longest active sequence rounded up to N (faster for short sequences, last-bit differences)")(
+      "prefill_batch", po::value(&o.scheduler.prefill_batch)->default_value(o.scheduler.prefill_batch),
+      "1: each prompt prefilled alone (its bits independent of the company; on cuda padded to a multiple of "
+      "64 positions and replayed from a CUDA graph); N: up to N prompts of one length per forward (last-bit "
+      "differences with the company)")(
+      "slot_attention", gpt2::tools::choice_value("slot_attention", &o.scheduler.slot_attention),
+      "auto | on | off. on: decode steps attend through a kernel that reads each row's own context only "
+      "(the same bits in any batch; --attend_block no longer matters); off: attention over --attend_block "
+      "positions of every row under a mask; auto: on")(
+      "cuda_graphs", po::value(&o.scheduler.cuda_graphs)->default_value(o.scheduler.cuda_graphs, "true"),
+      "true: on CUDA, decode steps and prefills replay CUDA graphs (the same tokens, less host time); false: "
+      "their kernels launch one by one. Ignored on cpu")(
+      "api_key", po::value(&s.api_key), "require 'Authorization: Bearer KEY' (default: $GPT2_SERVE_API_KEY)")(
+      "model_name", po::value(&o.model_name), "the model's name in the API (default: MODEL's last path component)")(
+      "tokenizer_dir", po::value(&o.tokenizer_dir), "encoder.json + vocab.bpe (default: data/tokenizer/gpt2)")(
+      "max_body_bytes", po::value(&s.max_body_bytes)->default_value(s.max_body_bytes), "larger request bodies get 413")(
+      "max_prompts", po::value(&o.max_prompts)->default_value(o.max_prompts), "prompts (choices) per request")(
+      "read_timeout_s", po::value(&s.read_timeout_s)->default_value(s.read_timeout_s, gpt2::decimal(s.read_timeout_s)),
+      "a request must arrive in full within this (also the keep-alive idle limit)")(
+      "write_timeout_s",
+      po::value(&s.write_timeout_s)->default_value(s.write_timeout_s, gpt2::decimal(s.write_timeout_s)),
+      "a client must take each write within this")(
+      "shutdown_timeout_s",
+      po::value(&s.shutdown_timeout_s)->default_value(s.shutdown_timeout_s, gpt2::decimal(s.shutdown_timeout_s)),
+      "SIGTERM: how long requests in flight may go on")(
+      "io_threads", po::value(&s.io_threads)->default_value(s.io_threads), "threads serving connections")(
+      "max_connections", po::value(&s.max_connections)->default_value(s.max_connections),
+      "open connections; more get 503 (the descriptor limit is raised to allow them)");
   po::positional_options_description positional;
   positional.add("model", 1);
   po::variables_map vm;
   if (!gpt2::tools::parse_command_line(argc, argv, "gpt2-serve", kUsage, named, positional, vm)) return std::nullopt;
   if (o.model.empty()) throw gpt2::UserError("no MODEL given (see gpt2-serve --help)");
-  if (o.port < 0 || o.port > 65535) throw gpt2::UserError("--port must be in [0, 65535], got " + std::to_string(o.port));
+  if (o.port < 0 || o.port > 65535)
+    throw gpt2::UserError("--port must be in [0, 65535], got " + std::to_string(o.port));
   s.port = static_cast<uint16_t>(o.port);
   if (vm.count("api_key") == 0) {
     if (const char* key = std::getenv(kApiKeyEnv)) s.api_key = key;
@@ -106,8 +113,9 @@ std::optional<Options> parse_options(int argc, char** argv) {
   if (o.max_prompts < 1) throw gpt2::UserError("--max_prompts must be >= 1");
   if (s.io_threads < 1) throw gpt2::UserError("--io_threads must be >= 1");
   if (s.max_connections < 1) throw gpt2::UserError("--max_connections must be >= 1");
-  for (auto [value, key] : {std::pair{s.read_timeout_s, "--read_timeout_s"}, std::pair{s.write_timeout_s, "--write_timeout_s"},
-                            std::pair{s.shutdown_timeout_s, "--shutdown_timeout_s"}}) {
+  for (auto [value, key] :
+       {std::pair{s.read_timeout_s, "--read_timeout_s"}, std::pair{s.write_timeout_s, "--write_timeout_s"},
+        std::pair{s.shutdown_timeout_s, "--shutdown_timeout_s"}}) {
     if (!(value > 0)) throw gpt2::UserError(std::string(key) + " must be > 0");
   }
   if (o.model_name.empty()) {
@@ -129,8 +137,8 @@ void raise_descriptor_limit(int64_t connections) {
     getrlimit(RLIMIT_NOFILE, &lim);
   }
   if (lim.rlim_cur != RLIM_INFINITY && static_cast<int64_t>(lim.rlim_cur) < connections + 64) {
-    gpt2::log::warn("gpt2-serve: the descriptor limit is ", lim.rlim_cur, ", below --max_connections (",
-                    connections, ") + 64: accepting may fail before the limit answers 503");
+    gpt2::log::warn("gpt2-serve: the descriptor limit is ", lim.rlim_cur, ", below --max_connections (", connections,
+                    ") + 64: accepting may fail before the limit answers 503");
   }
 }
 
@@ -159,14 +167,14 @@ int run(int argc, char** argv) {
   serve::Scheduler scheduler(loaded.model, tokenizer, o.scheduler, metrics);
   serve::Server server(o.server, scheduler, tokenizer, limits, metrics);
   const uint16_t port = server.listen();
-  gpt2::log::info("gpt2-serve: ", loaded.source.describe(), " as '", o.model_name, "', ",
-                  loaded.model->num_parameters() / 1e6, "M parameters, ", loaded.device.str(), " ", gpt2::choice_name(loaded.dtype),
-                  ", context ", cfg.block_size, ", max_batch ", o.scheduler.max_batch, ", max_queue ",
-                  o.scheduler.max_queue, ", attend_block ", o.scheduler.attend_block, ", prefill_batch ",
-                  o.scheduler.prefill_batch, ", slot_attention ", gpt2::choice_name(o.scheduler.slot_attention),
-                  scheduler.slot_attention_on() ? " (on)" : " (off)", ", cuda_graphs ", scheduler.cuda_graphs_on() ? "on" : "off",
-                  ", KV cache ", gpt2::log::format("%.0f", kv_mib), " MiB",
-                  o.server.api_key.empty() ? ", no API key" : ", API key required");
+  gpt2::log::info(
+      "gpt2-serve: ", loaded.source.describe(), " as '", o.model_name, "', ", loaded.model->num_parameters() / 1e6,
+      "M parameters, ", loaded.device.str(), " ", gpt2::choice_name(loaded.dtype), ", context ", cfg.block_size,
+      ", max_batch ", o.scheduler.max_batch, ", max_queue ", o.scheduler.max_queue, ", attend_block ",
+      o.scheduler.attend_block, ", prefill_batch ", o.scheduler.prefill_batch, ", slot_attention ",
+      gpt2::choice_name(o.scheduler.slot_attention), scheduler.slot_attention_on() ? " (on)" : " (off)",
+      ", cuda_graphs ", scheduler.cuda_graphs_on() ? "on" : "off", ", KV cache ", gpt2::log::format("%.0f", kv_mib),
+      " MiB", o.server.api_key.empty() ? ", no API key" : ", API key required");
   gpt2::log::info("gpt2-serve: listening on http://", o.server.host, ":", port);
   gpt2::log::flush();
   server.run();

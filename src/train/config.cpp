@@ -21,7 +21,8 @@ std::string to_text(const T& v) {
   if constexpr (std::is_same_v<T, bool>) {
     return v ? "true" : "false";  // as the INI files spell them (the help and the table alike)
   } else if constexpr (std::is_enum_v<T>) {
-    return choice_name(v); else if constexpr (std::is_floating_point_v<T>) {
+    return choice_name(v);
+  } else if constexpr (std::is_floating_point_v<T>) {
     return decimal(v);  // as written in the code: 6e-4 shows as 0.0006, not its binary expansion
   } else {
     std::ostringstream os;
@@ -39,11 +40,12 @@ struct OptionList {
   template <typename T>
   void add(const char* name, T* field, const char* help) {
     if constexpr (std::is_enum_v<T>) {  // one of a few words (src/base/choices.h), parsed here once
-      desc.add_options()(name,
-                         po::value<std::string>()->default_value(choice_name(*field))->notifier([field, name](const std::string& s) {
-                           *field = parse_choice<T>(std::string("config: ") + name, s);
-                         }),
-                         help);
+      desc.add_options()(
+          name,
+          po::value<std::string>()->default_value(choice_name(*field))->notifier([field, name](const std::string& s) {
+            *field = parse_choice<T>(std::string("config: ") + name, s);
+          }),
+          help);
     } else {
       desc.add_options()(name, po::value<T>(field)->default_value(*field, to_text(*field)), help);
     }
@@ -92,10 +94,12 @@ OptionList bind_options(Config& c) {
         "CUDA: bitwise-reproducible runs (deterministic attention backward and ATen ops, cuBLAS workspace and NCCL "
         "ring pinned, tuned GEMM choices shared through GPT2_CACHE_DIR); the CPU always is");
   o.add("train.init_from", &c.train.init_from,
-        "none | weights to fine-tune: a checkpoint, a model file (gpt2-ckpt consolidate/import-hf) or a Hugging Face dir");
+        "none | weights to fine-tune: a checkpoint, a model file (gpt2-ckpt consolidate/import-hf) or a Hugging Face "
+        "dir");
   o.add("precision.dtype", &c.precision.dtype,
         "bf16 | fp16 | fp32 | auto (bf16 on CUDA and on CPUs with fast bf16 GEMMs, else fp32)");
-  o.add("precision.reduce_dtype", &c.precision.reduce_dtype, "fp32 | bf16 | fp16: gradient accumulation and all-reduce");
+  o.add("precision.reduce_dtype", &c.precision.reduce_dtype,
+        "fp32 | bf16 | fp16: gradient accumulation and all-reduce");
   o.add("parallel.backend", &c.parallel.backend,
         "auto | nccl | mpi: collectives; auto = nccl for several CUDA ranks, mpi otherwise (mpi stages CUDA "
         "tensors through host memory: slow, lets ranks share a GPU)");
@@ -186,8 +190,8 @@ void Config::validate() const {
   require(parallel.backend != parallel::Backend::kNccl || train.device != DeviceChoice::kCpu, "parallel.backend",
           parallel.backend, "needs CUDA tensors (train.device = cpu)");
   require(parallel.bucket_mb > 0, "parallel.bucket_mb", parallel.bucket_mb, "must be positive");
-  require(parallel.zero_stage >= 0 && parallel.zero_stage <= 2, "parallel.zero_stage",
-          parallel.zero_stage, "must be 0, 1 or 2");
+  require(parallel.zero_stage >= 0 && parallel.zero_stage <= 2, "parallel.zero_stage", parallel.zero_stage,
+          "must be 0, 1 or 2");
   require(parallel.offload == Offload::kNone || precision.reduce_dtype != DtypeChoice::kFp16, "parallel.offload",
           parallel.offload, "takes fp32 or bf16 gradients (set precision.reduce_dtype = fp32)");
   require(parallel.offload_threads >= 0, "parallel.offload_threads", parallel.offload_threads, "must be >= 0");
@@ -199,7 +203,6 @@ void Config::validate() const {
   require(log.peak_tflops >= 0, "log.peak_tflops", log.peak_tflops, "must be >= 0");
   require(profile.steps >= 0, "profile.steps", profile.steps, "must be >= 0");
   recompute_every();  // throws naming memory.activation_checkpointing
-
 }
 
 int64_t Config::recompute_every() const { return parse_checkpointing(memory.activation_checkpointing); }
@@ -208,9 +211,8 @@ int64_t Config::grad_accum_steps(int world_size) const {
   const int64_t per_micro = train.micro_batch * train.seq_len * world_size;
   if (per_micro <= 0 || train.batch_tokens % per_micro != 0) {
     bad("train.batch_tokens", to_text(train.batch_tokens),
-        "must be a positive multiple of train.micro_batch x train.seq_len x ranks = " +
-            to_text(train.micro_batch) + " x " + to_text(train.seq_len) + " x " + to_text(world_size) +
-            " = " + to_text(per_micro));
+        "must be a positive multiple of train.micro_batch x train.seq_len x ranks = " + to_text(train.micro_batch) +
+            " x " + to_text(train.seq_len) + " x " + to_text(world_size) + " = " + to_text(per_micro));
   }
   return train.batch_tokens / per_micro;
 }
@@ -228,8 +230,8 @@ ParseResult parse_config(int argc, const char* const argv[]) {
   Config& cfg = result.config;
   OptionList options = bind_options(cfg);
   po::options_description generic("General");
-  generic.add_options()("help,h", "print this help and exit")(
-      "config", po::value<std::string>(&cfg.config_file), "INI file with [section] key = value lines");
+  generic.add_options()("help,h", "print this help and exit")("config", po::value<std::string>(&cfg.config_file),
+                                                              "INI file with [section] key = value lines");
   // Words that are not options are collected so the error can name them.
   std::vector<std::string> stray;
   po::options_description hidden;
@@ -248,7 +250,8 @@ ParseResult parse_config(int argc, const char* const argv[]) {
     throw UserError(std::string("command line: ") + e.what() + " (see --help)");
   }
   if (vm.count("gpt2-stray-args")) {
-    throw UserError("command line: unexpected argument '" + vm["gpt2-stray-args"].as<std::vector<std::string>>().front() +
+    throw UserError("command line: unexpected argument '" +
+                    vm["gpt2-stray-args"].as<std::vector<std::string>>().front() +
                     "' (options are --section.key=value; see --help)");
   }
   if (vm.count("help")) {

@@ -25,10 +25,10 @@ struct ChoiceNames<Offload> {
 };
 
 struct DataConfig {
-  std::string train;                           // token file(s): path, comma list or glob
-  std::string val;                             // "" or "none": no eval
-  std::string tokenizer_dir = "auto";          // for samples; auto = data::find_default_tokenizer_dir(), as every tool
-  int64_t prefetch = 4;                        // batches read ahead by the loader thread
+  std::string train;                   // token file(s): path, comma list or glob
+  std::string val;                     // "" or "none": no eval
+  std::string tokenizer_dir = "auto";  // for samples; auto = data::find_default_tokenizer_dir(), as every tool
+  int64_t prefetch = 4;                // batches read ahead by the loader thread
 };
 
 struct TrainConfig {
@@ -36,24 +36,24 @@ struct TrainConfig {
   int64_t seq_len = 1024;         // tokens per sequence (<= model.block_size)
   int64_t batch_tokens = 524288;  // tokens per optimizer step over all ranks (2^19, GPT-2 paper's 0.5M)
   int64_t max_steps = 1000;
-  double lr = 6e-4;               // peak learning rate after warmup
-  double min_lr = 6e-5;           // cosine floor (10% of lr, as in the GPT-3 paper)
+  double lr = 6e-4;      // peak learning rate after warmup
+  double min_lr = 6e-5;  // cosine floor (10% of lr, as in the GPT-3 paper)
   int64_t warmup_steps = 100;
-  double weight_decay = 0.1;      // 2-D weights only (matmuls, embeddings)
+  double weight_decay = 0.1;  // 2-D weights only (matmuls, embeddings)
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double grad_clip = 1.0;         // global L2 norm; 0 = off
+  double grad_clip = 1.0;  // global L2 norm; 0 = off
   uint64_t seed = 1337;
-  int64_t eval_every = 250;       // 0 = only at the end
-  int64_t eval_steps = 20;        // val micro-batches per eval
-  int64_t sample_every = 0;       // 0 = only at the end
-  int64_t sample_tokens = 64;     // tokens per sample
+  int64_t eval_every = 250;                   // 0 = only at the end
+  int64_t eval_steps = 20;                    // val micro-batches per eval
+  int64_t sample_every = 0;                   // 0 = only at the end
+  int64_t sample_tokens = 64;                 // tokens per sample
   DeviceChoice device = DeviceChoice::kAuto;  // auto | cpu | cuda
-  bool fused_kernels = true;      // CUDA: src/kernels' cross-entropy and LayerNorm instead of LibTorch's
-  bool gemm_tuning = true;        // CUDA bf16/fp16: time each GEMM shape's algorithms once, keep the fastest
-  bool deterministic = false;     // CUDA: the same bits from run to run and across a resume (Note [Deterministic mode])
-  std::string init_from;          // weights to start from (model_weights.h): checkpoint, model file, HF dir; "" = GPT-2 init
+  bool fused_kernels = true;                  // CUDA: src/kernels' cross-entropy and LayerNorm instead of LibTorch's
+  bool gemm_tuning = true;     // CUDA bf16/fp16: time each GEMM shape's algorithms once, keep the fastest
+  bool deterministic = false;  // CUDA: the same bits from run to run and across a resume (Note [Deterministic mode])
+  std::string init_from;  // weights to start from (model_weights.h): checkpoint, model file, HF dir; "" = GPT-2 init
 };
 
 struct PrecisionConfig {
@@ -62,35 +62,37 @@ struct PrecisionConfig {
 };
 
 struct ParallelConfig {
-  parallel::Backend backend = parallel::Backend::kAuto;  // auto (NCCL for several CUDA ranks, else MPI) | nccl | mpi (stages CUDA tensors through host memory)
-  double bucket_mb = 25;          // gradient bucket size (PyTorch DDP's default)
-  int64_t zero_stage = 0;         // 0 | 1 | 2
+  parallel::Backend backend = parallel::Backend::kAuto;  // auto (NCCL for several CUDA ranks, else MPI) | nccl | mpi
+                                                         // (stages CUDA tensors through host memory)
+  double bucket_mb = 25;                                 // gradient bucket size (PyTorch DDP's default)
+  int64_t zero_stage = 0;                                // 0 | 1 | 2
   Offload offload = Offload::kNone;  // none | optimizer (AdamW state in host memory, updated by the CPU)
-  int64_t offload_threads = 0;    // CPU AdamW threads per rank; 0 = hardware threads / ranks on the node
-  double timeout_s = 600;         // a collective older than this ends the job (dead or hung peer); PyTorch NCCL's default
-  double step_timeout_s = 900;    // no step finished for this long on a rank (CPU or GPU, any phase): end the job
+  int64_t offload_threads = 0;       // CPU AdamW threads per rank; 0 = hardware threads / ranks on the node
+  double timeout_s = 600;       // a collective older than this ends the job (dead or hung peer); PyTorch NCCL's default
+  double step_timeout_s = 900;  // no step finished for this long on a rank (CPU or GPU, any phase): end the job
 };
 
 struct MemoryConfig {
   std::string activation_checkpointing = "none";  // none | full | every_k=K
-  bool chunked_loss = false;      // head + cross-entropy in row chunks, no batch logits (less memory, slower today)
-  optim::MomentFormat optimizer_moments = optim::MomentFormat::kFp32;  // fp32 | 8bit (block-wise quantized AdamW moments, optim/moment_layout.h)
-  bool recompute_gelu = false;    // the fused MLP recomputes its GELU output in backward (B x T x 4C less per block)
+  bool chunked_loss = false;  // head + cross-entropy in row chunks, no batch logits (less memory, slower today)
+  optim::MomentFormat optimizer_moments =
+      optim::MomentFormat::kFp32;  // fp32 | 8bit (block-wise quantized AdamW moments, optim/moment_layout.h)
+  bool recompute_gelu = false;     // the fused MLP recomputes its GELU output in backward (B x T x 4C less per block)
 };
 
 struct CheckpointConfig {
   std::string dir = "runs/checkpoints";
-  int64_t every = 0;              // steps between saves; 0 = off
+  int64_t every = 0;  // steps between saves; 0 = off
   int64_t keep = 3;
-  std::string resume = "auto";    // auto | none | PATH
-  bool async = false;             // write the files on a background thread while training goes on
+  std::string resume = "auto";  // auto | none | PATH
+  bool async = false;           // write the files on a background thread while training goes on
 };
 
 struct LogConfig {
   std::string metrics = "runs/metrics.jsonl";  // one JSON object per logged step; "none" = no file
-  std::string tensorboard = "auto";  // TensorBoard event files (the same scalars); see tensorboard_dir()
-  int64_t every = 10;             // steps between metric lines
-  double peak_tflops = 0;         // MFU denominator; 0 = 989 on CUDA (H100/H200 dense bf16), none on CPU
+  std::string tensorboard = "auto";            // TensorBoard event files (the same scalars); see tensorboard_dir()
+  int64_t every = 10;                          // steps between metric lines
+  double peak_tflops = 0;                      // MFU denominator; 0 = 989 on CUDA (H100/H200 dense bf16), none on CPU
 
   // The event directory: `tensorboard`, or for "auto" the tensorboard/ folder beside the metrics
   // file, so a run without a metrics file (as the tests) writes no events either and runs never
@@ -99,7 +101,7 @@ struct LogConfig {
 };
 
 struct ProfileConfig {
-  int64_t steps = 0;              // >0: trace this many steps
+  int64_t steps = 0;  // >0: trace this many steps
   std::string dir = "runs/profile";
 };
 
@@ -113,7 +115,7 @@ struct Config {
   CheckpointConfig checkpoint;
   LogConfig log;
   ProfileConfig profile;
-  std::string config_file;        // where it came from ("" = defaults + command line)
+  std::string config_file;  // where it came from ("" = defaults + command line)
 
   // Checks everything that does not depend on the world size.
   void validate() const;

@@ -19,7 +19,7 @@ class StepFault {
   static StepFault from_environment(int rank);  // GPT2_FAULT_AT, for this rank
   void at_step_start(int64_t step) const;       // throws, kills or hangs when `step` is the one
   bool overflows_at(int64_t step) const { return mode_ == Mode::kInf && step == step_; }
-  void before_sample(int64_t step) const;       // stalls when `step` is the one
+  void before_sample(int64_t step) const;  // stalls when `step` is the one
 
  private:
   enum class Mode { kThrow, kKill, kHang, kInf, kStall };

@@ -81,8 +81,8 @@ MemoryEstimate estimate_memory(const Config& cfg, int world, at::ScalarType comp
   if (cfg.parallel.offload == Offload::kOptimizer) {
     e.optimizer_host = 4 * n + moments + n * (bytes(grads) + (compute == at::kBFloat16 ? 2 : 0));
   } else {
-    e.optimizer_device = moments + (compute != at::kFloat ? 4 * n : 0) +
-                         (grads != at::kFloat && grads != at::kBFloat16 ? 4 * n : 0);
+    e.optimizer_device =
+        moments + (compute != at::kFloat ? 4 * n : 0) + (grads != at::kFloat && grads != at::kBFloat16 ? 4 * n : 0);
   }
 
   const double btc = static_cast<double>(cfg.train.micro_batch) * static_cast<double>(cfg.train.seq_len) *
@@ -96,10 +96,11 @@ MemoryEstimate estimate_memory(const Config& cfg, int world, at::ScalarType comp
 }
 
 std::string MemoryEstimate::describe() const {
-  return log::format("%.2f GiB on the device (weights %.2f, gradients %.2f, optimizer %.2f, activations >= %.2f)"
-                     " + %.2f GiB in pinned host memory",
-                     device_total() / kGiB, weights / kGiB, gradients / kGiB, optimizer_device / kGiB,
-                     activations / kGiB, optimizer_host / kGiB);
+  return log::format(
+      "%.2f GiB on the device (weights %.2f, gradients %.2f, optimizer %.2f, activations >= %.2f)"
+      " + %.2f GiB in pinned host memory",
+      device_total() / kGiB, weights / kGiB, gradients / kGiB, optimizer_device / kGiB, activations / kGiB,
+      optimizer_host / kGiB);
 }
 
 double available_host_bytes() {
@@ -135,15 +136,16 @@ void check_memory_fits(const MemoryEstimate& need, torch::Device device, int ran
   }
   if (have_device >= 0 && need.device_total() > have_device) {
     throw UserError(log::format("this run needs at least %.2f GiB per rank but %s has %.2f GiB: %s. %s",
-                                need.device_total() / kGiB, where.c_str(), have_device / kGiB,
-                                need.describe().c_str(), keys.c_str()));
+                                need.device_total() / kGiB, where.c_str(), have_device / kGiB, need.describe().c_str(),
+                                keys.c_str()));
   }
   const double pinned = need.optimizer_host * local_ranks;
   if (pinned > 0 && host >= 0 && pinned > 0.9 * host) {  // pinned pages cannot be swapped
-    throw UserError(log::format("parallel.offload = optimizer needs %.1f GiB of pinned host memory on this node "
-                                "(%d rank(s) x %.1f GiB) but only %.1f GiB is available; use ZeRO across more "
-                                "ranks (parallel.zero_stage) or more nodes",
-                                pinned / kGiB, local_ranks, need.optimizer_host / kGiB, host / kGiB));
+    throw UserError(
+        log::format("parallel.offload = optimizer needs %.1f GiB of pinned host memory on this node "
+                    "(%d rank(s) x %.1f GiB) but only %.1f GiB is available; use ZeRO across more "
+                    "ranks (parallel.zero_stage) or more nodes",
+                    pinned / kGiB, local_ranks, need.optimizer_host / kGiB, host / kGiB));
   }
 }
 

@@ -54,8 +54,7 @@ std::string json_number(double v) {
 }
 
 double flops_per_token(const GPT2Config& model, int64_t num_params, int64_t seq_len) {
-  return 6.0 * static_cast<double>(num_params) +
-         12.0 * static_cast<double>(model.n_layer * model.n_embd * seq_len);
+  return 6.0 * static_cast<double>(num_params) + 12.0 * static_cast<double>(model.n_layer * model.n_embd * seq_len);
 }
 
 double peak_memory_gib(int cuda_device) {

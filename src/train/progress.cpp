@@ -67,12 +67,14 @@ double ProgressLog::step_done(int64_t step, const torch::Tensor& loss_sum, int64
   // unknown until the second logged step.
   rate_.add(step, std::chrono::duration<double>(Clock::now() - run_start_).count());
   const double per_step = rate_.seconds_per_step();
-  const std::string eta = std::isnan(per_step) ? "--" : format_duration(per_step * static_cast<double>(max_steps_ - step - 1));
+  const std::string eta =
+      std::isnan(per_step) ? "--" : format_duration(per_step * static_cast<double>(max_steps_ - step - 1));
   const std::string mfu_text = std::isnan(mfu) ? "n/a" : log::format("%.1f%%", 100.0 * mfu);
-  log::info(log::format("step %lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | mfu %s | "
-                        "mem %.2f GiB | eta %s",
-                        (long long)step, (long long)max_steps_, step_loss, lr, norm, ms_per_step, tok_per_sec,
-                        mfu_text.c_str(), mem, eta.c_str()));
+  log::info(
+      log::format("step %lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | mfu %s | "
+                  "mem %.2f GiB | eta %s",
+                  (long long)step, (long long)max_steps_, step_loss, lr, norm, ms_per_step, tok_per_sec,
+                  mfu_text.c_str(), mem, eta.c_str()));
   metrics_.write(step,
                  {{"loss", step_loss},
                   {"lr", lr},

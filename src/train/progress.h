@@ -7,10 +7,10 @@
 #include <torch/types.h>
 
 #include <chrono>
-#include <deque>
-#include <utility>
 #include <cstdint>
+#include <deque>
 #include <string>
+#include <utility>
 
 #include "parallel/rank_env.h"
 #include "src/train/config.h"

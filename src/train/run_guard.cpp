@@ -49,9 +49,10 @@ StepWatchdog::StepWatchdog(double timeout_s) : timeout_(timeout_s) {
       const double idle =
           std::chrono::duration<double>(Clock::now() - Clock::time_point(Clock::duration(last_.load()))).count();
       if (!stop_ && idle > timeout_) {
-        log::error(log::format("no training step finished for %.0f s (parallel.step_timeout_s): a rank died or "
-                               "hangs; ending the job",
-                               idle));
+        log::error(
+            log::format("no training step finished for %.0f s (parallel.step_timeout_s): a rank died or "
+                        "hangs; ending the job",
+                        idle));
         log::flush();
         std::_Exit(kExitFailure);
       }

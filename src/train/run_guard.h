@@ -32,7 +32,8 @@ class StopSignals {
   void set_preempted() { preempted_ = true; }
 
  private:
-  struct sigaction old_usr1_ {}, old_term_ {};
+  struct sigaction old_usr1_ {
+  }, old_term_{};
   bool preempted_ = false;
 };
 

@@ -89,8 +89,7 @@ std::string file_version_event(double wall_time, const std::string& version) {
   return event;
 }
 
-std::string scalars_event(double wall_time, int64_t step,
-                          const std::vector<std::pair<std::string, double>>& scalars) {
+std::string scalars_event(double wall_time, int64_t step, const std::vector<std::pair<std::string, double>>& scalars) {
   std::string summary;
   for (const auto& [tag, value] : scalars) {
     std::string v;
@@ -118,8 +117,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   char host[256] = {};
   if (gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') std::strcpy(host, "localhost");
   const double now = tensorboard::now_seconds();
-  path_ = files::join(dir, "events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) +
-                               "." + host);
+  path_ = files::join(dir, "events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) + "." + host);
   // Append: a second writer started in the same second adds its records instead of destroying
   // the first one's (a file may hold several file_version events).
   out_.open(path_, std::ios::out | std::ios::app | std::ios::binary);
@@ -132,8 +130,7 @@ void TensorBoardWriter::add_scalar(const std::string& tag, double value, int64_t
   add_scalars(step, {{tag, value}});
 }
 
-void TensorBoardWriter::add_scalars(int64_t step,
-                                    const std::vector<std::pair<std::string, double>>& scalars) {
+void TensorBoardWriter::add_scalars(int64_t step, const std::vector<std::pair<std::string, double>>& scalars) {
   if (!enabled() || scalars.empty()) return;
   write_record(tensorboard::scalars_event(tensorboard::now_seconds(), step, scalars));
   flush();
@@ -145,8 +142,6 @@ void TensorBoardWriter::flush() {
   if (!out_) throw UserError(path_ + ": cannot write TensorBoard event file");
 }
 
-void TensorBoardWriter::write_record(const std::string& data) {
-  out_ << tensorboard::frame_record(data);
-}
+void TensorBoardWriter::write_record(const std::string& data) { out_ << tensorboard::frame_record(data); }
 
 }  // namespace gpt2

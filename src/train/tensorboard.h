@@ -48,8 +48,7 @@ std::string frame_record(const std::string& data);
 // Serialized Event{wall_time, file_version} (the first event of every file).
 std::string file_version_event(double wall_time, const std::string& version = "brain.Event:2");
 // Serialized Event{wall_time, step, summary{value{tag, simple_value} ...}}.
-std::string scalars_event(double wall_time, int64_t step,
-                          const std::vector<std::pair<std::string, double>>& scalars);
+std::string scalars_event(double wall_time, int64_t step, const std::vector<std::pair<std::string, double>>& scalars);
 
 }  // namespace tensorboard
 }  // namespace gpt2

@@ -75,9 +75,10 @@ Config with_dtype_for(const Config& requested, torch::Device device, bool warn) 
   if (cfg.precision.dtype == DtypeChoice::kAuto) {
     cfg.precision.dtype = bf16_fast ? DtypeChoice::kBf16 : DtypeChoice::kFp32;
   } else if (cfg.precision.dtype == DtypeChoice::kBf16 && !bf16_fast && warn) {
-    log::warn("precision.dtype = bf16 on a CPU without fast bf16 GEMMs: LibTorch multiplies bf16 in a portable "
-              "loop here (configs/tiny.ini: 61 s a step in bf16 against 1.0 s in fp32 on an AVX2 CPU); "
-              "precision.dtype = auto picks fp32 on such a CPU");
+    log::warn(
+        "precision.dtype = bf16 on a CPU without fast bf16 GEMMs: LibTorch multiplies bf16 in a portable "
+        "loop here (configs/tiny.ini: 61 s a step in bf16 against 1.0 s in fp32 on an AVX2 CPU); "
+        "precision.dtype = auto picks fp32 on such a CPU");
   }
   return cfg;
 }
@@ -126,7 +127,8 @@ std::string checkpoint_to_resume(const CheckpointConfig& cc, bool warn) {
   const bool automatic = cc.resume == "auto";
   const std::string found = find_checkpoint(automatic ? cc.dir : cc.resume, warn);
   if (found.empty() && !automatic) {
-    throw UserError("config: checkpoint.resume = " + cc.resume + ": no checkpoint there (neither manifest.json nor latest)");
+    throw UserError("config: checkpoint.resume = " + cc.resume +
+                    ": no checkpoint there (neither manifest.json nor latest)");
   }
   return found;
 }
@@ -211,7 +213,8 @@ class GemmTuningTable {
 class DeterministicMode {
  public:
   DeterministicMode(bool on, const torch::Device& device) : on_(on && device.is_cuda()) {
-    if (on && !on_) log::info("train.deterministic: a CPU run is deterministic as it is (Note [Partition-free arithmetic])");
+    if (on && !on_)
+      log::info("train.deterministic: a CPU run is deterministic as it is (Note [Partition-free arithmetic])");
     if (!on_) return;
     auto& ctx = at::globalContext();
     algorithms_ = ctx.deterministicAlgorithms();
@@ -279,7 +282,7 @@ std::unique_ptr<parallel::Communicator> make_communicator(const Config& cfg, con
 // AdamW over this rank's shard of the flat parameter space (ZeRO 1/2) or all of it (ZeRO 0), on
 // the device or, with parallel.offload = optimizer, in pinned host memory.
 optim::ShardedOptimizer::Options optimizer_options(const Config& cfg, const parallel::RankEnv& env,
-                                               const parallel::FlatLayout& layout, Precision precision) {
+                                                   const parallel::FlatLayout& layout, Precision precision) {
   const auto& tc = cfg.train;
   optim::ShardedOptimizer::Options o;
   o.adamw.beta1 = tc.beta1;
@@ -297,9 +300,12 @@ optim::ShardedOptimizer::Options optimizer_options(const Config& cfg, const para
 }
 
 CheckpointSettings checkpoint_settings(const Config& cfg) {
-  return {cfg.checkpoint.dir,        cfg.checkpoint.keep,
-          cfg.parallel.zero_stage,   choice_name(cfg.parallel.offload),
-          choice_name(cfg.precision.dtype), cfg.train.seed,
+  return {cfg.checkpoint.dir,
+          cfg.checkpoint.keep,
+          cfg.parallel.zero_stage,
+          choice_name(cfg.parallel.offload),
+          choice_name(cfg.precision.dtype),
+          cfg.train.seed,
           cfg.table()};
 }
 
@@ -314,9 +320,9 @@ void log_settings(const Config& cfg, const parallel::RankEnv& env, torch::Device
 // Every rank takes part in the gather; rank 0 logs.
 void log_placement(const parallel::RankEnv& env, torch::Device device) {
   // "node index <TAB> node name <TAB> this rank's part of the line"
-  const auto all = env.gather_to_main(
-      log::format("%d\t%s\trank %d = local %d (%s)", env.node_index(), env.node_name().c_str(), env.rank(),
-                  env.local_rank(), device.str().c_str()));
+  const auto all =
+      env.gather_to_main(log::format("%d\t%s\trank %d = local %d (%s)", env.node_index(), env.node_name().c_str(),
+                                     env.rank(), env.local_rank(), device.str().c_str()));
   if (all.empty()) return;
   std::vector<std::string> names(env.num_nodes()), ranks(env.num_nodes());
   for (const std::string& text : all) {
@@ -339,11 +345,12 @@ void log_parallel_setup(const Config& cfg, const parallel::RankEnv& env, const p
   log::info("data parallel: ", env.world_size(), " rank(s), ", comm.backend(), ", ", buckets.num_buckets(),
             " gradient buckets of <= ", cfg.parallel.bucket_mb, " MiB, ZeRO stage ", cfg.parallel.zero_stage,
             ", parameters ", c10::toString(precision.compute), ", gradients ", c10::toString(precision.grads));
-  log::info(log::format("optimizer state: %.1f MiB on the device, %.1f MiB in host memory%s, on this rank "
-                        "(%lld of %lld parameters)",
-                        optimizer.state_bytes() / 1048576.0, optimizer.host_state_bytes() / 1048576.0,
-                        options.offload ? log::format(" (offload, %d CPU threads)", options.adamw.host_threads).c_str() : "",
-                        (long long)optimizer.shard_numel(), (long long)layout.total));
+  log::info(
+      log::format("optimizer state: %.1f MiB on the device, %.1f MiB in host memory%s, on this rank "
+                  "(%lld of %lld parameters)",
+                  optimizer.state_bytes() / 1048576.0, optimizer.host_state_bytes() / 1048576.0,
+                  options.offload ? log::format(" (offload, %d CPU threads)", options.adamw.host_threads).c_str() : "",
+                  (long long)optimizer.shard_numel(), (long long)layout.total));
 }
 
 // The batches of a run (Note [Batch layout]). Training batch i is micro-step i % accum of step
@@ -353,12 +360,14 @@ struct RunData {
   RunData(const Config& cfg, const parallel::RankEnv& env, torch::Device device, int64_t accum, int64_t start_step)
       : train_stream(data::TokenStream::open(cfg.data.train, cfg.model.vocab_size, "data.train")),
         sampler(train_stream.size(), cfg.train.seq_len, cfg.train.seed, "data.train = " + cfg.data.train),
-        train(train_stream,
-              [this, accum, rank = env.rank(), world = env.world_size(), mb = cfg.train.micro_batch](int64_t i, int64_t row) {
-                return sampler.window_start(data::global_sample_index(i / accum, i % accum, rank, row, mb, world, accum));
-              },
-              cfg.train.micro_batch, cfg.train.seq_len, cfg.model.vocab_size, device,
-              static_cast<int>(cfg.data.prefetch), /*first_index=*/start_step * accum) {
+        train(
+            train_stream,
+            [this, accum, rank = env.rank(), world = env.world_size(), mb = cfg.train.micro_batch](int64_t i,
+                                                                                                   int64_t row) {
+              return sampler.window_start(data::global_sample_index(i / accum, i % accum, rank, row, mb, world, accum));
+            },
+            cfg.train.micro_batch, cfg.train.seq_len, cfg.model.vocab_size, device, static_cast<int>(cfg.data.prefetch),
+            /*first_index=*/start_step * accum) {
     const int64_t T = cfg.train.seq_len, mb = cfg.train.micro_batch, eval_steps = cfg.train.eval_steps;
     if (!cfg.data.val.empty()) {
       val_stream.emplace(data::TokenStream::open(cfg.data.val, cfg.model.vocab_size, "data.val"));
@@ -405,12 +414,16 @@ void log_sample(GPT2& model, const data::Gpt2Tokenizer& tokenizer, const TrainCo
 }
 
 void log_summary(const TrainResult& r, int64_t max_steps, double seconds) {
-  const std::string val_text = r.val_losses.empty() ? "" : log::format(" | val loss %.4f -> %.4f",
-                                                                      r.val_losses.front().second, r.val_losses.back().second);
+  const std::string val_text =
+      r.val_losses.empty()
+          ? ""
+          : log::format(" | val loss %.4f -> %.4f", r.val_losses.front().second, r.val_losses.back().second);
   const std::string loss_text = r.losses.empty() ? "" : log::format(" | loss %.4f", r.losses.back());
-  const std::string steps_text = r.end_step > r.start_step
-      ? log::format("steps %lld-%lld of %lld", (long long)r.start_step, (long long)r.end_step - 1, (long long)max_steps)
-      : log::format("no steps (at step %lld of %lld)", (long long)r.start_step, (long long)max_steps);
+  const std::string steps_text =
+      r.end_step > r.start_step
+          ? log::format("steps %lld-%lld of %lld", (long long)r.start_step, (long long)r.end_step - 1,
+                        (long long)max_steps)
+          : log::format("no steps (at step %lld of %lld)", (long long)r.start_step, (long long)max_steps);
   // The speed leaves out each process's first step (warm-up): unknown when that was the only one.
   const std::string speed_text = r.tokens_per_sec > 0 ? log::format("%.0f tok/s", r.tokens_per_sec) : "tok/s n/a";
   log::info(log::format("%s: %s in %s%s | %s | peak mem %.2f GiB", r.preempted ? "stopped (preempted)" : "done",
@@ -426,7 +439,8 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
 
   // ---- set-up (all ranks) -------------------------------------------------------------------
   const torch::Device device = pick_device(requested.train.device, env.local_rank());
-  const Config cfg = with_dtype_for(requested, device, env.is_main());  // the table, the manifest and the run see no "auto"
+  const Config cfg =
+      with_dtype_for(requested, device, env.is_main());  // the table, the manifest and the run see no "auto"
   const auto& tc = cfg.train;
   const DeterministicMode deterministic(tc.deterministic, device);  // before cuBLAS and NCCL read their variables
   // Every generator from the seed, the CPU's too: checkpoints hold its state, and LibTorch seeds it
@@ -439,8 +453,8 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
   log_settings(cfg, env, device, accum);
   const MemoryEstimate memory = estimate_memory(cfg, world, precision.compute, precision.grads);
   const int64_t num_params = memory.parameters;
-  log::info(num_params, " parameters (", num_params / 1e6, "M with vocab padding); memory (estimate, per rank): ",
-            memory.describe());
+  log::info(num_params, " parameters (", num_params / 1e6,
+            "M with vocab padding); memory (estimate, per rank): ", memory.describe());
   check_memory_fits(memory, device, ranks_per_device(env, device), env.local_size());
   log_placement(env, device);
   const std::string resume_from = checkpoint_to_resume(cfg.checkpoint, env.is_main());
@@ -465,7 +479,8 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
   // ---- resume (all ranks): optimizer shards, parameters, loss scale; the data order needs only
   // the step (Note [Batch layout]).
   const int64_t start_step = resume_from.empty() ? 0
-      : resume_checkpoint(resume_from, model, cfg.parallel.zero_stage, env, layout, optimizer, scaler);
+                                                 : resume_checkpoint(resume_from, model, cfg.parallel.zero_stage, env,
+                                                                     layout, optimizer, scaler);
   if (start_step >= tc.max_steps && tc.max_steps > 0) {
     log::info("the checkpoint is at step ", start_step, " >= train.max_steps ", tc.max_steps, ": nothing to do");
   }
@@ -630,7 +645,8 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
   result.optimizer_host_bytes = optimizer.host_state_bytes();
   result.loss_scale = scaler.enabled() ? scaler.scale() : 1.0;
   if (tokenizer && !result.preempted) log_sample(model, *tokenizer, tc, tc.max_steps);
-  if (tc.sample_tokens > 0 && !result.preempted) env.barrier();  // before a caller's next collective (Note [Rank-0 work])
+  if (tc.sample_tokens > 0 && !result.preempted)
+    env.barrier();  // before a caller's next collective (Note [Rank-0 work])
   log_summary(result, tc.max_steps, progress.seconds());
   result.model = model;
   return result;

@@ -17,7 +17,7 @@ TEST(Decimal, DefaultsReadAsWritten) {
   EXPECT_EQ(decimal(0.95), "0.95");
   EXPECT_EQ(decimal(0.1), "0.1");
   EXPECT_EQ(decimal(25.0), "25");
-  EXPECT_EQ(decimal(30.0), "30");    // %.1g alone would say 3e+01
+  EXPECT_EQ(decimal(30.0), "30");  // %.1g alone would say 3e+01
   EXPECT_EQ(decimal(900.0), "900");
   EXPECT_EQ(decimal(1e20), "1e+20");
   EXPECT_EQ(decimal(2.5e6), "2500000");

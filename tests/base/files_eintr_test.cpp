@@ -24,7 +24,7 @@
 namespace {
 
 bool g_interrupting = false;
-std::map<std::string, int>* g_calls = nullptr;      // per call: how many while interrupting
+std::map<std::string, int>* g_calls = nullptr;       // per call: how many while interrupting
 std::map<std::string, int>* g_interrupts = nullptr;  // per call: how many failed with EINTR
 
 // Whether this call of `name` is to fail with EINTR: every other one while interrupting.
@@ -50,17 +50,17 @@ int __real_close(int fd);
 int __real_rename(const char* from, const char* to);
 int __real_mkdir(const char* path, mode_t mode);
 
-#define GPT2_WRAP_OPEN(name)                                            \
-  int __wrap_##name(const char* path, int flags, ...) {                 \
-    mode_t mode = 0;                                                    \
-    if ((flags & O_CREAT) != 0) {                                       \
-      va_list ap;                                                       \
-      va_start(ap, flags);                                              \
-      mode = static_cast<mode_t>(va_arg(ap, int));                      \
-      va_end(ap);                                                       \
-    }                                                                   \
-    if (interrupt(#name)) return -1;                                    \
-    return __real_##name(path, flags, mode);                            \
+#define GPT2_WRAP_OPEN(name)                            \
+  int __wrap_##name(const char* path, int flags, ...) { \
+    mode_t mode = 0;                                    \
+    if ((flags & O_CREAT) != 0) {                       \
+      va_list ap;                                       \
+      va_start(ap, flags);                              \
+      mode = static_cast<mode_t>(va_arg(ap, int));      \
+      va_end(ap);                                       \
+    }                                                   \
+    if (interrupt(#name)) return -1;                    \
+    return __real_##name(path, flags, mode);            \
   }
 GPT2_WRAP_OPEN(open)
 GPT2_WRAP_OPEN(open64)

@@ -117,7 +117,8 @@ TEST(Files, ListDirectoryIsSortedWithoutDots) {
   EXPECT_TRUE(list_directory(dir.file("c")).empty());
   EXPECT_HAS(user_error([&] { list_directory(dir.file("nope")); }),
              dir.file("nope") + ": cannot list directory: No such file");
-  EXPECT_HAS(user_error([&] { list_directory(dir.file("a")); }), dir.file("a") + ": cannot list directory: Not a directory");
+  EXPECT_HAS(user_error([&] { list_directory(dir.file("a")); }),
+             dir.file("a") + ": cannot list directory: Not a directory");
 }
 
 TEST(Files, RemoveTreeDoesNotFollowSymlinks) {

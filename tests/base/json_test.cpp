@@ -101,10 +101,13 @@ TEST(Json, ErrorsNameSourceLineAndColumn) {
 }
 
 TEST(Json, RejectsInvalidDocuments) {
-  for (const char* bad : {"01", "1.", ".5", "-", "1e", "+1", "NaN", "[1 2]", "{\"a\":1,}", "{a:1}",
-                          "'x'", "\"tab\there\"", "\"\\u12\"", "\"\\u12G4\"", "\"\\ud800\"",
-                          "\"\\ud800\\u0041\"", "\"\\udc00\"", "\"\xFF\"", "\"\xC0\xAF\"",
-                          "\"\xED\xA0\x80\"", "[", "{", "nul", "truex", "{} x", "\"abc"}) {
+  for (const char* bad : {"01",          "1.",          ".5",           "-",
+                          "1e",          "+1",          "NaN",          "[1 2]",
+                          "{\"a\":1,}",  "{a:1}",       "'x'",          "\"tab\there\"",
+                          "\"\\u12\"",   "\"\\u12G4\"", "\"\\ud800\"",  "\"\\ud800\\u0041\"",
+                          "\"\\udc00\"", "\"\xFF\"",    "\"\xC0\xAF\"", "\"\xED\xA0\x80\"",
+                          "[",           "{",           "nul",          "truex",
+                          "{} x",        "\"abc"}) {
     const std::string msg = parse_error(bad);
     EXPECT_EQ(msg.rfind("doc.json: line ", 0), 0u) << "for " << bad << ": " << msg;
   }
@@ -116,8 +119,9 @@ TEST(Json, RejectsInvalidDocuments) {
 
 TEST(Json, DuplicateKeysLastWinsOrRejected) {
   EXPECT_EQ(as_int(at(parse(R"({"a": 1, "a": 2})", "t"), "a", "t"), "a"), 2);
-  EXPECT_EQ(error_of([] { parse(R"({"w": {"a": 1, "b": 2}, "v": {"a": 3, "a": 4}})", "h.json", DuplicateKeys::kReject); }),
-            "h.json: duplicate key 'a'");
+  EXPECT_EQ(
+      error_of([] { parse(R"({"w": {"a": 1, "b": 2}, "v": {"a": 3, "a": 4}})", "h.json", DuplicateKeys::kReject); }),
+      "h.json: duplicate key 'a'");
   // The same key in different objects is no repeat.
   EXPECT_EQ(as_object(parse(R"({"w": {"a": 1}, "v": {"a": 3}, "a": 0})", "t", DuplicateKeys::kReject), "t").size(), 3u);
 }

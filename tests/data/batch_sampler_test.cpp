@@ -62,8 +62,9 @@ TEST(BatchSampler, TooShortStreamIsANamedError) {
     BatchSampler(10, 32, 0, "data.val = v.h5");
     FAIL() << "no error for a stream shorter than one window";
   } catch (const UserError& e) {
-    EXPECT_STREQ(e.what(), "data.val = v.h5: token stream of 10 tokens is shorter than one window of 33 tokens "
-                           "(the sequence length + 1)");
+    EXPECT_STREQ(e.what(),
+                 "data.val = v.h5: token stream of 10 tokens is shorter than one window of 33 tokens "
+                 "(the sequence length + 1)");
   }
 }
 

@@ -85,20 +85,23 @@ TEST(BinShard, MalformedShards) {
   EXPECT_EQ(err("v2.bin", llmc_bytes(t, kLlmcMagic, 2)),
             dir.file("v2.bin") + ": llm.c header version 2 is not supported (expected 1 = uint16 GPT-2 tokens)");
   EXPECT_EQ(err("count.bin", llmc_bytes(t, kLlmcMagic, 1, 6)),
-            dir.file("count.bin") + ": llm.c header says 6 tokens (1036 bytes with the header) but the file has 1032 "
-                                    "bytes (truncated?)");
+            dir.file("count.bin") +
+                ": llm.c header says 6 tokens (1036 bytes with the header) but the file has 1032 "
+                "bytes (truncated?)");
   EXPECT_HAS(err("fewer.bin", llmc_bytes(t, kLlmcMagic, 1, 2)), "llm.c header says 2 tokens (1028 bytes");
   EXPECT_EQ(err("neg.bin", llmc_bytes(t, kLlmcMagic, 1, 0xFFFFFFFFll)),
             dir.file("neg.bin") + ": llm.c header token count -1 is negative");
   EXPECT_EQ(err("magic.bin", llmc_bytes(t, 12345), BinFormat::kLlmc),
-            dir.file("magic.bin") + ": no llm.c header: the first int32 is 12345, expected magic 20240520 (for "
-                                    "headerless nanoGPT uint16 files use --bin_format=raw)");
+            dir.file("magic.bin") +
+                ": no llm.c header: the first int32 is 12345, expected magic 20240520 (for "
+                "headerless nanoGPT uint16 files use --bin_format=raw)");
   EXPECT_HAS(err("llama.bin", llmc_bytes(t, kLlmcLlama3Magic, 7)), "an llm.c LLaMA-3 shard (magic 20240801");
   EXPECT_EQ(err("cut.bin", llmc_bytes(t).substr(0, 100)),
             dir.file("cut.bin") + ": truncated llm.c header: the file has 100 bytes, the header alone needs 1024");
   EXPECT_EQ(err("odd.bin", u16_bytes(t) + "x"),
-            dir.file("odd.bin") + ": 9 bytes is an odd size: no llm.c header (magic 20240520) and not raw uint16 "
-                                  "tokens (nanoGPT)");
+            dir.file("odd.bin") +
+                ": 9 bytes is an odd size: no llm.c header (magic 20240520) and not raw uint16 "
+                "tokens (nanoGPT)");
   EXPECT_EQ(err("empty.bin", ""), dir.file("empty.bin") + ": empty .bin file (no header, no tokens)");
   EXPECT_EQ(err("ids.bin", u16_bytes({1, 2, 3, 60000, 5})),
             dir.file("ids.bin") + ": token at position 3 is 60000, not below vocab_size 50257 (not GPT-2 tokens?)");
@@ -114,7 +117,8 @@ TEST(Jsonl, DocumentsAndErrors) {
   EXPECT_EQ(jsonl_document(R"({"text": "hi \u00e9\n", "id": 3})", "f:1"), std::optional<std::string>("hi \xC3\xA9\n"));
   EXPECT_EQ(jsonl_document("  \r", "f:1"), std::nullopt);
   EXPECT_EQ(user_error([] { jsonl_document(R"({"text": "a")", "c.jsonl:7"); }),
-            "c.jsonl:7: column 13: syntax error while parsing object - unexpected end of input; expected '}' (not a JSON line)");
+            "c.jsonl:7: column 13: syntax error while parsing object - unexpected end of input; expected '}' (not a "
+            "JSON line)");
   EXPECT_EQ(user_error([] { jsonl_document(R"(["text"])", "c.jsonl:2"); }),
             "c.jsonl:2: expected a JSON object with a \"text\" string, got an array");
   EXPECT_EQ(user_error([] { jsonl_document(R"({"content": "x"})", "c.jsonl:3"); }),
@@ -167,12 +171,15 @@ TEST(Inputs, GlobsDirectoriesKindsAndDuplicates) {
 TEST(Inputs, BadPatternsAndPaths) {
   TempDir dir;
   EXPECT_EQ(user_error([&] { expand_inputs({dir.file("*.txt")}); }),
-            "'" + dir.file("*.txt") + "': the pattern matches no files (a glob is expanded by gpt2-data; check the "
-                                      "directory and the quotes)");
+            "'" + dir.file("*.txt") +
+                "': the pattern matches no files (a glob is expanded by gpt2-data; check the "
+                "directory and the quotes)");
   EXPECT_EQ(user_error([&] { expand_inputs({dir.file("nope/[ab].txt")}); }),
-            "'" + dir.file("nope/[ab].txt") + "': the pattern matches no files (a glob is expanded by gpt2-data; "
-                                              "check the directory and the quotes)");
-  EXPECT_EQ(user_error([&] { expand_inputs({dir.file("missing.txt")}); }), dir.file("missing.txt") + ": no such file or directory");
+            "'" + dir.file("nope/[ab].txt") +
+                "': the pattern matches no files (a glob is expanded by gpt2-data; "
+                "check the directory and the quotes)");
+  EXPECT_EQ(user_error([&] { expand_inputs({dir.file("missing.txt")}); }),
+            dir.file("missing.txt") + ": no such file or directory");
   EXPECT_HAS(user_error([&] { expand_inputs({""}); }), "an INPUT is an empty string");
   EXPECT_HAS(user_error([&] { expand_inputs({}); }), "no INPUT given");
   // A file whose name has glob characters is read as named.
@@ -221,8 +228,15 @@ TEST(CorpusReader, MixedInputsInOrderWhateverTheBatchSize) {
   const std::vector<std::string> inputs = {dir.file("a.txt"), dir.file("b.jsonl"), dir.file("c1.bin"),
                                            dir.file("c2.bin"), dir.file("d.txt")};
   const std::string eot = std::to_string(kEot);
-  const std::vector<std::string> expected = {"one\n", "two\n", "three", "four", "#" + eot + ",",
-                                             "#10,11," + eot + ",", "#12,13," + eot + ",", "#14," + eot + ",", "five"};
+  const std::vector<std::string> expected = {"one\n",
+                                             "two\n",
+                                             "three",
+                                             "four",
+                                             "#" + eot + ",",
+                                             "#10,11," + eot + ",",
+                                             "#12,13," + eot + ",",
+                                             "#14," + eot + ",",
+                                             "five"};
   int64_t one_batch = 0, many = 0;
   EXPECT_EQ(stream_documents(inputs, INT64_MAX, &one_batch), expected);
   EXPECT_EQ(one_batch, 1);
@@ -246,8 +260,9 @@ TEST(CorpusReader, BadInputsNameTheFileAndLine) {
   TempDir dir;
   write_file(dir.file("bad.jsonl"), "{\"text\": \"ok\"}\n{\"text\": \"ok\"}\n{\"text\" \"no colon\"}\n");
   EXPECT_EQ(user_error([&] { Corpus::load({dir.file("bad.jsonl")}, std::nullopt); }),
-            dir.file("bad.jsonl") + ":3: column 18: syntax error while parsing object separator - unexpected string "
-                                    "literal; expected ':' (not a JSON line)");
+            dir.file("bad.jsonl") +
+                ":3: column 18: syntax error while parsing object separator - unexpected string "
+                "literal; expected ':' (not a JSON line)");
   write_file(dir.file("bad.bin"), llmc_bytes({1, 2}, kLlmcMagic, 3));
   EXPECT_HAS(user_error([&] { Corpus::load({dir.file("bad.bin")}, std::nullopt); }),
              dir.file("bad.bin") + ": llm.c header version 3 is not supported");
@@ -283,7 +298,8 @@ TEST(ShardWriter, ExactlyOneShardKeepsTheSingleName) {
   EXPECT_EQ(w.finish(), std::vector<std::string>{dir.file("val.h5")});
   ShardWriter empty(dir.path(), "none", 10, TokenFileAttrs{});
   EXPECT_TRUE(empty.finish().empty());
-  EXPECT_HAS(user_error([&] { ShardWriter(dir.path(), "x", 0, TokenFileAttrs{}); }), "--shard_tokens 0 must be positive");
+  EXPECT_HAS(user_error([&] { ShardWriter(dir.path(), "x", 0, TokenFileAttrs{}); }),
+             "--shard_tokens 0 must be positive");
   ShardWriter bad(dir.path(), "bad", 10, TokenFileAttrs{});
   const int32_t ids[2] = {1, 70000};
   EXPECT_HAS(user_error([&] { bad.append(ids, 2); }), "bad: token id 70000 is outside [0, vocab_size 50257)");

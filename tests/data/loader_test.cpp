@@ -39,8 +39,8 @@ TEST(TokenStream, ShardsReadAsTheirConcatenation) {
     write_token_file(dir.file("shard_" + std::to_string(k) + ".h5"), part, attrs());
     all.insert(all.end(), part.begin(), part.end());
   }
-  for (const std::string& spec : {dir.file("shard_*.h5"),
-                                 dir.file("shard_0.h5") + "," + dir.file("shard_1.h5") + "," + dir.file("shard_2.h5")}) {
+  for (const std::string& spec :
+       {dir.file("shard_*.h5"), dir.file("shard_0.h5") + "," + dir.file("shard_1.h5") + "," + dir.file("shard_2.h5")}) {
     auto s = TokenStream::open(spec, 1000, "data.train");
     ASSERT_EQ(s.size(), static_cast<int64_t>(all.size()));
     EXPECT_EQ(s.describe(), std::to_string(all.size()) + " tokens in 3 file(s) from " + dir.file("shard_0.h5"));
@@ -57,8 +57,7 @@ TEST(TokenStream, ShardsReadAsTheirConcatenation) {
 
 TEST(TokenStream, ErrorsNameTheSpecOrFile) {
   test::TempDir dir;
-  EXPECT_HAS(test::user_error([&] { TokenStream::open(dir.file("nothing_*.h5"), 1000, "data.train"); }),
-             "data.train");
+  EXPECT_HAS(test::user_error([&] { TokenStream::open(dir.file("nothing_*.h5"), 1000, "data.train"); }), "data.train");
   EXPECT_HAS(test::user_error([&] { TokenStream::open(dir.file("nothing_*.h5"), 1000, "data.train"); }),
              "matches no file");
   write_token_file(dir.file("a.h5"), pattern(100, 0), attrs());
@@ -94,7 +93,8 @@ TEST(Prefetcher, DeliversInOrderAndSurfacesErrors) {
 TEST(Prefetcher, StopsCleanlyWhileAhead) {
   int reusable_calls = 0;
   {
-    Prefetcher p(1, 4, /*depth=*/2, false, [](int64_t i, torch::Tensor& b) { b.fill_(i); }, 0);
+    Prefetcher p(
+        1, 4, /*depth=*/2, false, [](int64_t i, torch::Tensor& b) { b.fill_(i); }, 0);
     auto slot = p.next();
     p.release(slot, [&] { ++reusable_calls; });
     p.next();  // keep one in use; the thread is blocked on a full ring when we leave
@@ -130,7 +130,10 @@ TEST(BatchLoader, ResumeMidEpochReadsWhatAnUninterruptedRunReads) {
   const BatchSampler sampler(stream.size(), 8, 42);
   auto make = [&](int64_t first_index) {
     return std::make_unique<BatchLoader>(
-        stream, [&](int64_t i, int64_t row) { return sampler.window_start(global_sample_index(i / 2, i % 2, 0, row, 4, 1, 2)); },
+        stream,
+        [&](int64_t i, int64_t row) {
+          return sampler.window_start(global_sample_index(i / 2, i % 2, 0, row, 4, 1, 2));
+        },
         4, 8, 1000, torch::kCPU, 3, first_index);
   };
   auto straight = make(0);
@@ -180,8 +183,8 @@ TEST(BatchLoader, IdsOutsideTheModelVocabNameFileAndPosition) {
   tokens[123] = 990;
   write_token_file(dir.file("t.h5"), tokens, attrs());
   auto stream = TokenStream::open(dir.file("t.h5"), 1000, "data.train");
-  BatchLoader loader(stream, [](int64_t, int64_t) { return int64_t{120}; }, 1, 8, /*vocab_size=*/990,
-                     torch::kCPU, 2);
+  BatchLoader loader(
+      stream, [](int64_t, int64_t) { return int64_t{120}; }, 1, 8, /*vocab_size=*/990, torch::kCPU, 2);
   const std::string msg = test::user_error([&] { loader.next(); });
   EXPECT_HAS(msg, "t.h5");
   EXPECT_HAS(msg, "position 123");

@@ -17,8 +17,8 @@
 #include <numeric>
 
 #include "data/batch_sampler.h"
-#include "src/base/h5_check.h"
 #include "src/base/files.h"
+#include "src/base/h5_check.h"
 #include "tests/test_util.h"
 
 namespace gpt2::data {
@@ -74,8 +74,7 @@ void tokens_dataset(hid_t file, hid_t file_type, const std::vector<uint32_t>& da
     H5_CHECK(H5Pset_chunk(dcpl.get(), 1, chunk));
     H5_CHECK(H5Pset_deflate(dcpl.get(), 4));
   }
-  H5Id dset(H5_ID(H5Dcreate2(file, "tokens", file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT)),
-            H5Dclose);
+  H5Id dset(H5_ID(H5Dcreate2(file, "tokens", file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT)), H5Dclose);
   H5_CHECK(H5Dwrite(dset.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()));
 }
 
@@ -144,7 +143,9 @@ TEST_F(TokenFileTest, ReadOutOfRange) {
 }
 
 TEST_F(TokenFileTest, WriterRejectsIdsOutsideVocab) {
-  EXPECT_HAS(user_error([&] { write_token_file(dir_.file("x.h5"), {1, 50257}, TokenFileAttrs{}); }),
+  EXPECT_HAS(user_error([&] {
+               write_token_file(dir_.file("x.h5"), {1, 50257}, TokenFileAttrs{});
+             }),
              "token 50257 at position 1 is not below vocab_size 50257");
   EXPECT_HAS(user_error([&] { write_token_file(dir_.path() + "/no/such/dir/x.h5", {1}, TokenFileAttrs{}); }),
              "cannot create " + dir_.path() + "/no/such/dir/x.h5.tmp");
@@ -249,7 +250,6 @@ TEST_F(TokenFileTest, VocabLargerThanModel) {
   write_token_file(path, {1}, TokenFileAttrs{});
   EXPECT_HAS(open_error(path, 1000), path + ": vocab_size 50257 is larger than the model's vocab_size 1000");
 }
-
 
 // ---------------------------------------------------------------- more malformed files
 

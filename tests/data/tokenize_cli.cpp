@@ -47,7 +47,8 @@ int main(int argc, char** argv) {
     if (mode == "--batch" && argc == 4) {
       const std::string text = read_file(argv[3]);
       const gpt2::json::Value doc = gpt2::json::parse(text, argv[3]);
-      for (const gpt2::json::Value& s : gpt2::json::as_array(doc, "batch")) print_ids(tok.encode(gpt2::json::as_string(s, "text")), out);
+      for (const gpt2::json::Value& s : gpt2::json::as_array(doc, "batch"))
+        print_ids(tok.encode(gpt2::json::as_string(s, "text")), out);
     } else if (mode == "--bench" && argc == 5) {
       const std::string text = read_file(argv[3]);
       const int reps = std::stoi(argv[4]);
@@ -55,8 +56,8 @@ int main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       for (int r = 0; r < reps; ++r) tokens += tok.encode(text, argv[3]).size();
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::printf("%.1f MB/s (%zu bytes x %d, %zu tokens, %.3f s)\n", text.size() * reps / s / 1e6, text.size(),
-                  reps, tokens, s);
+      std::printf("%.1f MB/s (%zu bytes x %d, %zu tokens, %.3f s)\n", text.size() * reps / s / 1e6, text.size(), reps,
+                  tokens, s);
       return 0;
     } else if (argc == 3) {
       print_ids(tok.encode(read_file(argv[2]), argv[2]), out);

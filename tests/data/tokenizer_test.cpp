@@ -33,7 +33,8 @@ std::unique_ptr<Gpt2Tokenizer> TokenizerTest::tok_;
 std::vector<int32_t> golden_ids(const std::string& path) {
   std::vector<int32_t> ids;
   const json::Value doc = json::parse(read_file(path), path);
-  for (const json::Value& v : json::as_array(doc, "value")) ids.push_back(static_cast<int32_t>(json::as_int(v, "value")));
+  for (const json::Value& v : json::as_array(doc, "value"))
+    ids.push_back(static_cast<int32_t>(json::as_int(v, "value")));
   return ids;
 }
 
@@ -77,7 +78,10 @@ TEST_F(TokenizerTest, KnownCasesMatchTiktoken) {
       {"I'm here, they'll go; WE'LL 'Ve", {40, 1101, 994, 11, 484, 1183, 467, 26, 12887, 6, 3069, 705, 26979}},
       {"na\xC3\xAFve caf\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E \xF0\x9F\x9A\x80",
        {2616, 38776, 40304, 10545, 245, 98, 17312, 105, 45739, 252, 12520, 248, 222}},
-      {"a\xC2\xA0" "b\xE3\x80\x80\xE3\x80\x80" "c\r\n\tz", {64, 1849, 65, 5099, 222, 5099, 222, 66, 201, 198, 197, 89}},
+      {"a\xC2\xA0"
+       "b\xE3\x80\x80\xE3\x80\x80"
+       "c\r\n\tz",
+       {64, 1849, 65, 5099, 222, 5099, 222, 66, 201, 198, 197, 89}},
       {"1234567 3.14", {10163, 2231, 3134, 513, 13, 1415}},
       {"   ", {220, 220, 220}},
       {"\n", {198}},
@@ -93,10 +97,16 @@ TEST_F(TokenizerTest, EmptyInput) {
 }
 
 TEST_F(TokenizerTest, RoundTrip) {
-  const std::vector<std::string> texts = {
-      "plain ascii text.", "  leading and trailing  ", "\t\ttabs\r\nand CRLF\r\n", "a\xC2\xA0nbsp\xE2\x80\x89thin",
-      "\xE2\x80\x8B zero width, \xCC\x81 lone combining mark", "emoji \xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9",
-      std::string(5000, ' ') + "x", std::string(1000, '=') + "\n", "\x01\x02\x7F control bytes", std::string("nul\0byte", 8)};
+  const std::vector<std::string> texts = {"plain ascii text.",
+                                          "  leading and trailing  ",
+                                          "\t\ttabs\r\nand CRLF\r\n",
+                                          "a\xC2\xA0nbsp\xE2\x80\x89thin",
+                                          "\xE2\x80\x8B zero width, \xCC\x81 lone combining mark",
+                                          "emoji \xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9",
+                                          std::string(5000, ' ') + "x",
+                                          std::string(1000, '=') + "\n",
+                                          "\x01\x02\x7F control bytes",
+                                          std::string("nul\0byte", 8)};
   for (const std::string& t : texts) EXPECT_EQ(tok().decode(tok().encode(t)), t);
 }
 
@@ -122,9 +132,15 @@ TEST_F(TokenizerTest, ConcurrentEncodeIsConsistent) {
 }
 
 TEST_F(TokenizerTest, InvalidUtf8NamesSourceAndOffset) {
-  EXPECT_EQ(user_error([&] { tok().encode("abc\xFF" "def", "input.txt"); }), "input.txt: invalid UTF-8 at byte offset 3");
+  EXPECT_EQ(user_error([&] {
+              tok().encode(
+                  "abc\xFF"
+                  "def",
+                  "input.txt");
+            }),
+            "input.txt: invalid UTF-8 at byte offset 3");
   EXPECT_EQ(user_error([&] { tok().encode("ok \xE6\x97", "t"); }), "t: invalid UTF-8 at byte offset 3");  // truncated
-  EXPECT_EQ(user_error([&] { tok().encode("\xC0\xAF"); }), "text: invalid UTF-8 at byte offset 0");    // overlong
+  EXPECT_EQ(user_error([&] { tok().encode("\xC0\xAF"); }), "text: invalid UTF-8 at byte offset 0");       // overlong
   EXPECT_EQ(user_error([&] { tok().encode("x\xED\xA0\x80"); }), "text: invalid UTF-8 at byte offset 1");  // surrogate
   EXPECT_EQ(user_error([&] { tok().encode("  \x80"); }), "text: invalid UTF-8 at byte offset 2");
 }
@@ -136,20 +152,20 @@ TEST_F(TokenizerTest, DecodeRejectsUnknownIds) {
 }
 
 TEST(UnicodeTables, Classes) {
-  using unicode::CpClass;
   using unicode::classify;
+  using unicode::CpClass;
   EXPECT_EQ(classify('a'), CpClass::kLetter);
-  EXPECT_EQ(classify(0x65E5), CpClass::kLetter);   // 日
+  EXPECT_EQ(classify(0x65E5), CpClass::kLetter);  // 日
   EXPECT_EQ(classify('7'), CpClass::kNumber);
-  EXPECT_EQ(classify(0x00BD), CpClass::kNumber);   // ½ (No)
-  EXPECT_EQ(classify(0x2163), CpClass::kNumber);   // Ⅳ (Nl)
+  EXPECT_EQ(classify(0x00BD), CpClass::kNumber);  // ½ (No)
+  EXPECT_EQ(classify(0x2163), CpClass::kNumber);  // Ⅳ (Nl)
   EXPECT_EQ(classify(0x00A0), CpClass::kSpace);
   EXPECT_EQ(classify(0x3000), CpClass::kSpace);
   EXPECT_EQ(classify(0x0085), CpClass::kSpace);
-  EXPECT_EQ(classify(0x001C), CpClass::kOther);    // isspace() in Python, not White_Space
-  EXPECT_EQ(classify(0x200B), CpClass::kOther);    // zero width space is not White_Space
-  EXPECT_EQ(classify(0x0301), CpClass::kOther);    // combining mark
-  EXPECT_EQ(classify(0x1F680), CpClass::kOther);   // emoji
+  EXPECT_EQ(classify(0x001C), CpClass::kOther);   // isspace() in Python, not White_Space
+  EXPECT_EQ(classify(0x200B), CpClass::kOther);   // zero width space is not White_Space
+  EXPECT_EQ(classify(0x0301), CpClass::kOther);   // combining mark
+  EXPECT_EQ(classify(0x1F680), CpClass::kOther);  // emoji
   EXPECT_EQ(classify(0x10FFFF), CpClass::kOther);
 }
 
@@ -161,7 +177,9 @@ class BadVocabTest : public ::testing::Test {
     write_file(dir_.file("encoder.json"), read_file(tokenizer_dir() + "/encoder.json"));
     write_file(dir_.file("vocab.bpe"), read_file(tokenizer_dir() + "/vocab.bpe"));
   }
-  std::string load_error() { return user_error([&] { Gpt2Tokenizer::load(dir_.path()); }); }
+  std::string load_error() {
+    return user_error([&] { Gpt2Tokenizer::load(dir_.path()); });
+  }
   TempDir dir_;
 };
 
@@ -176,7 +194,10 @@ TEST_F(BadVocabTest, MissingFiles) {
 
 TEST_F(BadVocabTest, BadJson) {
   write_file(dir_.file("encoder.json"), "{\"a\": 0,\n \"b\": }");
-  EXPECT_EQ(load_error(), dir_.file("encoder.json") + ": line 2, column 7: syntax error while parsing value - unexpected '}'; expected '[', '{', or a literal");
+  EXPECT_EQ(
+      load_error(),
+      dir_.file("encoder.json") +
+          ": line 2, column 7: syntax error while parsing value - unexpected '}'; expected '[', '{', or a literal");
   write_file(dir_.file("encoder.json"), "[1, 2]");
   EXPECT_HAS(load_error(), dir_.file("encoder.json") + ": expected an object");
   write_file(dir_.file("encoder.json"), "{\"a\": \"zero\"}");
@@ -217,9 +238,11 @@ namespace gpt2::data {
 namespace {
 
 TEST(UnicodeTables, ToValidUtf8ReplacesBrokenSequences) {
-  EXPECT_EQ(unicode::to_valid_utf8("caf\xC3\xA9"), "caf\xC3\xA9");        // valid: unchanged
-  EXPECT_EQ(unicode::to_valid_utf8("ab\xC3"), "ab\xEF\xBF\xBD");         // truncated at the end
-  EXPECT_EQ(unicode::to_valid_utf8("\x80x"), "\xEF\xBF\xBD" "x");        // stray continuation
+  EXPECT_EQ(unicode::to_valid_utf8("caf\xC3\xA9"), "caf\xC3\xA9");  // valid: unchanged
+  EXPECT_EQ(unicode::to_valid_utf8("ab\xC3"), "ab\xEF\xBF\xBD");    // truncated at the end
+  EXPECT_EQ(unicode::to_valid_utf8("\x80x"),
+            "\xEF\xBF\xBD"
+            "x");  // stray continuation
   EXPECT_EQ(unicode::to_valid_utf8(""), "");
   // One U+FFFD per maximal subpart: the example of Unicode 15 section 3.9 (U+FFFD Substitution of
   // Maximal Subparts), 61 F1 80 80 E1 80 C2 62 80 63 80 BF 64 -> a FFFD FFFD FFFD b FFFD c FFFD FFFD d,

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "src/base/h5_check.h"
 #include "data/token_file.h"
 #include "src/base/files.h"
+#include "src/base/h5_check.h"
 
 namespace {
 
@@ -51,14 +51,14 @@ int main(int argc, char** argv) {
     h5::H5Id fcpl(H5_ID(H5Pcreate(H5P_FILE_CREATE)), H5Pclose);
     H5_CHECK(H5Pset_userblock(fcpl.get(), 512));
     h5::H5Id file(H5_ID(H5Fcreate((tf + "/ublock_chunked.h5").c_str(), H5F_ACC_TRUNC, fcpl.get(), H5P_DEFAULT)),
-                    H5Fclose);
+                  H5Fclose);
     const hsize_t dims[1] = {8}, chunk[1] = {4};
     h5::H5Id space(H5_ID(H5Screate_simple(1, dims, nullptr)), H5Sclose);
     h5::H5Id dcpl(H5_ID(H5Pcreate(H5P_DATASET_CREATE)), H5Pclose);
     H5_CHECK(H5Pset_chunk(dcpl.get(), 1, chunk));
-    h5::H5Id dset(H5_ID(H5Dcreate2(file.get(), "tokens", H5T_STD_U16LE, space.get(), H5P_DEFAULT, dcpl.get(),
-                                     H5P_DEFAULT)),
-                    H5Dclose);
+    h5::H5Id dset(
+        H5_ID(H5Dcreate2(file.get(), "tokens", H5T_STD_U16LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT)),
+        H5Dclose);
   }
   const std::string js = files::join(out, "json");
   write_bytes(js + "/doc.json", R"({"a": [1, -2.5e3, true, false, null], "b": {"c": "\u00e9\ud83d\ude80\n"}})");

@@ -1,10 +1,9 @@
 // Checkpoints under mpiexec (CPU ranks, fp32): a run resumed from step 10 continues exactly as the
 // run that saved it (bitwise, for ZeRO 0/1/2 and offload, with fp32 and with 8-bit moments); 8-bit
-// and fp32 moments convert into each other on load, and a bad 8-bit scale is a named error; a 2-rank checkpoint resumes on 3 ranks
-// and on 1 (losses and parameters within 1e-5 of the straight run); a damaged file is refused on
-// every rank with an error that names it; a checkpoint is the manifest and the shards, and loads
-// as the trained model; an async save writes the state of its step; resume names the parameter
-// whose name, shape or offset differs from the model's.
+// and fp32 moments convert into each other on load, and a bad 8-bit scale is a named error; a 2-rank checkpoint resumes
+// on 3 ranks and on 1 (losses and parameters within 1e-5 of the straight run); a damaged file is refused on every rank
+// with an error that names it; a checkpoint is the manifest and the shards, and loads as the trained model; an async
+// save writes the state of its step; resume names the parameter whose name, shape or offset differs from the model's.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -33,12 +32,12 @@
 namespace gpt2 {
 namespace {
 
-using test::SharedTokenFile;
 using test::quiet_logs;
-using test::tiny_config;
-using test::world_size;
-using test::world_rank;
 using test::SharedDir;
+using test::SharedTokenFile;
+using test::tiny_config;
+using test::world_rank;
+using test::world_size;
 
 // The tiny config trained `steps` steps on every rank, saving a checkpoint of the last one into
 // `dir`/ckpt/step_<steps>.
@@ -76,9 +75,9 @@ TEST(Checkpoint, ResumeIsBitwiseForEveryZeroStageAndOffload) {
     const char* offload;
     bool async;  // files written on a background thread while training goes on
     bool moments_8bit;
-  } modes[] = {{0, "none", false, false},     {1, "none", false, false},     {2, "none", false, false},
+  } modes[] = {{0, "none", false, false},      {1, "none", false, false},      {2, "none", false, false},
                {0, "optimizer", false, false}, {2, "optimizer", false, false}, {1, "none", true, false},
-               {0, "none", false, true},      {2, "none", false, true},      {1, "optimizer", false, true}};
+               {0, "none", false, true},       {2, "none", false, true},       {1, "optimizer", false, true}};
   for (const auto& mode : modes) {
     SCOPED_TRACE("ZeRO " + std::to_string(mode.zero) + ", offload " + mode.offload + (mode.async ? ", async" : "") +
                  (mode.moments_8bit ? ", 8-bit moments" : ""));
@@ -288,13 +287,16 @@ TEST(Checkpoint, ResumeRefusesAnotherLayoutNamingTheParameter) {
   other.validate();
   ASSERT_EQ(GPT2(other.model)->num_parameters(true), GPT2(cfg.model)->num_parameters(true));
   with_manifest([](json::Value& m) {
-    for (const char* key : {"n_layer", "n_head", "n_embd", "vocab_size", "block_size"}) m["config"].erase(std::string("model.") + key);
+    for (const char* key : {"n_layer", "n_head", "n_embd", "vocab_size", "block_size"})
+      m["config"].erase(std::string("model.") + key);
   });
-  EXPECT_HAS(resume_error(other), mf + ": parameter transformer.wpe.weight has shape [32, 32] in the checkpoint, the model has [429, 32]");
+  EXPECT_HAS(resume_error(other),
+             mf + ": parameter transformer.wpe.weight has shape [32, 32] in the checkpoint, the model has [429, 32]");
 
   // The same model, one weight's shape transposed (same numel).
   with_manifest([&](json::Value& m) { param(m, "transformer.h.0.attn.c_attn.weight")["shape"] = {32, 96}; });
-  EXPECT_HAS(resume_error(cfg), mf + ": parameter transformer.h.0.attn.c_attn.weight has shape [32, 96] in the checkpoint, the model has [96, 32]");
+  EXPECT_HAS(resume_error(cfg), mf + ": parameter transformer.h.0.attn.c_attn.weight has shape [32, 96] in the "
+                                     "checkpoint, the model has [96, 32]");
 
   // A renamed parameter.
   with_manifest([&](json::Value& m) { param(m, "transformer.h.1.ln_2.bias")["name"] = "transformer.h.1.ln_2.b"; });
@@ -391,8 +393,8 @@ Config eight_bit_checkpoint(const SharedTokenFile& data, const parallel::RankEnv
 // optimizer state of the whole flat space when env has one rank (ZeRO 0), else an empty one;
 // `moment_layout`, when given, gets the optimizer's moment layout.
 optim::ShardState load_and_save(const Config& cfg, const std::string& from, const std::string& to_root,
-                                              const parallel::RankEnv& env, int64_t stage, bool moments_8bit,
-                                              std::unique_ptr<optim::MomentLayout>* moment_layout = nullptr) {
+                                const parallel::RankEnv& env, int64_t stage, bool moments_8bit,
+                                std::unique_ptr<optim::MomentLayout>* moment_layout = nullptr) {
   GPT2 model(cfg.model);
   const auto params = model->parameters();
   const parallel::FlatLayout layout(params, env.world_size());

@@ -52,11 +52,11 @@ inline Errors expect_as_accurate(const std::string& what, const torch::Tensor& f
               what.c_str(), f.norm, u.norm, f.max, u.max);
   std::fflush(stdout);
   EXPECT_EQ(fused.scalar_type(), unfused.scalar_type()) << what;
-  EXPECT_LE(f.norm, accuracy_bound(u.norm)) << what << ": relative norm error, fused " << f.norm << " against unfused "
-                                            << u.norm;
+  EXPECT_LE(f.norm, accuracy_bound(u.norm))
+      << what << ": relative norm error, fused " << f.norm << " against unfused " << u.norm;
   if (check_max) {
-    EXPECT_LE(f.max, accuracy_bound(u.max)) << what << ": relative max error, fused " << f.max << " against unfused "
-                                            << u.max;
+    EXPECT_LE(f.max, accuracy_bound(u.max))
+        << what << ": relative max error, fused " << f.max << " against unfused " << u.max;
   }
   return f;
 }
@@ -66,7 +66,7 @@ inline bool have_gpu() { return kernels::have_cuda_kernels() && torch::cuda::is_
 }  // namespace gpt2
 
 // Skips the test without a GPU (CI); the GPU machine runs it.
-#define REQUIRE_CUDA()                                                               \
-  do {                                                                               \
+#define REQUIRE_CUDA()                                                                        \
+  do {                                                                                        \
     if (!::gpt2::have_gpu()) GTEST_SKIP() << "needs a CUDA device (runs on the GPU machine)"; \
   } while (0)

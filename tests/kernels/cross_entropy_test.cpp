@@ -60,8 +60,8 @@ void compare(torch::ScalarType dtype, int64_t rows, int64_t width, int64_t vocab
   auto ref = mean_cross_entropy(ref_in.narrow(1, 0, vocab), targets);
   (ref * scale).backward();
 
-  const std::string what = std::string("cross_entropy ") + dev.str() + " " + c10::toString(dtype) + " " + std::to_string(rows) + "x" +
-                           std::to_string(width) + " vocab " + std::to_string(vocab);
+  const std::string what = std::string("cross_entropy ") + dev.str() + " " + c10::toString(dtype) + " " +
+                           std::to_string(rows) + "x" + std::to_string(width) + " vocab " + std::to_string(vocab);
   EXPECT_EQ(ours.scalar_type(), torch::kFloat) << what;
   expect_as_accurate(what + " loss", ours, aten, ref);
   EXPECT_EQ(ours_in.grad().scalar_type(), dtype) << what;
@@ -126,8 +126,9 @@ void compare_head(torch::ScalarType dtype, int64_t rows, int64_t C, int64_t padd
   auto ref = mean_cross_entropy(at::mm(hr, wr.t()).narrow(1, 0, vocab), targets);
   (ref * scale).backward();
 
-  const std::string what = std::string("head_cross_entropy ") + dev.str() + " " + c10::toString(dtype) + " " + std::to_string(rows) +
-                           "x" + std::to_string(C) + " vocab " + std::to_string(vocab) + "/" + std::to_string(padded);
+  const std::string what = std::string("head_cross_entropy ") + dev.str() + " " + c10::toString(dtype) + " " +
+                           std::to_string(rows) + "x" + std::to_string(C) + " vocab " + std::to_string(vocab) + "/" +
+                           std::to_string(padded);
   expect_as_accurate(what + " loss", ours, aten, ref);
   if (dev.is_cuda()) {
     EXPECT_EQ(no_grad_loss.item<double>(), ours.item<double>()) << what << ": loss without gradients";
@@ -248,13 +249,15 @@ TEST(FusedCrossEntropy, BadTargetIsNotedWithoutSyncAndRaisedByName) {
   using Loss = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>;
   const std::vector<std::pair<std::string, Loss>> losses = {
       {"head_cross_entropy (the model's fused path)",
-       [&](const auto& hh, const auto& ww, const auto& t) { return kernels::head_cross_entropy(hh, ww, t, vocab, kIgnore); }},
-      {"cross_entropy",
        [&](const auto& hh, const auto& ww, const auto& t) {
-         return kernels::cross_entropy(at::mm(hh, ww.t()), t, vocab, kIgnore);
+         return kernels::head_cross_entropy(hh, ww, t, vocab, kIgnore);
        }},
+      {"cross_entropy", [&](const auto& hh, const auto& ww,
+                            const auto& t) { return kernels::cross_entropy(at::mm(hh, ww.t()), t, vocab, kIgnore); }},
       {"chunked_cross_entropy (memory.chunked_loss)",
-       [&](const auto& hh, const auto& ww, const auto& t) { return chunked_cross_entropy(hh, ww, t, vocab, kIgnore, 8); }},
+       [&](const auto& hh, const auto& ww, const auto& t) {
+         return chunked_cross_entropy(hh, ww, t, vocab, kIgnore, 8);
+       }},
       {"check_targets + LibTorch (train.fused_kernels = false)",
        [&](const auto& hh, const auto& ww, const auto& t) {
          const auto checked = kernels::check_targets(t, vocab, kIgnore);
@@ -365,9 +368,8 @@ void expect_model_fused_as_accurate_as_without(torch::Device dev) {
     const double unfused_err = std::abs(losses[0] - ref_value) / ref_value;
     std::printf("[ measured ] %s loss: relative error fused %.3g unfused %.3g (float64 %.6f)\n", what.c_str(),
                 fused_err, unfused_err, ref_value);
-    EXPECT_LE(fused_err, std::max(kAccuracyRatio * unfused_err, 1.0 / 256)) << what << ": loss " << losses[1]
-                                                                            << " unfused " << losses[0]
-                                                                            << " float64 " << ref_value;
+    EXPECT_LE(fused_err, std::max(kAccuracyRatio * unfused_err, 1.0 / 256))
+        << what << ": loss " << losses[1] << " unfused " << losses[0] << " float64 " << ref_value;
     const auto ref_params = reference->parameters();
     for (size_t i = 0; i < grads[0].size(); ++i) {
       expect_as_accurate(what + " d" + names[i], grads[1][i], grads[0][i], ref_params[i].grad(), /*check_max=*/false);
@@ -395,11 +397,15 @@ TEST(FusedCrossEntropyCpu, RejectsTensorsOutsideTheContract) {
     }
     return std::string("(nothing thrown)");
   };
-  EXPECT_HAS(refused([&] { kernels::cross_entropy(torch::randn({4, 64}, torch::kDouble), targets, 64, kIgnore); }),
+  EXPECT_HAS(refused([&] {
+               kernels::cross_entropy(torch::randn({4, 64}, torch::kDouble), targets, 64, kIgnore);
+             }),
              "fp32/bf16/fp16");
   EXPECT_HAS(refused([&] { kernels::cross_entropy(torch::randn({64, 4}).t(), targets, 64, kIgnore); }), "contiguous");
   EXPECT_HAS(refused([&] { kernels::cross_entropy(torch::randn({4, 64}), targets, 65, kIgnore); }), "vocab <= Vp");
-  EXPECT_HAS(refused([&] { kernels::cross_entropy(torch::randn({4, 64}), targets.to(torch::kInt), 64, kIgnore); }),
+  EXPECT_HAS(refused([&] {
+               kernels::cross_entropy(torch::randn({4, 64}), targets.to(torch::kInt), 64, kIgnore);
+             }),
              "int64");
   EXPECT_HAS(refused([&] {
                kernels::head_cross_entropy(torch::randn({4, 8}), torch::randn({64, 8}, torch::kBFloat16), targets, 64,

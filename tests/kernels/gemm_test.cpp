@@ -57,7 +57,8 @@ TEST(GemmCpu, BytesThatAreNotATuningTableAreANamedError) {
   for (const std::string bytes : {"", "gpt2-gemm-choices 1 no newline", "PAR1\n0123", "gpt2-gemm-choices 1\nabc"}) {
     try {
       kernels::load_gemm_choices(bytes, "runs/ckpt/gemm_choices.rank0");
-      if (bytes != "gpt2-gemm-choices 1\nabc" || kernels::have_cuda_kernels()) ADD_FAILURE() << "accepted '" << bytes << "'";
+      if (bytes != "gpt2-gemm-choices 1\nabc" || kernels::have_cuda_kernels())
+        ADD_FAILURE() << "accepted '" << bytes << "'";
     } catch (const UserError& e) {
       EXPECT_NE(std::string(e.what()).find("runs/ckpt/gemm_choices.rank0"), std::string::npos) << e.what();
     }
@@ -135,7 +136,8 @@ TEST(GemmGpu, ChoicesSurviveASaveAndALoad) {
   kernels::clear_gemm_choices();
   ASSERT_EQ(kernels::gemm_choices_count(), 0);
   EXPECT_EQ(kernels::load_gemm_choices(bytes, "table"), 3);
-  for (size_t i = 0; i < ops.size(); ++i) EXPECT_TRUE(torch::equal(kernels::gemm(ops[i].first, ops[i].second), first[i]));
+  for (size_t i = 0; i < ops.size(); ++i)
+    EXPECT_TRUE(torch::equal(kernels::gemm(ops[i].first, ops[i].second), first[i]));
   EXPECT_EQ(kernels::gemm_choices_bytes(), bytes) << "a loaded shape was timed again";
   std::string other = bytes;
   other.replace(other.find(' ', 18) + 1, 1, "x");  // another cuBLASLt version

@@ -51,7 +51,8 @@ void compare(torch::ScalarType dtype, std::vector<int64_t> shape, bool residual,
   }
   const char* names[] = {"s", "output", "dx", "dweight", "dbias", "dy"};
   const std::string what = std::string("layer_norm ") + c10::toString(dtype) + " " +
-                           c10::str(torch::IntArrayRef(shape)) + (residual ? " residual" : "") + (use_sum ? " s used" : "");
+                           c10::str(torch::IntArrayRef(shape)) + (residual ? " residual" : "") +
+                           (use_sum ? " s used" : "");
   for (size_t i = 0; i < outs[kUnfused].size(); ++i) {
     ASSERT_TRUE(outs[kFused][i].defined()) << what << " " << names[i];
     EXPECT_EQ(outs[kFused][i].scalar_type(), dtype) << what << " " << names[i];
@@ -95,7 +96,8 @@ TEST(FusedLayerNorm, MisalignedGradientGivesTheAlignedResult) {
       const std::vector<int64_t> shape = {3, 50, c.width};  // 150 rows
       const auto opts = f32.dtype(c.dtype);
       const auto x = (torch::randn(shape, f32) * 2 + 0.5).to(c.dtype), y = (torch::randn(shape, f32) * 0.7).to(c.dtype);
-      const auto w = (torch::randn({c.width}, f32) * 0.3 + 1).to(c.dtype), b = (torch::randn({c.width}, f32) * 0.3).to(c.dtype);
+      const auto w = (torch::randn({c.width}, f32) * 0.3 + 1).to(c.dtype),
+                 b = (torch::randn({c.width}, f32) * 0.3).to(c.dtype);
       const auto dout = torch::randn(shape, f32).to(c.dtype), ds = torch::randn(shape, f32).to(c.dtype);
       // The same values one element into a larger buffer: 2 or 4 bytes off any 16-byte boundary.
       auto misaligned = [&](const torch::Tensor& t) {
@@ -134,7 +136,10 @@ TEST(FusedLayerNorm, MisalignedGradientGivesTheAlignedResult) {
         ASSERT_TRUE(outs[kMisaligned][i].defined()) << what << " " << names[i];
         EXPECT_TRUE(torch::equal(outs[kMisaligned][i], outs[kAligned][i]))
             << what << " " << names[i] << ": differs from the aligned gradient's by up to "
-            << (outs[kMisaligned][i].to(torch::kDouble) - outs[kAligned][i].to(torch::kDouble)).abs().max().item<double>();
+            << (outs[kMisaligned][i].to(torch::kDouble) - outs[kAligned][i].to(torch::kDouble))
+                   .abs()
+                   .max()
+                   .item<double>();
         expect_as_accurate(what + " " + names[i], outs[kMisaligned][i], outs[kLibTorch][i], outs[kReference][i]);
       }
     }

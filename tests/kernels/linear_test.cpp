@@ -128,7 +128,8 @@ TEST(FusedMlp, RecomputingTheGeluOutputKeepsOneActivationLess) {
     held[keep] = allocated_bytes() - before - static_cast<int64_t>(y.nbytes());  // what backward will read
     y.sum().backward();
   }
-  EXPECT_EQ(held[true] - held[false], rows * hidden * 2) << "kept " << held[true] << " bytes, recomputing " << held[false];
+  EXPECT_EQ(held[true] - held[false], rows * hidden * 2)
+      << "kept " << held[true] << " bytes, recomputing " << held[false];
 }
 
 TEST(FusedLinear, AsAccurateAsLibTorch) {
@@ -172,8 +173,8 @@ TEST(FusedLinear, AppliesOnlyWithinTheContract) {
   if (!have_gpu()) return;
   const auto g = torch::kCUDA;
   EXPECT_TRUE(kernels::linear_applies(x.to(g), w.to(g), b.to(g)));
-  EXPECT_FALSE(kernels::linear_applies(x.to(g), w.to(g), torch::Tensor()));   // no bias
-  EXPECT_FALSE(kernels::linear_applies(x.to(g), w.to(g).t(), b.to(g)));       // shapes
+  EXPECT_FALSE(kernels::linear_applies(x.to(g), w.to(g), torch::Tensor()));  // no bias
+  EXPECT_FALSE(kernels::linear_applies(x.to(g), w.to(g).t(), b.to(g)));      // shapes
 }
 
 }  // namespace

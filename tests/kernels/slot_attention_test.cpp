@@ -19,10 +19,10 @@ namespace gpt2 {
 namespace {
 
 struct Inputs {
-  torch::Tensor qkv;                // (B, 1, 3 C): q is its first C columns
-  torch::Tensor q;                  // (B, nh, 1, hs) strided view of qkv, last dim contiguous
-  torch::Tensor keys, values;       // (B, nh, capacity, hs)
-  torch::Tensor positions;          // (B) int64
+  torch::Tensor qkv;           // (B, 1, 3 C): q is its first C columns
+  torch::Tensor q;             // (B, nh, 1, hs) strided view of qkv, last dim contiguous
+  torch::Tensor keys, values;  // (B, nh, capacity, hs)
+  torch::Tensor positions;     // (B) int64
 };
 
 Inputs make_inputs(int64_t B, int64_t nh, int64_t capacity, int64_t hs, const std::vector<int64_t>& pos,
@@ -46,9 +46,9 @@ torch::Tensor reference(const Inputs& in) {
   std::vector<torch::Tensor> rows;
   for (int64_t b = 0; b < q.size(0); ++b) {
     const int64_t n = pos[b].item<int64_t>() + 1;
-    const auto kb = k[b].narrow(1, 0, n), vb = v[b].narrow(1, 0, n);                  // (nh, n, hs)
+    const auto kb = k[b].narrow(1, 0, n), vb = v[b].narrow(1, 0, n);                        // (nh, n, hs)
     const auto s = torch::matmul(q[b], kb.transpose(1, 2)) / std::sqrt(double(q.size(3)));  // (nh, 1, n)
-    rows.push_back(torch::matmul(torch::softmax(s, -1), vb));                           // (nh, 1, hs)
+    rows.push_back(torch::matmul(torch::softmax(s, -1), vb));                               // (nh, 1, hs)
   }
   return torch::stack(rows);
 }

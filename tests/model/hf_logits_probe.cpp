@@ -12,10 +12,10 @@
 #include <string>
 
 #include "src/base/errors.h"
-#include "src/model/gpt2_model.h"
 #include "src/io/hf_import.h"
 #include "src/io/model_weights.h"
 #include "src/io/safetensors.h"
+#include "src/model/gpt2_model.h"
 
 namespace {
 

@@ -1,8 +1,8 @@
 // GPT2 model, sampling and HF state-dict tests (CPU). HF logits parity lives in
 // tests/python/test_hf_parity.py, which drives hf_logits_probe.
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
 #include <cmath>
@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "src/base/errors.h"
+#include "src/io/hf_import.h"
 #include "src/model/generate.h"
 #include "src/model/gpt2_model.h"
-#include "src/io/hf_import.h"
 #include "tests/test_util.h"
 
 namespace gpt2 {
@@ -114,9 +114,9 @@ TEST(ModelStructure, NamedParametersMatchHf) {
   std::vector<std::string> expected = {"transformer.wte.weight", "transformer.wpe.weight"};
   for (int i = 0; i < 2; ++i) {
     const std::string h = "transformer.h." + std::to_string(i) + ".";
-    for (const char* s : {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-                          "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-                          "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"}) {
+    for (const char* s : {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+                          "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
+                          "mlp.c_proj.weight", "mlp.c_proj.bias"}) {
       expected.push_back(h + s);
     }
   }
@@ -235,8 +235,7 @@ TEST(ModelMath, GradientsMatchFiniteDifferencesFp64) {
       flat[i] = orig;
       const double fd = (up - down) / (2 * eps);
       const double g = grad[i].item<double>();
-      EXPECT_NEAR(g, fd, 1e-5 * std::max(std::abs(g), std::abs(fd)) + 1e-9)
-          << item.key() << "[" << i << "]";
+      EXPECT_NEAR(g, fd, 1e-5 * std::max(std::abs(g), std::abs(fd)) + 1e-9) << item.key() << "[" << i << "]";
       ++checked;
     }
   }
@@ -380,7 +379,8 @@ TEST(ModelGenerate, KvCacheGreedyEqualsFullRecomputeAcrossWindowRestarts) {
   randomise(model, 21);
   model->to(torch::kDouble);  // no argmax near-ties between two float orders of summation
   // Ragged prompts (left padding); 40 new tokens cross block_size = 16 several times.
-  const std::vector<std::vector<int64_t>> prompts = {{5}, {1, 2, 3}, {9, 8, 7, 6, 5, 4, 3}, std::vector<int64_t>(20, 11)};
+  const std::vector<std::vector<int64_t>> prompts = {
+      {5}, {1, 2, 3}, {9, 8, 7, 6, 5, 4, 3}, std::vector<int64_t>(20, 11)};
   SamplingOptions o;
   o.max_new_tokens = 40;
   o.temperature = 0.0;
@@ -407,7 +407,8 @@ TEST(ModelGenerate, CachedLogitsEqualForwardWithPadding) {
   torch::NoGradGuard no_grad;
   // Row 0: 3 padding positions then {4, 5, 6}; row 1: {1, 2, 3, 4, 5, 6}. Prefill, then two single steps.
   auto cache = model->make_kv_cache(16, {3, 0});
-  auto first = model->forward_cached(torch::tensor({0, 0, 0, 4, 5, 6, 1, 2, 3, 4, 5, 6}, torch::kLong).view({2, 6}), cache);
+  auto first =
+      model->forward_cached(torch::tensor({0, 0, 0, 4, 5, 6, 1, 2, 3, 4, 5, 6}, torch::kLong).view({2, 6}), cache);
   auto second = model->forward_cached(torch::tensor({7, 8}, torch::kLong).view({2, 1}), cache);
   auto third = model->forward_cached(torch::tensor({9, 9}, torch::kLong).view({2, 1}), cache);
   auto ref = [&](std::vector<int64_t> ids) { return model->forward(torch::tensor(ids).view({1, -1}))[0][-1]; };
@@ -533,7 +534,7 @@ TEST(ModelGenerate, SlotAttentionKernelMatchesCachedDecoding) {
     EXPECT_FALSE(model->slot_attention_on());
     const auto sdpa = model->forward_slots(id_tensor, pos_tensor, cache, 16);
     model->set_slot_attention(true);
-    const auto got = model->forward_slots(id_tensor, pos_tensor, cache, 16);                      // (S, V)
+    const auto got = model->forward_slots(id_tensor, pos_tensor, cache, 16);                         // (S, V)
     EXPECT_TRUE(torch::equal(got, model->forward_slots(id_tensor, pos_tensor, cache, 12))) << step;  // attend is moot
     for (int64_t r = 0; r < S; ++r) {
       const auto want = model->forward_cached(torch::tensor({ids[r]}).view({1, 1}), alone[r])[0];
@@ -620,8 +621,9 @@ TEST(ModelHfImport, StateDictRoundTripAndNamedErrors) {
   for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(torch::equal(ps[i], pd[i])) << i;
 
   NamedTensors missing(sd.begin(), sd.end() - 1);
-  EXPECT_NE(user_error([&] { load_hf_state_dict(dst, missing, "ckpt.safetensors"); })
-                .find("missing tensor 'transformer.ln_f.bias'"),
+  EXPECT_NE(user_error([&] {
+              load_hf_state_dict(dst, missing, "ckpt.safetensors");
+            }).find("missing tensor 'transformer.ln_f.bias'"),
             std::string::npos);
   NamedTensors wrong = sd;
   for (auto& [name, t] : wrong) {
@@ -632,8 +634,9 @@ TEST(ModelHfImport, StateDictRoundTripAndNamedErrors) {
   EXPECT_NE(msg.find("transformer.h.1.mlp.c_fc.weight"), std::string::npos) << msg;
   NamedTensors extra = sd;
   extra.emplace_back("transformer.h.2.ln_1.weight", torch::ones({16}));
-  EXPECT_NE(user_error([&] { load_hf_state_dict(dst, extra, "x"); }).find("unexpected tensor 'transformer.h.2.ln_1.weight'"),
-            std::string::npos);
+  EXPECT_NE(
+      user_error([&] { load_hf_state_dict(dst, extra, "x"); }).find("unexpected tensor 'transformer.h.2.ln_1.weight'"),
+      std::string::npos);
 }
 
 }  // namespace

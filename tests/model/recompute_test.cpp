@@ -2,11 +2,11 @@
 // memory.activation_checkpointing): same loss and gradients as without, gradients still flow
 // through the parameters' accumulators (hooks, in-place .grad), fewer graph nodes kept, dropout
 // recomputed with the forward's RNG state, config parsing. CPU only.
-#include <gtest/gtest.h>
-#include <torch/torch.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/torch.h>
 
 #include <cstdint>
 #include <functional>
@@ -15,10 +15,10 @@
 #include <unordered_set>
 #include <vector>
 
-#include "src/model/recompute.h"
 #include "src/base/errors.h"
-#include "src/train/config.h"
 #include "src/model/gpt2_model.h"
+#include "src/model/recompute.h"
+#include "src/train/config.h"
 #include "tests/test_util.h"
 
 namespace gpt2 {
@@ -256,7 +256,7 @@ std::vector<torch::Tensor> dropout_grads(DropoutStack& net, const torch::Tensor&
                                          torch::Tensor* rng_after_forward = nullptr) {
   net->zero_grad();
   torch::manual_seed(seed);
-  auto y = net->forward(x, recompute);                   // (N, 8)
+  auto y = net->forward(x, recompute);  // (N, 8)
   if (rng_after_forward) *rng_after_forward = at::detail::getDefaultCPUGenerator().get_state();
   (y * y).sum().backward();
   std::vector<torch::Tensor> grads;
@@ -301,8 +301,8 @@ TEST(ActivationCheckpointConfig, AcceptsNoneFullEveryK) {
 }
 
 TEST(ActivationCheckpointConfig, RejectsBadValuesNamingTheKey) {
-  for (const char* bad : {"every_k=0", "every_k=x", "bogus", "every_k=", "every_k=-1", "every_k=2x",
-                          "every_k=+2", "Full", "every_k=99999999999999999999"}) {
+  for (const char* bad : {"every_k=0", "every_k=x", "bogus", "every_k=", "every_k=-1", "every_k=2x", "every_k=+2",
+                          "Full", "every_k=99999999999999999999"}) {
     SCOPED_TRACE(bad);
     const auto msg = test::user_error([&] { parse({std::string("--memory.activation_checkpointing=") + bad}); });
     EXPECT_HAS(msg, "memory.activation_checkpointing");

@@ -96,8 +96,7 @@ TEST_P(CpuAdamWVsATen, MatchesFusedAdamW) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, CpuAdamWVsATen,
                          ::testing::Values(AdamCase{0.1, false}, AdamCase{0.0, false}, AdamCase{0.1, true},
-                                           AdamCase{0.0, true}, AdamCase{0.1, false, 0.3},
-                                           AdamCase{0.1, true, 0.3}),
+                                           AdamCase{0.0, true}, AdamCase{0.1, false, 0.3}, AdamCase{0.1, true, 0.3}),
                          [](const ::testing::TestParamInfo<AdamCase>& info) {
                            return std::string(info.param.bf16_grads ? "Bf16Grad" : "Fp32Grad") +
                                   (info.param.weight_decay != 0 ? "Decay" : "NoDecay") +
@@ -143,7 +142,7 @@ TEST(CpuAdamW, Bf16OutputRounding) {
                           -std::numeric_limits<float>::infinity(),
                           std::numeric_limits<float>::quiet_NaN(),
                           from_bits(0x7F7FFFFFu),  // max float rounds to inf
-                          1e-40f};                            // subnormal: 0x000116C2
+                          1e-40f};                 // subnormal: 0x000116C2
   const int64_t n = static_cast<int64_t>(p.size());
   std::vector<float> m(n, 0.0f), v(n, 0.0f), g(n, 0.0f);
   std::vector<uint16_t> out(n, 0);
@@ -238,8 +237,7 @@ TEST(HostThreadPool, ExceptionReachesCallerAndPoolStaysUsable) {
   // ... on every range: exactly one reaches the caller.
   EXPECT_THROW(pool.parallel_for(n, 1, [&](int64_t, int64_t) { throw std::logic_error("all"); }), std::logic_error);
   std::atomic<int64_t> covered{0};
-  for (int rep = 0; rep < 200; ++rep)
-    pool.parallel_for(n, 8, [&](int64_t b, int64_t e) { covered += e - b; });
+  for (int rep = 0; rep < 200; ++rep) pool.parallel_for(n, 8, [&](int64_t b, int64_t e) { covered += e - b; });
   EXPECT_EQ(covered.load(), 200 * n);
 }
 

@@ -20,6 +20,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include "optim/adamw_step.h"
 #include "optim/moments_8bit.h"
 #include "optim/sharded_optimizer.h"
 #include "parallel/flat_layout.h"

@@ -1,6 +1,6 @@
 #pragma once
-// For the GPU optimizer tests (and bench/kernel_bench's uploads): random host vectors and their trips to the GPU and back, so the
-// kernels' results can be compared element by element with the CPU path's.
+// For the GPU optimizer tests (and bench/kernel_bench's uploads): random host vectors and their trips to the GPU and
+// back, so the kernels' results can be compared element by element with the CPU path's.
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -30,7 +30,8 @@ torch::Tensor on_gpu(const std::vector<T>& v, torch::ScalarType t) {
 // `count` values of T as raw bytes in a uint8 GPU tensor (the kernels' block lists and tables).
 template <typename T>
 torch::Tensor bytes_on_gpu(const T* data, size_t count) {
-  return torch::from_blob(const_cast<T*>(data), {static_cast<int64_t>(count * sizeof(T))}, torch::kUInt8).to(torch::kCUDA);
+  return torch::from_blob(const_cast<T*>(data), {static_cast<int64_t>(count * sizeof(T))}, torch::kUInt8)
+      .to(torch::kCUDA);
 }
 
 template <typename T>

@@ -16,6 +16,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include "optim/adamw_step.h"
 #include "optim/moment_layout.h"
 #include "optim/moments_8bit.h"
 #include "tests/optim/bf16_grads.h"
@@ -92,8 +93,8 @@ void expect_gpu_equals_cpu(bool bf16_grad, float device_scale, bool skip) {
   std::vector<uint16_t> out(n, 0);
   if (!skip) {
     s.grad_scale = static_cast<double>(a.c.grad_scale * device_scale);  // the kernel's product, rounded as it rounds it
-    adamw_step_cpu(s, blocks.data(), static_cast<int64_t>(blocks.size()), param.data(), host_buffers(),
-                          grad.data(), HostGradType::kFloat32, out.data());
+    adamw_step_cpu(s, blocks.data(), static_cast<int64_t>(blocks.size()), param.data(), host_buffers(), grad.data(),
+                   HostGradType::kFloat32, out.data());
   }
   const std::string what = std::string(bf16_grad ? "bf16" : "fp32") + " gradient" + (skip ? ", found_inf" : "");
   EXPECT_EQ(to_host<float>(d_param), param) << what << ": parameters";

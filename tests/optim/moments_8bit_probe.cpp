@@ -25,7 +25,9 @@ int main(int argc, char** argv) {
   std::vector<float> x(static_cast<size_t>(n));
   std::copy(bytes.begin(), bytes.begin() + n * static_cast<int64_t>(sizeof(float)), reinterpret_cast<char*>(x.data()));
   std::ofstream out(argv[2], std::ios::binary);
-  const auto put = [&](const void* p, size_t size) { out.write(static_cast<const char*>(p), static_cast<std::streamsize>(size)); };
+  const auto put = [&](const void* p, size_t size) {
+    out.write(static_cast<const char*>(p), static_cast<std::streamsize>(size));
+  };
   for (bool is_signed : {true, false}) put(gpt2::optim::dynamic_map(is_signed).data(), 256 * sizeof(float));
   const int64_t blocks = (n + gpt2::optim::kQuantBlock - 1) / gpt2::optim::kQuantBlock;
   for (bool is_signed : {true, false}) {

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "optim/adamw_step.h"
 #include "optim/moment_layout.h"
 #include "optim/moments_8bit.h"
 #include "tests/optim/bf16_grads.h"
@@ -67,7 +68,8 @@ TEST(Moments8bit, QuantizeTakesTheNearestEntryAndTiesGoLow) {
     for (int i = 0; i < 256; ++i) EXPECT_EQ(quantize_value(m, m[i]), i) << "entry " << i;
     for (int i = 0; i + 1 < 256; ++i) {
       const double mid = (static_cast<double>(m[i]) + m[i + 1]) / 2;
-      const float below = std::nextafter(static_cast<float>(mid), -2.0f), above = std::nextafter(static_cast<float>(mid), 2.0f);
+      const float below = std::nextafter(static_cast<float>(mid), -2.0f),
+                  above = std::nextafter(static_cast<float>(mid), 2.0f);
       if (below > m[i]) {
         EXPECT_EQ(quantize_value(m, below), i) << "just below the midpoint of " << i;
       }
@@ -114,9 +116,9 @@ TEST(Moments8bit, RoundTripErrorIsAtMostHalfTheLocalGap) {
       const double gap = std::max(c > 0 ? m[c] - m[c - 1] : 0.0f, c < 255 ? m[c + 1] - m[c] : 0.0f);
       ASSERT_LE(std::abs(back[i] - x[i]), (gap / 2 + 1e-7) * a) << (is_signed ? "signed " : "unsigned ") << i;
     }
-    EXPECT_EQ(absmax[3], std::abs(*std::max_element(x.begin() + 3 * kQuantBlock, x.end(), [](float p, float q) {
-      return std::abs(p) < std::abs(q);
-    }))) << "the short last block's absmax";
+    EXPECT_EQ(absmax[3], std::abs(*std::max_element(x.begin() + 3 * kQuantBlock, x.end(),
+                                                    [](float p, float q) { return std::abs(p) < std::abs(q); })))
+        << "the short last block's absmax";
   }
 }
 
@@ -158,9 +160,21 @@ TEST(Moments8bit, BucketedSearchEqualsTheBinarySearch) {
       for (int b = 0; b < kNumBuckets; ++b) widest = std::max(widest, static_cast<int>(t.span[sign][b]));
     }
     EXPECT_EQ(widest, 1);
-    std::vector<float> xs = {0.0f, -0.0f, 1.0f, -1.0f, 2.0f, -2.0f, 1e-30f, -1e-30f, 1e-45f, 5e-8f, -5e-7f,
-                             std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                             std::numeric_limits<float>::max(), std::nanf("")};
+    std::vector<float> xs = {0.0f,
+                             -0.0f,
+                             1.0f,
+                             -1.0f,
+                             2.0f,
+                             -2.0f,
+                             1e-30f,
+                             -1e-30f,
+                             1e-45f,
+                             5e-8f,
+                             -5e-7f,
+                             std::numeric_limits<float>::infinity(),
+                             -std::numeric_limits<float>::infinity(),
+                             std::numeric_limits<float>::max(),
+                             std::nanf("")};
     for (int i = 0; i < 256; ++i) {
       xs.push_back(m[i]);
       if (i + 1 < 256) {
@@ -190,7 +204,8 @@ TEST(Moments8bit, BucketedSearchEqualsTheBinarySearch) {
     int64_t differ = 0;
     for (float x : xs) {
       if (quantize_with(t, x) != quantize_value(m, x) && ++differ <= 5) {
-        ADD_FAILURE() << "x = " << x << ": bucketed " << int(quantize_with(t, x)) << ", binary search " << int(quantize_value(m, x));
+        ADD_FAILURE() << "x = " << x << ": bucketed " << int(quantize_with(t, x)) << ", binary search "
+                      << int(quantize_value(m, x));
       }
     }
     EXPECT_EQ(differ, 0) << "of " << xs.size();
@@ -270,7 +285,8 @@ TEST(Moments8bit, UpdateEqualsAFloat64ReferenceOfTheSameAlgorithm) {
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t lo = b * kQuantBlock, hi = std::min(n, lo + kQuantBlock);
     double m_abs = 0, v_abs = 0;
-    for (int64_t i = lo; i < hi; ++i) m_abs = std::max(m_abs, std::abs(m_ref[i])), v_abs = std::max(v_abs, std::sqrt(v_ref[i]));
+    for (int64_t i = lo; i < hi; ++i)
+      m_abs = std::max(m_abs, std::abs(m_ref[i])), v_abs = std::max(v_abs, std::sqrt(v_ref[i]));
     EXPECT_NEAR(ma[b], m_abs, 1e-6 * m_abs) << "first moment absmax, block " << b;
     EXPECT_NEAR(va[b], v_abs, 1e-6 * v_abs) << "second moment's root absmax, block " << b;
     for (int64_t i = lo; i < hi; ++i) {
@@ -283,9 +299,10 @@ TEST(Moments8bit, UpdateEqualsAFloat64ReferenceOfTheSameAlgorithm) {
   }
   EXPECT_LE(m_differ, n / 500) << "first-moment codes off by one";
   EXPECT_LE(v_differ, n / 500) << "second-moment codes off by one";
-  std::printf("[ measured ] 8-bit update vs float64: parameters within %.2f rounding units; codes off by one: "
-              "first moment %lld, second %lld of %lld\n",
-              worst, static_cast<long long>(m_differ), static_cast<long long>(v_differ), static_cast<long long>(n));
+  std::printf(
+      "[ measured ] 8-bit update vs float64: parameters within %.2f rounding units; codes off by one: "
+      "first moment %lld, second %lld of %lld\n",
+      worst, static_cast<long long>(m_differ), static_cast<long long>(v_differ), static_cast<long long>(n));
 }
 
 // Note [Second moment as its root]: in one block, one gradient of 1 and the rest 1.7e-4 (v's ratio
@@ -359,10 +376,10 @@ TEST(Moments8bit, Bf16GradientAndCopyMatchTheFp32Path) {
 TEST(MomentLayout, CutsTheGridAtParameterBoundaries) {
   const MomentLayout layout({{5100, 4096, false}, {0, 5000, true}, {5000, 100, false}});  // any order
   const auto all = layout.blocks(0, 9196);
-  const std::vector<std::vector<int64_t>> want = {
-      // begin, state, len, quantized, weight_decay
-      {0, 0, 2048, 1, 1},    {2048, 1, 2048, 1, 1}, {4096, 2, 904, 1, 1}, {5000, 0, 100, 0, 0},
-      {5100, 3, 1044, 1, 0}, {6144, 4, 2048, 1, 0}, {8192, 5, 1004, 1, 0}};
+  const std::vector<std::vector<int64_t>> want = {// begin, state, len, quantized, weight_decay
+                                                  {0, 0, 2048, 1, 1},   {2048, 1, 2048, 1, 1}, {4096, 2, 904, 1, 1},
+                                                  {5000, 0, 100, 0, 0}, {5100, 3, 1044, 1, 0}, {6144, 4, 2048, 1, 0},
+                                                  {8192, 5, 1004, 1, 0}};
   ASSERT_EQ(all.size(), want.size());
   for (size_t k = 0; k < all.size(); ++k) {
     const auto& b = all[k];
@@ -396,7 +413,8 @@ TEST(MomentLayout, CutsTheGridAtParameterBoundaries) {
 // checked against float64 above.
 TEST(MomentLayout, UpdateOverMixedBlocksIsTheFp32PathBetweenDequantizeAndQuantize) {
   const int64_t a = 3 * kQuantBlock + 515, b = 700, c = 2 * kQuantBlock + 100, d = 3000, n = a + b + c + d;
-  const std::vector<MomentLayout::Param> params = {{0, a, true}, {a, b, false}, {a + b, c, false}, {a + b + c, d, true}};
+  const std::vector<MomentLayout::Param> params = {
+      {0, a, true}, {a, b, false}, {a + b, c, false}, {a + b + c, d, true}};
   const MomentLayout layout(params);
   const auto blocks = layout.blocks(0, n);
   std::vector<uint8_t> mc(n), vc(n);
@@ -428,7 +446,7 @@ TEST(MomentLayout, UpdateOverMixedBlocksIsTheFp32PathBetweenDequantizeAndQuantiz
   quantize_moments(layout, 0, n, m.data(), v.data(), ref);
 
   adamw_step_cpu(s, blocks.data(), static_cast<int64_t>(blocks.size()), p.data(), mb, grad.data(),
-                        HostGradType::kFloat32, nullptr);
+                 HostGradType::kFloat32, nullptr);
   EXPECT_EQ(p, p_ref);
   EXPECT_EQ(mc, mc_ref);
   EXPECT_EQ(vc, vc_ref);
@@ -456,8 +474,8 @@ TEST(MomentLayout, DenseFp32BlocksCutSpansOnTheGrid) {
     int64_t begin, len;
     uint16_t decay;
   };
-  const Want want[] = {{0, g, 1},          {g, g, 1},         {2 * g, 5, 1},     {2 * g + 5, 700, 0},
-                       {2 * g + 705, g - 705, 1}, {3 * g, g, 1}, {4 * g, g, 1}, {5 * g, 100, 1}};
+  const Want want[] = {{0, g, 1},     {g, g, 1},     {2 * g, 5, 1},  {2 * g + 5, 700, 0}, {2 * g + 705, g - 705, 1},
+                       {3 * g, g, 1}, {4 * g, g, 1}, {5 * g, 100, 1}};
   ASSERT_EQ(blocks.size(), std::size(want));
   for (size_t k = 0; k < blocks.size(); ++k) {
     SCOPED_TRACE("block " + std::to_string(k));
@@ -498,7 +516,7 @@ TEST(MomentLayout, DenseFp32BlocksCutSpansOnTheGrid) {
   mb.exp_avg = m.data();
   mb.exp_avg_sq = v.data();
   adamw_step_cpu(s, blocks.data(), static_cast<int64_t>(blocks.size()), p.data(), mb, grad.data(),
-                        HostGradType::kFloat32, out.data());
+                 HostGradType::kFloat32, out.data());
   EXPECT_EQ(p, p_ref);
   EXPECT_EQ(m, m_ref);
   EXPECT_EQ(v, v_ref);

@@ -49,7 +49,8 @@ TEST(OffloadOnCuda, PipelineEqualsTheSerialPath) {
       serial.step(1e-2);
       // The next forward would run on the compute stream right away: read there, no extra sync.
       for (size_t i = 0; i < on_cuda.size(); ++i) {
-        ASSERT_TRUE(torch::equal(on_cuda[i].detach().cpu(), on_cpu[i].detach())) << "parameter " << i << ", step " << step;
+        ASSERT_TRUE(torch::equal(on_cuda[i].detach().cpu(), on_cpu[i].detach()))
+            << "parameter " << i << ", step " << step;
       }
     }
     std::printf("[ measured ] offload pipeline (%s, %lld elements, 17 chunks): bitwise equal to the serial path\n",

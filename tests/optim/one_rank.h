@@ -16,7 +16,9 @@ class OneRank : public parallel::Communicator {
   std::string backend() const override { return "none"; }
   std::unique_ptr<parallel::Work> all_reduce(torch::Tensor, parallel::ReduceOp) override { return unused(); }
   std::unique_ptr<parallel::Work> reduce(torch::Tensor, int, parallel::ReduceOp) override { return unused(); }
-  std::unique_ptr<parallel::Work> reduce_scatter(torch::Tensor, torch::Tensor, parallel::ReduceOp) override { return unused(); }
+  std::unique_ptr<parallel::Work> reduce_scatter(torch::Tensor, torch::Tensor, parallel::ReduceOp) override {
+    return unused();
+  }
   std::unique_ptr<parallel::Work> all_gather(torch::Tensor, torch::Tensor) override { return unused(); }
   std::unique_ptr<parallel::Work> broadcast(torch::Tensor, int) override { return unused(); }
   void barrier() override {}

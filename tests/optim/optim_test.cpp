@@ -3,15 +3,15 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
-#include <limits>
 #include <vector>
 
-#include "optim/sharded_optimizer.h"
-#include "parallel/flat_layout.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "optim/sharded_optimizer.h"
+#include "parallel/flat_layout.h"
 #include "tests/optim/one_rank.h"
 
 namespace gpt2::optim {
@@ -85,10 +85,10 @@ TEST(ShardedOptimizer, MatchesFloat64ReferenceOverSteps) {
 
 TEST(WarmupCosine, HandComputedValues) {
   WarmupCosine s{1.0, 0.1, 10, 110};
-  EXPECT_DOUBLE_EQ(s.at(0), 0.1);     // (0 + 1) / 10
-  EXPECT_DOUBLE_EQ(s.at(9), 1.0);     // end of warmup
-  EXPECT_DOUBLE_EQ(s.at(10), 1.0);    // cosine starts at the peak
-  EXPECT_NEAR(s.at(60), 0.55, 1e-12); // half way: min + (max - min) / 2
+  EXPECT_DOUBLE_EQ(s.at(0), 0.1);      // (0 + 1) / 10
+  EXPECT_DOUBLE_EQ(s.at(9), 1.0);      // end of warmup
+  EXPECT_DOUBLE_EQ(s.at(10), 1.0);     // cosine starts at the peak
+  EXPECT_NEAR(s.at(60), 0.55, 1e-12);  // half way: min + (max - min) / 2
   EXPECT_NEAR(s.at(35), 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 0.25)), 1e-12);
   EXPECT_DOUBLE_EQ(s.at(110), 0.1);
   EXPECT_DOUBLE_EQ(s.at(500), 0.1);
@@ -179,8 +179,7 @@ TEST(ShardedOptimizer, OffloadMatchesTheDevicePath) {
     options.adamw.chunk_elements = 100;  // several chunks, boundaries inside parameters
     ShardedOptimizer host_opt(offloaded, layout, grads, one, options);
     EXPECT_EQ(host_opt.state_bytes(), 0);
-    EXPECT_EQ(host_opt.host_state_bytes(),
-              offload_host_bytes(layout.padded, dtype, dtype, false));
+    EXPECT_EQ(host_opt.host_state_bytes(), offload_host_bytes(layout.padded, dtype, dtype, false));
     for (int step = 0; step < 5; ++step) {
       grads.copy_(torch::randn({layout.padded}) * 0.1);
       device_opt.step(2e-2);

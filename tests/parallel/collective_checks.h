@@ -18,10 +18,10 @@ inline void expect_collectives_exact(parallel::Communicator& comm, const torch::
   const int rank = comm.rank(), n = comm.world_size();
   const auto host64 = torch::TensorOptions().dtype(torch::kFloat64);
   auto expect_equal = [&](const torch::Tensor& got, const torch::Tensor& want, const char* what) {
-    EXPECT_TRUE(torch::equal(got.to(torch::kCPU, torch::kFloat64), want)) << what << ": got " << got << " want " << want;
+    EXPECT_TRUE(torch::equal(got.to(torch::kCPU, torch::kFloat64), want))
+        << what << ": got " << got << " want " << want;
   };
-  SCOPED_TRACE(std::string(comm.backend()) + " on " + c10::toString(options.dtype()) + " " +
-               options.device().str());
+  SCOPED_TRACE(std::string(comm.backend()) + " on " + c10::toString(options.dtype()) + " " + options.device().str());
 
   // all_reduce: rank r holds [r, 4r, 1]; sum = [s, 4s, n], s = n(n-1)/2.
   const double s = n * (n - 1) / 2.0;
@@ -40,7 +40,8 @@ inline void expect_collectives_exact(parallel::Communicator& comm, const torch::
   for (int root = 0; root < n; ++root) {
     auto r = make();
     comm.reduce(r, root, ReduceOp::kSum)->wait();
-    expect_equal(r, rank == root ? torch::tensor({s, 4 * s, double(n)}, host64) : make().to(torch::kCPU, torch::kFloat64),
+    expect_equal(r,
+                 rank == root ? torch::tensor({s, 4 * s, double(n)}, host64) : make().to(torch::kCPU, torch::kFloat64),
                  "reduce");
   }
 
@@ -67,7 +68,8 @@ inline void expect_collectives_exact(parallel::Communicator& comm, const torch::
     works.push_back(comm.all_reduce(ts.back(), ReduceOp::kSum));
   }
   for (int i = 5; i >= 0; --i) works[static_cast<size_t>(i)]->wait();
-  for (int i = 0; i < 6; ++i) expect_equal(ts[static_cast<size_t>(i)], torch::full({1000}, n * i + s, host64), "in flight");
+  for (int i = 0; i < 6; ++i)
+    expect_equal(ts[static_cast<size_t>(i)], torch::full({1000}, n * i + s, host64), "in flight");
   comm.barrier();
 }
 

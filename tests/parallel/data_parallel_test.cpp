@@ -22,9 +22,9 @@
 namespace gpt2 {
 namespace {
 
-using test::SharedTokenFile;
 using test::quiet_logs;
 using test::rel_error;
+using test::SharedTokenFile;
 using test::tiny_config;
 using test::world_size;
 
@@ -40,7 +40,6 @@ void expect_same_as_one_rank(const Config& cfg, const Config* reference = nullpt
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
-
 
 TEST(DataParallel, SameAsOneRankWithTheSameGlobalBatch) {
   SharedTokenFile file;

@@ -21,9 +21,9 @@
 namespace gpt2 {
 namespace {
 
+using test::quiet_logs;
 using test::SharedDir;
 using test::SharedTokenFile;
-using test::quiet_logs;
 using test::tiny_config;
 using test::world_rank;
 using test::world_size;
@@ -44,20 +44,25 @@ Config gpu_config(const std::string& train, const std::string& dtype) {
   return cfg;
 }
 
-torch::TensorOptions on_gpu(torch::ScalarType dtype) { return torch::TensorOptions().device(torch::kCUDA, 0).dtype(dtype); }
+torch::TensorOptions on_gpu(torch::ScalarType dtype) {
+  return torch::TensorOptions().device(torch::kCUDA, 0).dtype(dtype);
+}
 
 TEST(GpuMpiBackend, EveryCollectiveOnCudaTensorsOfEveryDtype) {
   SKIP_WITHOUT_GPU();
   auto comm = parallel::make_communicator(MPI_COMM_WORLD, torch::Device(torch::kCUDA, 0), parallel::Backend::kMpi, 600);
-  for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) test::expect_collectives_exact(*comm, on_gpu(dtype));
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16})
+    test::expect_collectives_exact(*comm, on_gpu(dtype));
 }
 
 TEST(GpuNccl, EveryCollectiveOnOneRank) {
   SKIP_WITHOUT_GPU();
   if (world_size() != 1) GTEST_SKIP() << "NCCL takes one rank per GPU: runs under mpiexec -n 1";
-  auto comm = parallel::make_communicator(MPI_COMM_WORLD, torch::Device(torch::kCUDA, 0), parallel::Backend::kNccl, 600);
+  auto comm =
+      parallel::make_communicator(MPI_COMM_WORLD, torch::Device(torch::kCUDA, 0), parallel::Backend::kNccl, 600);
   ASSERT_EQ(comm->backend(), "nccl");
-  for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) test::expect_collectives_exact(*comm, on_gpu(dtype));
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16})
+    test::expect_collectives_exact(*comm, on_gpu(dtype));
 }
 
 // One rank with parallel.backend = nccl trains bit for bit as with mpi: the NCCL communicator (its
@@ -75,7 +80,8 @@ TEST(GpuNccl, TrainsAsTheMpiBackendOnOneRank) {
     TrainResult nccl = train(cfg, world);
     auto a = nccl.model->named_parameters(), b = mpi.model->named_parameters();
     ASSERT_EQ(a.size(), b.size());
-    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].value(), b[i].value())) << dtype << " " << a[i].key();
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_TRUE(torch::equal(a[i].value(), b[i].value())) << dtype << " " << a[i].key();
     EXPECT_EQ(nccl.losses, mpi.losses) << dtype;
   }
 }
@@ -210,7 +216,8 @@ TEST(GpuMpiBackend, CheckpointsResumeOnThreeRanksThenTwo) {
         ASSERT_EQ(on_two.start_step, 10);
         if (env2.is_main()) std::printf("[ measured ] %s, 3 -> 2 ranks:\n", what.c_str());
         for (size_t s = 10; s < 20; ++s) {
-          EXPECT_LE(std::abs(on_two.losses[s] - straight.losses[s]) / std::abs(straight.losses[s]), 1e-5) << "step " << s;
+          EXPECT_LE(std::abs(on_two.losses[s] - straight.losses[s]) / std::abs(straight.losses[s]), 1e-5)
+              << "step " << s;
         }
         test::expect_same_parameters(on_two.model, straight.model, cfg.model.n_embd, 1e-5);
       }

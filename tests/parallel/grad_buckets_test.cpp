@@ -45,7 +45,10 @@ std::vector<torch::Tensor> expected_sum(int layers, int width, int world, int sk
     s.loss(s.input(r), r == skip_rank ? skip_layer : -1).backward();
     for (int i = 0; i < layers; ++i) {
       auto g = s.weights[i].grad().defined() ? s.weights[i].grad() : torch::zeros_like(s.weights[i]);
-      if (r == 0) sum.push_back(g.clone()); else sum[i] += g;
+      if (r == 0)
+        sum.push_back(g.clone());
+      else
+        sum[i] += g;
     }
   }
   return sum;
@@ -132,7 +135,7 @@ TEST(GradBuckets, FirstBucketIsReducedBeforeBackwardFinishes) {
   Stack s(8, 32);
   const FlatLayout layout(s.weights, comm->world_size());
   GradBuckets buckets(s.weights, layout, 1, *comm);  // one parameter per bucket: 8 buckets
-  std::vector<std::pair<int, int>> launches;  // (bucket, parameters still without gradient)
+  std::vector<std::pair<int, int>> launches;         // (bucket, parameters still without gradient)
   bool backward_returned = false;
   std::vector<bool> launched_during_backward;
   buckets.set_observer([&](const std::string&, int b, int pending) {

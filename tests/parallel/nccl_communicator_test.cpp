@@ -64,7 +64,8 @@ TEST(NcclCommunicator, SetUpThatAPeerNeverJoinsTimesOut) {
       message = e.what();
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_HAS(message, "NCCL communicator set-up (ncclCommInitRankConfig) did not finish within 3 s (parallel.timeout_s)");
+    EXPECT_HAS(message,
+               "NCCL communicator set-up (ncclCommInitRankConfig) did not finish within 3 s (parallel.timeout_s)");
     EXPECT_GE(seconds, 2.5);
     EXPECT_LT(seconds, 30);
   } else {

@@ -31,8 +31,8 @@ int main(int argc, char** argv) {
   gpt2::log::init(0, 1);
   // The CUDA context first, so that the communicator's set-up, which shares the timeout, is only NCCL's.
   CUDA_CHECK(cudaFree(nullptr));
-  auto comm = gpt2::parallel::make_communicator(MPI_COMM_WORLD, torch::Device(torch::kCUDA, 0), gpt2::parallel::Backend::kNccl,
-                                                 {timeout, "parallel.timeout_s"});
+  auto comm = gpt2::parallel::make_communicator(MPI_COMM_WORLD, torch::Device(torch::kCUDA, 0),
+                                                gpt2::parallel::Backend::kNccl, {timeout, "parallel.timeout_s"});
   int khz = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
   auto t = torch::ones({1 << 20}, torch::TensorOptions().device(torch::kCUDA, 0));

@@ -5,8 +5,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -16,9 +16,9 @@
 #include "parallel/rank_env.h"
 #include "src/base/files.h"
 #include "src/base/log.h"
+#include "src/model/gpt2_model.h"
 #include "src/train/config.h"
 #include "src/train/trainer.h"
-#include "src/model/gpt2_model.h"
 #include "tests/test_util.h"
 
 namespace gpt2::test {
@@ -129,7 +129,8 @@ inline double expect_same_parameters(GPT2& got, GPT2& want, int64_t n_embd, doub
 
 // Per-step losses (relative error <= loss_tol, default tol) and final parameters (<= tol) of `got`
 // against `want`; the reference must have learned, or the comparison would prove little.
-inline void expect_same_training(TrainResult& got, TrainResult& want, int64_t n_embd, double tol, double loss_tol = -1) {
+inline void expect_same_training(TrainResult& got, TrainResult& want, int64_t n_embd, double tol,
+                                 double loss_tol = -1) {
   if (loss_tol < 0) loss_tol = tol;
   ASSERT_EQ(got.losses.size(), want.losses.size());
   ASSERT_GE(want.losses.size(), 10u);
@@ -202,16 +203,16 @@ inline void expect_variants_match(const Config& base, Tolerances tol, double los
     const char* offload;
     const char* recompute;
   };
-  for (const Variant& v : {Variant{"ZeRO 1", 1, "none", "none"}, Variant{"ZeRO 2", 2, "none", "none"},
-                           Variant{"ZeRO 1 + offload", 1, "optimizer", "none"},
-                           Variant{"recomputation", 0, "none", "full"}}) {
+  for (const Variant& v :
+       {Variant{"ZeRO 1", 1, "none", "none"}, Variant{"ZeRO 2", 2, "none", "none"},
+        Variant{"ZeRO 1 + offload", 1, "optimizer", "none"}, Variant{"recomputation", 0, "none", "full"}}) {
     Config cfg = base;
     cfg.parallel.zero_stage = v.zero_stage;
     cfg.parallel.offload = parse_choice<Offload>("parallel.offload", v.offload);
     cfg.parallel.offload_threads = 2;
     cfg.memory.activation_checkpointing = v.recompute;
     SCOPED_TRACE(v.name);
-    if (world.is_main()) std::printf("[ measured ] %s vs ZeRO 0 (%s):\n", v.name, base.precision.dtype.c_str());
+    if (world.is_main()) std::printf("[ measured ] %s vs ZeRO 0 (%s):\n", v.name, choice_name(base.precision.dtype));
     TrainResult r = train(cfg, world);
     const bool same_kernels = std::string(v.recompute) == "none";  // ZeRO 1/2, offload: exactly ZeRO 0
     expect_same_training(r, zero0, base.model.n_embd, same_kernels ? 0.0 : tol.variants.param,
@@ -220,7 +221,7 @@ inline void expect_variants_match(const Config& base, Tolerances tol, double los
   }
   if (world.is_main()) {
     const parallel::RankEnv self(MPI_COMM_SELF);
-    std::printf("[ measured ] %d ranks vs 1 rank (%s):\n", world.world_size(), base.precision.dtype.c_str());
+    std::printf("[ measured ] %d ranks vs 1 rank (%s):\n", world.world_size(), choice_name(base.precision.dtype));
     TrainResult one = train(base, self);
     expect_same_training(zero0, one, base.model.n_embd, tol.one_rank.param, tol.one_rank.loss);
     EXPECT_EQ(one.loss_scale, loss_scale);

@@ -114,7 +114,8 @@ TEST(CompletionRequest, RefusalsNameTheField) {
       {R"({"prompt": "a", "stop": 3})", 400, "stop", "expected a string or a list of strings"},
       {R"({"prompt": "a", "stop": ["a", "b", "c", "d", "e"]})", 400, "stop", "at most 4"},
       {R"({"prompt": "a", "stop": [""]})", 400, "stop", "must not be empty"},
-      {R"({"prompt": "a", "stream_options": {"include_usage": true}})", 400, "stream_options", "only allowed with stream"},
+      {R"({"prompt": "a", "stream_options": {"include_usage": true}})", 400, "stream_options",
+       "only allowed with stream"},
       {R"({"prompt": "a", "stream": true, "stream_options": 1})", 400, "stream_options", "expected an object"},
       {R"({"prompt": "a", "n": 2})", 400, "n", "n must be 1"},
       {R"({"prompt": "a", "best_of": 3})", 400, "best_of", "best_of must be 1"},
@@ -131,8 +132,8 @@ TEST(CompletionRequest, PromptAndNewTokensMustFitTheContext) {
   // block_size 8: a prompt of 5 leaves room for 3 new tokens.
   EXPECT_EQ(parse(R"({"prompt": [1, 2, 3, 4, 5], "max_tokens": 3})", 8).max_tokens, 3);
   expect_refused({R"({"prompt": [1, 2, 3, 4, 5], "max_tokens": 4})", 400, "max_tokens", "ask for at most 3"}, 8);
-  expect_refused({R"({"prompt": [[1], [1, 2, 3, 4, 5, 6, 7, 8]], "max_tokens": 1})", 400, "prompt",
-                  "prompt[1] has 8 tokens"}, 8);
+  expect_refused(
+      {R"({"prompt": [[1], [1, 2, 3, 4, 5, 6, 7, 8]], "max_tokens": 1})", 400, "prompt", "prompt[1] has 8 tokens"}, 8);
 }
 
 // Every push() and the finish() of a stream, concatenated.

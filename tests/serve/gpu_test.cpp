@@ -62,8 +62,12 @@ GPT2 random_bf16_model(uint64_t seed, int64_t context = kContext) {
 // over every row, with greedy ids fed back.
 struct SlotRun {
   SlotRun(GPT2& model, int64_t rows, bool use_graphs)
-      : model(model), cache(model->make_kv_cache(kContext, std::vector<int64_t>(rows, 0))),
-        decode(model, cache, use_graphs), last(rows, 0), position(rows, 0), active(rows, false) {}
+      : model(model),
+        cache(model->make_kv_cache(kContext, std::vector<int64_t>(rows, 0))),
+        decode(model, cache, use_graphs),
+        last(rows, 0),
+        position(rows, 0),
+        active(rows, false) {}
   void prefill(int64_t row, const std::vector<int64_t>& prompt) {
     torch::NoGradGuard no_grad;
     KVCache view = cache.row_view(row);
@@ -104,7 +108,8 @@ void expect_graphs_equal_eager(int64_t attend_block, int64_t graphs_expected, bo
   SlotRun graphed(model, rows, /*use_graphs=*/true), eager(model, rows, /*use_graphs=*/false);
   ASSERT_TRUE(graphed.decode.graphs_on());
   ASSERT_FALSE(eager.decode.graphs_on());
-  const std::vector<std::vector<int64_t>> prompts = {{464, 329}, {11, 12, 13, 14, 15, 16, 17}, {7}, {99, 98, 97, 96}};  // ids < vocab_size
+  const std::vector<std::vector<int64_t>> prompts = {
+      {464, 329}, {11, 12, 13, 14, 15, 16, 17}, {7}, {99, 98, 97, 96}};  // ids < vocab_size
   auto join = [&](int64_t row, const std::vector<int64_t>& prompt) {
     graphed.prefill(row, prompt);
     eager.prefill(row, prompt);
@@ -160,7 +165,7 @@ TEST(ServeGpuDecodeGraphs, StepTimeAtTheGpt2SmallShape) {
   DecodeGraphs graphed(model, graphed_cache, /*use_graphs=*/true), eager(model, eager_cache, /*use_graphs=*/false);
   std::vector<int64_t> ids(rows), positions(rows);
   for (int64_t r = 0; r < rows; ++r) ids[r] = 1000 + 17 * r, positions[r] = 20 * r;  // each step rewrites these
-  const DecodeOutputs g = graphed.step(ids, positions, 0);  // captures
+  const DecodeOutputs g = graphed.step(ids, positions, 0);                           // captures
   const DecodeOutputs e = eager.step(ids, positions, 0);
   EXPECT_TRUE(torch::equal(g.logits, e.logits));
   EXPECT_TRUE(torch::equal(g.greedy, e.greedy));
@@ -171,9 +176,10 @@ TEST(ServeGpuDecodeGraphs, StepTimeAtTheGpt2SmallShape) {
   };
   const double eager_ms = ms_per_step(eager), graph_ms = ms_per_step(graphed);
   EXPECT_TRUE(graphed.graphs_on());
-  std::printf("[ measured ] decode step, gpt2-124m shape, %lld rows x %lld context, bf16: %.3f ms eager, %.3f ms "
-              "from a CUDA graph (%.1fx)\n",
-              static_cast<long long>(rows), static_cast<long long>(capacity), eager_ms, graph_ms, eager_ms / graph_ms);
+  std::printf(
+      "[ measured ] decode step, gpt2-124m shape, %lld rows x %lld context, bf16: %.3f ms eager, %.3f ms "
+      "from a CUDA graph (%.1fx)\n",
+      static_cast<long long>(rows), static_cast<long long>(capacity), eager_ms, graph_ms, eager_ms / graph_ms);
 }
 
 // PromptPrefill on CUDA (prompt_prefill.h): prompts of lengths in three buckets of the padded
@@ -256,8 +262,10 @@ TEST(ServeGpuPrefill, PrefillTimeAtTheGpt2SmallShape) {
   };
   const double eager_ms = ms_per_prefill(eager), graph_ms = ms_per_prefill(graphed);
   EXPECT_TRUE(graphed.graphs_on());
-  std::printf("[ measured ] prefill of 128 tokens, gpt2-124m shape, bf16: %.3f ms eager, %.3f ms from a CUDA graph "
-              "(%.1fx)\n", eager_ms, graph_ms, eager_ms / graph_ms);
+  std::printf(
+      "[ measured ] prefill of 128 tokens, gpt2-124m shape, bf16: %.3f ms eager, %.3f ms from a CUDA graph "
+      "(%.1fx)\n",
+      eager_ms, graph_ms, eager_ms / graph_ms);
 }
 
 // Every sequence's ids from a Scheduler: 10 prompts of different lengths and lengths to generate

@@ -39,9 +39,9 @@ const char* kIni =
 TEST(Config, ReadsIniAndCommandLineWins) {
   const auto ini = write_ini("ok.ini", kIni);
   auto r = parse({"--config", ini, "--train.lr=2e-3", "--model.n_layer=3"});
-  EXPECT_EQ(r.config.model.n_layer, 3);        // command line over file
-  EXPECT_EQ(r.config.model.n_embd, 32);        // file over default
-  EXPECT_EQ(r.config.model.vocab_size, 50257); // default
+  EXPECT_EQ(r.config.model.n_layer, 3);         // command line over file
+  EXPECT_EQ(r.config.model.n_embd, 32);         // file over default
+  EXPECT_EQ(r.config.model.vocab_size, 50257);  // default
   EXPECT_DOUBLE_EQ(r.config.train.lr, 2e-3);
   EXPECT_EQ(r.config.data.train, "a.h5");
   EXPECT_EQ(r.config.grad_accum_steps(1), 2);  // 128 / (4 * 16)
@@ -55,7 +55,8 @@ TEST(Config, ValNoneMeansNoEval) {
 
 TEST(Config, TensorBoardDefaultsToBesideTheMetricsFile) {
   const auto ini = write_ini("tb.ini", kIni);
-  EXPECT_EQ(parse({"--config", ini, "--log.metrics=runs/x/metrics.jsonl"}).config.log.tensorboard_dir(), "runs/x/tensorboard");
+  EXPECT_EQ(parse({"--config", ini, "--log.metrics=runs/x/metrics.jsonl"}).config.log.tensorboard_dir(),
+            "runs/x/tensorboard");
   EXPECT_EQ(parse({"--config", ini, "--log.metrics=m.jsonl"}).config.log.tensorboard_dir(), "tensorboard");
   EXPECT_EQ(parse({"--config", ini, "--log.metrics=none"}).config.log.tensorboard_dir(), "");
   EXPECT_EQ(parse({"--config", ini, "--log.metrics=none", "--log.tensorboard=tb"}).config.log.tensorboard_dir(), "tb");
@@ -97,13 +98,15 @@ TEST(Config, ErrorsNameTheKey) {
       << error_of({"--config", dir});
   EXPECT_NE(error_of({"--model.n_layer=2"}).find("data.train"), std::string::npos);
   EXPECT_NE(error_of({"--config", ini, "stray"}).find("stray"), std::string::npos);
-  EXPECT_NE(error_of({"--config", ini, "--precision.reduce_dtype=fp64"}).find("precision.reduce_dtype"), std::string::npos);
+  EXPECT_NE(error_of({"--config", ini, "--precision.reduce_dtype=fp64"}).find("precision.reduce_dtype"),
+            std::string::npos);
   // Gradients reduce in fp32 or in the compute dtype itself, nothing else.
   EXPECT_NE(error_of({"--config", ini, "--precision.dtype=fp16", "--precision.reduce_dtype=bf16"})
                 .find("precision.reduce_dtype = bf16: must be fp32 or precision.dtype (fp16)"),
             std::string::npos)
       << error_of({"--config", ini, "--precision.dtype=fp16", "--precision.reduce_dtype=bf16"});
-  EXPECT_NE(error_of({"--config", ini, "--precision.dtype=fp16", "--precision.reduce_dtype=fp16", "--parallel.offload=optimizer"})
+  EXPECT_NE(error_of({"--config", ini, "--precision.dtype=fp16", "--precision.reduce_dtype=fp16",
+                      "--parallel.offload=optimizer"})
                 .find("parallel.offload"),
             std::string::npos);
   EXPECT_NE(error_of({"--config", ini, "--parallel.offload=gpu"}).find("parallel.offload"), std::string::npos);

@@ -87,10 +87,11 @@ TEST(HelperThreads, BlockTheStopSignals) {
   ASSERT_FALSE(blocks(::getpid(), SIGTERM));
   ASSERT_FALSE(blocks(::getpid(), SIGHUP));
   expect_new_threads_block_stop_signals("StepWatchdog", [] { return std::make_unique<StepWatchdog>(600.0); });
-  expect_new_threads_block_stop_signals("optim::HostThreadPool", [] { return std::make_unique<optim::HostThreadPool>(3); });
+  expect_new_threads_block_stop_signals("optim::HostThreadPool",
+                                        [] { return std::make_unique<optim::HostThreadPool>(3); });
   expect_new_threads_block_stop_signals("data::Prefetcher", [] {
-    return std::make_unique<data::Prefetcher>(2, 4, /*depth=*/2, /*pinned=*/false,
-                                              [](int64_t i, torch::Tensor& b) { b.fill_(i); }, 0);
+    return std::make_unique<data::Prefetcher>(
+        2, 4, /*depth=*/2, /*pinned=*/false, [](int64_t i, torch::Tensor& b) { b.fill_(i); }, 0);
   });
 }
 

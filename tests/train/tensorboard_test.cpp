@@ -50,16 +50,17 @@ TEST(TensorBoardWriter, ScalarEventBytes) {
       0x0A,                                            //   key: Summary field 1 (value), wire type 2
       0x0B,                                            //   11 bytes of Summary.Value follow
       0x0A,                                            //     key: Value field 1 (tag), wire type 2
-      0x04, 'l', 'o', 's', 's',                        //     length 4, "loss"
+      0x04, 'l',  'o',  's',  's',                     //     length 4, "loss"
       0x15,                                            //     key: Value field 2 (simple_value), wire type 5 (32-bit)
       0x00, 0x00, 0x20, 0x40,                          //     2.5 as a little-endian float (0x40200000)
   });
   EXPECT_EQ(tensorboard::scalars_event(1.5, 300, {{"loss", 2.5}}), expected);
 
   const std::string version = bytes({
-      0x09, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xF8, 0x3F,  // wall_time 1.5
-      0x1A, 0x0D,                                            // field 3 (file_version), wire type 2, 13 bytes
-  }) + "brain.Event:2";
+                                  0x09, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xF8, 0x3F,  // wall_time 1.5
+                                  0x1A, 0x0D,  // field 3 (file_version), wire type 2, 13 bytes
+                              }) +
+                              "brain.Event:2";
   EXPECT_EQ(tensorboard::file_version_event(1.5), version);
 
   // A negative step is its 64-bit two's complement: ten varint bytes.
@@ -104,7 +105,8 @@ TEST(TensorBoardWriter, FileReadsBackRecordByRecord) {
   while (pos < file.size()) {
     ASSERT_LE(pos + 12, file.size()) << "truncated header at " << pos;
     const uint64_t len = read_le(file, pos, 8);
-    EXPECT_EQ(read_le(file, pos + 8, 4), tensorboard::masked_crc32c(file.data() + pos, 8)) << "record " << records.size();
+    EXPECT_EQ(read_le(file, pos + 8, 4), tensorboard::masked_crc32c(file.data() + pos, 8))
+        << "record " << records.size();
     ASSERT_LE(pos + 12 + len + 4, file.size()) << "truncated data at " << pos;
     const std::string data = file.substr(pos + 12, len);
     EXPECT_EQ(read_le(file, pos + 12 + len, 4), tensorboard::masked_crc32c(data.data(), data.size()))
