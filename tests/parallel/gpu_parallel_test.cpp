@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "parallel/communicator.h"
@@ -225,6 +226,78 @@ TEST(GpuMpiBackend, CheckpointsResumeOnThreeRanksThenTwo) {
     }
   }
   if (two != MPI_COMM_NULL) MPI_Comm_free(&two);
+}
+
+// Note [Ranks as hosts]
+// NCCL's network path, exercised on one GPU. Each rank names itself another host (NCCL_HOSTID,
+// set before NCCL's first use in the process: NCCL hashes it instead of the host name), and the
+// ctest entries test_gpu_nccl_hosts_np2/np4 turn off what only ranks of one host share
+// (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE) and InfiniBand (NCCL_IB_DISABLE), so NCCL connects the
+// ranks through its socket transport, over the loopback interface, as it connects nodes. (Ranks of
+// one host on one GPU are refused as a duplicate GPU; ranks of different hosts are not.)
+bool ranks_as_hosts() {
+  const char* on = std::getenv("GPT2_TEST_RANKS_AS_HOSTS");
+  if (on == nullptr || std::string(on) != "1") return false;
+  const std::string host = "gpt2-test-host-" + std::to_string(world_rank());
+  setenv("NCCL_HOSTID", host.c_str(), 1);
+  return true;
+}
+
+#define SKIP_UNLESS_RANKS_AS_HOSTS()         \
+  SKIP_WITHOUT_GPU();                        \
+  if (world_size() < 2 || !ranks_as_hosts()) \
+  GTEST_SKIP() << "runs under the ctest entries test_gpu_nccl_hosts_np2/np4 (Note [Ranks as hosts])"
+
+// ZeRO 0/1/2, offload and recomputation over NCCL's socket transport against ZeRO 0 and one rank,
+// with the bounds of the MPI backend's tests above; ZeRO 2 (NCCL's reduce, whose sums run in
+// another order than the all-reduce's from 3 ranks on) within the one-rank bound, the same kind of
+// reordering.
+TEST(GpuNcclAsHosts, VariantsMatchZero0AndOneRank) {
+  SKIP_UNLESS_RANKS_AS_HOSTS();
+  SharedTokenFile file;
+  auto fp32 = gpu_config(file.path(), "fp32");
+  fp32.parallel.backend = parallel::Backend::kNccl;
+  const test::Tolerances fp32_tol{/*variants=*/{1e-6, 1e-6}, /*one_rank=*/{1e-5, 1e-5}};
+  test::expect_variants_match(fp32, fp32_tol, /*loss_scale=*/1, /*zero2=*/fp32_tol.one_rank);
+  auto bf16 = gpu_config(file.path(), "bf16");
+  bf16.parallel.backend = parallel::Backend::kNccl;
+  test::expect_variants_match(bf16, test::kBf16Tolerances, 1, test::kBf16Tolerances.one_rank);
+}
+
+// A ZeRO 2 checkpoint written over NCCL's socket transport on all ranks, resumed at step 10 on
+// half of them: fp32 within 1e-5 of the straight run (the sums' order changes with the ranks).
+TEST(GpuNcclAsHosts, Zero2CheckpointResumesOnHalfTheRanks) {
+  SKIP_UNLESS_RANKS_AS_HOSTS();
+  SharedTokenFile file;
+  SharedDir dir;
+  const parallel::RankEnv world(MPI_COMM_WORLD);
+  quiet_logs(world);
+  const int half = world.world_size() / 2;
+  MPI_Comm part = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world.rank() < half ? 0 : MPI_UNDEFINED, world.rank(), &part);
+  auto cfg = gpu_config(file.path(), "fp32");
+  cfg.parallel.backend = parallel::Backend::kNccl;
+  cfg.train.batch_tokens = 4 * 2 * 16 * world.world_size();  // divides over all ranks and over half
+  cfg.parallel.zero_stage = 2;
+  cfg.checkpoint.dir = dir.file("ckpt");
+  cfg.checkpoint.every = 10;
+  TrainResult straight = train(cfg, world);
+  if (part != MPI_COMM_NULL) {
+    const parallel::RankEnv fewer(part);
+    quiet_logs(fewer);
+    auto resumed = cfg;
+    resumed.checkpoint.every = 0;
+    resumed.checkpoint.resume = cfg.checkpoint.dir + "/step_0000010";
+    TrainResult again = train(resumed, fewer);
+    ASSERT_EQ(again.start_step, 10);
+    if (fewer.is_main()) std::printf("[ measured ] NCCL sockets, ZeRO 2, %d -> %d ranks:\n", world.world_size(), half);
+    for (size_t s = 10; s < 20; ++s) {
+      EXPECT_LE(std::abs(again.losses[s] - straight.losses[s]) / std::abs(straight.losses[s]), 1e-5) << "step " << s;
+    }
+    test::expect_same_parameters(again.model, straight.model, cfg.model.n_embd, 1e-5);
+    MPI_Comm_free(&part);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 }  // namespace
