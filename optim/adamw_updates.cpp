@@ -315,7 +315,7 @@ AdamWMoments::AdamWMoments(const ShardView& shard, bool moments_8bit, const at::
     return;
   }
   GPT2_ASSERT(layout_->on_grid(shard.begin) && layout_->on_grid(shard.end),
-              "8-bit moments need shards of whole quantization blocks (FlatLayout's shard_multiple)");
+              "8-bit moments need shards of whole quantization blocks (FlatLayout::kGrid cells)");
   blocks_ = layout_->blocks(shard.begin, shard.end);
   const int64_t num_absmax = layout_->absmax_before(shard.end) - layout_->absmax_before(shard.begin);
   const int64_t num_fp32 = layout_->fp32_before(shard.end) - layout_->fp32_before(shard.begin);
