@@ -38,6 +38,9 @@ class ShardedOptimizer {
   ShardedOptimizer(const std::vector<torch::Tensor>& params, const parallel::FlatLayout& layout,
                    const torch::Tensor& grad_flat, parallel::Communicator& comm, Options options);
   ~ShardedOptimizer();
+  // The update keeps a pointer to moment_layout() and views of the flat buffer: not copied or moved.
+  ShardedOptimizer(const ShardedOptimizer&) = delete;
+  ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
 
   // Global L2 norm of the gradient (an fp64 device scalar; no host sync) and clipping to max_norm
   // (<= 0: no clipping) by the coefficient min(1, max_norm / (norm + 1e-6)). Reads only this rank's
