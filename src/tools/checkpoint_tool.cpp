@@ -3,6 +3,7 @@
 #include "src/tools/checkpoint_tool.h"
 
 #include <algorithm>
+#include <array>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -300,9 +301,29 @@ int verify_root(const std::string& root_dir, std::ostream& out) {
   return kExitOk;
 }
 
+// gpt2-ckpt's commands, parsed once (src/base/choices.h).
+enum class Command { kInspect, kVerify, kConsolidate, kExportHf, kImportHf };
+
+}  // namespace gpt2::ckpt
+
+namespace gpt2 {
+template <>
+struct ChoiceNames<ckpt::Command> {
+  using C = ckpt::Command;
+  static constexpr std::array<std::pair<C, const char*>, 5> names{{{C::kInspect, "inspect"},
+                                                                   {C::kVerify, "verify"},
+                                                                   {C::kConsolidate, "consolidate"},
+                                                                   {C::kExportHf, "export-hf"},
+                                                                   {C::kImportHf, "import-hf"}}};
+};
+}  // namespace gpt2
+
+namespace gpt2::ckpt {
+
 // gpt2-ckpt's command line: COMMAND PATH and the options of that command.
 struct ToolArgs {
-  std::string command, path, out_file;
+  Command command = Command::kInspect;
+  std::string path, out_file;
   bool as_json = false;
 };
 
@@ -315,54 +336,57 @@ std::optional<ToolArgs> parse_tool_args(const std::vector<std::string>& args, st
                                                "inspect: print the manifest as JSON")(
       "out", po::value(&a.out_file), "consolidate, import-hf: the model FILE to write; export-hf: the DIR");
   po::options_description hidden;
+  std::string word;
   std::vector<std::string> paths;
-  hidden.add_options()("command", po::value(&a.command))("path", po::value(&paths));
+  hidden.add_options()("command", po::value(&word))("path", po::value(&paths));
   po::positional_options_description positional;
   positional.add("command", 1).add("path", -1);
   po::variables_map vm;
   if (!tools::parse_command_line(args, "gpt2-ckpt", kUsage, options, positional, vm, out, hidden)) return std::nullopt;
-  if (a.command == "help") {
+  if (word == "help") {
     out << kUsage;
     return std::nullopt;
   }
-  if (a.command.empty()) throw usage_error("no command given: inspect, verify, consolidate, export-hf or import-hf");
-  const bool writes = a.command == "consolidate" || a.command == "export-hf" || a.command == "import-hf";
-  if (a.command != "inspect" && a.command != "verify" && !writes) {
-    throw usage_error("unknown command '" + a.command + "' (inspect, verify, consolidate, export-hf or import-hf)");
+  if (word.empty()) throw usage_error("no command given: " + choice_list<Command>());
+  try {
+    a.command = parse_choice<Command>("command", word);
+  } catch (const UserError& e) {
+    throw usage_error(e.what());
   }
-  if (a.as_json && a.command != "inspect") throw usage_error(a.command + ": --json is an option of inspect only");
-  if (vm.count("out") && !writes) {
-    throw usage_error(a.command + ": --out is an option of consolidate, export-hf and import-hf");
-  }
-  if (vm.count("out") && a.out_file.empty()) throw usage_error(a.command + ": --out needs a path");
-  if (paths.empty()) throw usage_error(a.command + ": missing PATH (a checkpoint directory or a checkpoint root)");
+  const bool writes = a.command != Command::kInspect && a.command != Command::kVerify;
+  if (a.as_json && a.command != Command::kInspect) throw usage_error(word + ": --json is an option of inspect only");
+  if (vm.count("out") && !writes)
+    throw usage_error(word + ": --out is an option of consolidate, export-hf and import-hf");
+  if (vm.count("out") && a.out_file.empty()) throw usage_error(word + ": --out needs a path");
+  if (paths.empty()) throw usage_error(word + ": missing PATH (a checkpoint directory or a checkpoint root)");
   if (paths.size() > 1) {
-    throw usage_error(a.command + ": unexpected argument '" + paths[1] + "' (one PATH only; PATH is " + paths[0] + ")");
+    throw usage_error(word + ": unexpected argument '" + paths[1] + "' (one PATH only; PATH is " + paths[0] + ")");
   }
   a.path = paths[0];
-  if (a.path.empty()) throw usage_error(a.command + ": PATH is empty");
+  if (a.path.empty()) throw usage_error(word + ": PATH is empty");
   if (writes && a.out_file.empty()) {
-    throw usage_error(a.command + ": missing --out " + (a.command == "export-hf" ? "DIR" : "FILE"));
+    throw usage_error(word + ": missing --out " + (a.command == Command::kExportHf ? "DIR" : "FILE"));
   }
   return a;
 }
 
 int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  std::string command;
+  std::optional<Command> parsed_command;  // for the messages of the handlers below
   try {
     const std::optional<ToolArgs> parsed = parse_tool_args(args, out);
     if (!parsed) return kExitOk;
-    command = parsed->command;
+    const Command command = parsed->command;
+    parsed_command = command;
     const std::string& path = parsed->path;
     const std::string& out_file = parsed->out_file;
     const bool as_json = parsed->as_json;
 
-    if (command == "import-hf" || command == "export-hf") {
+    if (command == Command::kImportHf || command == Command::kExportHf) {
       // Weights go through the model (model_weights.h). A checkpoint is verified as `verify` does
       // (exit 1 when damaged), so loading it need not check its files' CRCs a second time.
       std::string from = path;
       bool verified = false;
-      if (command == "export-hf" && !files::is_regular_file(path)) {
+      if (command == Command::kExportHf && !files::is_regular_file(path)) {
         from = resolve_checkpoint(path);
         auto problems = verify_checkpoint(read_manifest(from));
         if (!problems.empty()) throw Damaged(std::move(problems));
@@ -370,12 +394,12 @@ int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostre
       }
       WeightsSource source = find_weights(from);
       source.files_verified = verified;
-      if (command == "import-hf" && source.kind != WeightsSource::Kind::hf_dir) {
+      if (command == Command::kImportHf && source.kind != WeightsSource::Kind::hf_dir) {
         throw usage_error("import-hf: " + path + " is not a Hugging Face directory (config.json + model.safetensors)");
       }
       GPT2 model(source.config);
       load_weights(model, source);
-      if (command == "import-hf") {
+      if (command == Command::kImportHf) {
         save_model_file(model, out_file, source.step, path);
       } else {
         save_hf_weights(model, out_file);
@@ -384,17 +408,17 @@ int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostre
           << "\n";
       return kExitOk;
     }
-    if (command == "verify" && files::is_directory(path) &&
+    if (command == Command::kVerify && files::is_directory(path) &&
         !files::is_regular_file(files::join(path, "manifest.json"))) {
       return verify_root(path, out);
     }
     const std::string dir = resolve_checkpoint(path);
     const CheckpointManifest m = read_manifest(dir);
-    if (command == "inspect") {
+    if (command == Command::kInspect) {
       out << (as_json ? inspect_json(m) : inspect_text(m));
       return kExitOk;
     }
-    if (command == "verify") {
+    if (command == Command::kVerify) {
       const auto problems = verify_checkpoint(m);
       if (!problems.empty()) {
         for (const auto& p : problems) out << p << "\n";
@@ -411,12 +435,12 @@ int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostre
         << " (step " << m.step << ")\n";
     return kExitOk;
   } catch (const Damaged& e) {
-    if (command == "verify") {
+    if (parsed_command == Command::kVerify) {
       for (const auto& p : e.problems()) out << p << "\n";
       out << "DAMAGED: " << e.problems().size() << " problem(s)\n";
     } else {
-      err << "gpt2-ckpt " << command << ": the checkpoint is damaged"
-          << (command == "consolidate" ? ", nothing written" : "") << ":\n";
+      err << "gpt2-ckpt " << choice_name(*parsed_command) << ": the checkpoint is damaged"
+          << (parsed_command == Command::kConsolidate ? ", nothing written" : "") << ":\n";
       for (const auto& p : e.problems()) err << p << "\n";
     }
     return kExitFailure;
@@ -424,7 +448,8 @@ int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostre
     err << "gpt2-ckpt: " << e.what() << "\n";
     return kExitUsage;
   } catch (const std::exception& e) {
-    err << "gpt2-ckpt" << (command.empty() ? "" : " " + command) << " failed: " << error_message(e) << "\n";
+    err << "gpt2-ckpt" << (parsed_command ? std::string(" ") + choice_name(*parsed_command) : "")
+        << " failed: " << error_message(e) << "\n";
     return kExitFailure;
   }
 }
