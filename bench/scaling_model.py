@@ -23,7 +23,6 @@ that slows the compute it overlaps (NCCL kernels take SMs and HBM bandwidth).
   python3 bench/scaling_model.py --svg FILE      # also the efficiency plot
 """
 import argparse
-import itertools
 import math
 
 T = 1024                 # sequence length of every measurement

@@ -68,6 +68,17 @@ at::Tensor bytes_on(const void* data, size_t bytes, const at::TensorOptions& opt
   return out;
 }
 
+// The checkpoint form of [begin, end) of a shard starting at `shard_begin`: its fp32 values from
+// `masters` (fp32 masters, or the fp32 parameters themselves) and its moments.
+ShardState state_of(const at::Tensor& masters, int64_t shard_begin, int64_t begin, int64_t end,
+                    const AdamWMoments& moments) {
+  ShardState s;
+  s.moments_8bit = moments.is_8bit();
+  s.master = cpu_copy(masters, begin - shard_begin, end - begin).to(at::kFloat);
+  moments.copy_out(begin, end, &s);
+  return s;
+}
+
 // The state both in-place updates keep beside the parameters: fp32 masters when the parameters are
 // 16-bit, an fp32 copy of a gradient the step cannot read as it is (fp16), and the moments.
 class ResidentAdamW : public ShardUpdate {
@@ -82,11 +93,7 @@ class ResidentAdamW : public ShardUpdate {
   int64_t device_bytes() const override { return bytes_of(master_) + bytes_of(grad32_) + moments_.bytes(); }
   int64_t host_bytes() const override { return 0; }
   ShardState state(int64_t begin, int64_t end) const override {
-    ShardState s;
-    s.moments_8bit = moments_.is_8bit();
-    s.master = cpu_copy(master_.defined() ? master_ : shard_.params, begin - shard_.begin, end - begin).to(at::kFloat);
-    moments_.copy_out(begin, end, &s);
-    return s;
+    return state_of(master_.defined() ? master_ : shard_.params, shard_.begin, begin, end, moments_);
   }
   void load_state(const ShardState& s) override {
     if (master_.defined()) master_.copy_(s.master);
@@ -201,11 +208,7 @@ class OffloadAdamW final : public ShardUpdate {
     return bytes_of(master_) + bytes_of(host_grad_) + bytes_of(host_param_out_) + moments_.bytes();
   }
   ShardState state(int64_t begin, int64_t end) const override {
-    ShardState s;
-    s.moments_8bit = moments_.is_8bit();
-    s.master = cpu_copy(master_, begin - shard_.begin, end - begin);
-    moments_.copy_out(begin, end, &s);
-    return s;
+    return state_of(master_, shard_.begin, begin, end, moments_);
   }
   void load_state(const ShardState& s) override {
     master_.copy_(s.master);

@@ -60,12 +60,6 @@ Config eight_bit(Config cfg) {
   return cfg;
 }
 
-void expect_params_bitwise_equal(GPT2& got, GPT2& want) {
-  auto a = got->named_parameters(), b = want->named_parameters();
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].value(), b[i].value())) << a[i].key();
-}
-
 TEST(Checkpoint, ResumeIsBitwiseForEveryZeroStageAndOffload) {
   SharedTokenFile data;
   const parallel::RankEnv world(MPI_COMM_WORLD);
@@ -99,7 +93,7 @@ TEST(Checkpoint, ResumeIsBitwiseForEveryZeroStageAndOffload) {
     ASSERT_EQ(resumed.start_step, 10);
     ASSERT_EQ(resumed.losses.size(), 20u);
     for (size_t s = 10; s < 20; ++s) EXPECT_EQ(resumed.losses[s], straight.losses[s]) << "step " << s;
-    expect_params_bitwise_equal(resumed.model, straight.model);
+    test::expect_params_bitwise_equal(resumed.model, straight.model);
   }
 }
 
@@ -118,12 +112,12 @@ void expect_same_checkpoint_state(const std::string& got_dir, const std::string&
   EXPECT_EQ(got.loss_scale, want.loss_scale);
   EXPECT_EQ(got.growth_tracker, want.growth_tracker);
   GPT2 got_model = load_model(got_dir), want_model = load_model(want_dir);
-  expect_params_bitwise_equal(got_model, want_model);
+  test::expect_params_bitwise_equal(got_model, want_model);
   for (const auto& f : want.files) {
     if (f.name.rfind("optim_r", 0) == 0) continue;
     SCOPED_TRACE(f.name);
     GPT2 a = load_model(files::join(got_dir, f.name)), b = load_model(files::join(want_dir, f.name));
-    expect_params_bitwise_equal(a, b);
+    test::expect_params_bitwise_equal(a, b);
   }
 }
 
@@ -238,7 +232,7 @@ TEST(Checkpoint, IsTheManifestAndTheShardsAndLoadsAsTheTrainedModel) {
     EXPECT_EQ(source.config.n_layer, cfg.model.n_layer);
     EXPECT_EQ(source.config.vocab_size, cfg.model.vocab_size);
     GPT2 loaded = load_model(path);
-    expect_params_bitwise_equal(loaded, trained.model);
+    test::expect_params_bitwise_equal(loaded, trained.model);
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }

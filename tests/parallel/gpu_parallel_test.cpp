@@ -85,14 +85,12 @@ TEST(GpuNccl, TrainsAsTheMpiBackendOnOneRank) {
   const parallel::RankEnv world(MPI_COMM_WORLD);
   quiet_logs(world);
   for (const char* dtype : {"fp32", "bf16"}) {
+    SCOPED_TRACE(dtype);
     auto cfg = gpu_config(file.path(), dtype);
     TrainResult mpi = train(cfg, world);
     cfg.parallel.backend = parallel::Backend::kNccl;
     TrainResult nccl = train(cfg, world);
-    auto a = nccl.model->named_parameters(), b = mpi.model->named_parameters();
-    ASSERT_EQ(a.size(), b.size());
-    for (size_t i = 0; i < a.size(); ++i)
-      EXPECT_TRUE(torch::equal(a[i].value(), b[i].value())) << dtype << " " << a[i].key();
+    test::expect_params_bitwise_equal(nccl.model, mpi.model);
     EXPECT_EQ(nccl.losses, mpi.losses) << dtype;
   }
 }
@@ -118,8 +116,7 @@ TEST(GpuOneRank, WithoutAccumulationKeepsBf16Gradients) {
   asked.precision.reduce_dtype = DtypeChoice::kBf16;
   TrainResult bf16 = train(asked, world);
   EXPECT_EQ(kept.losses, bf16.losses);
-  auto a = kept.model->named_parameters(), b = bf16.model->named_parameters();
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].value(), b[i].value())) << a[i].key();
+  test::expect_params_bitwise_equal(kept.model, bf16.model);
   auto offload = cfg;
   offload.parallel.offload = Offload::kOptimizer;
   offload.parallel.offload_threads = 2;
@@ -158,8 +155,7 @@ TEST(GpuOneRank, ResumesBitForBitWithTheTunedGemmsOfTheRunItContinues) {
   ASSERT_EQ(again.start_step, 10);
   EXPECT_EQ(kernels::gemm_choices_bytes(), tuned) << "the resumed run timed shapes again";
   for (size_t s = 10; s < 20; ++s) EXPECT_EQ(again.losses[s], straight.losses[s]) << "step " << s;
-  auto a = again.model->named_parameters(), b = straight.model->named_parameters();
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].value(), b[i].value())) << a[i].key();
+  test::expect_params_bitwise_equal(again.model, straight.model);
   kernels::set_gemm_tuning(false);
 }
 
@@ -218,8 +214,7 @@ TEST(GpuMpiBackend, CheckpointsResumeOnThreeRanksThenTwo) {
       TrainResult on_three = train(resumed, world);
       ASSERT_EQ(on_three.start_step, 10);
       for (size_t s = 10; s < 20; ++s) EXPECT_EQ(on_three.losses[s], straight.losses[s]) << "step " << s;
-      auto a = on_three.model->named_parameters(), b = straight.model->named_parameters();
-      for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].value(), b[i].value())) << a[i].key();
+      test::expect_params_bitwise_equal(on_three.model, straight.model);
       if (std::string(dtype) == "fp32" && two != MPI_COMM_NULL) {
         const parallel::RankEnv env2(two);
         quiet_logs(env2);

@@ -106,6 +106,12 @@ inline double rel_error(const torch::Tensor& a, const torch::Tensor& b) {
 // Note [Key bias]: softmax is invariant to the key bias, so its exact gradient is zero and all Adam
 // sees there is fp32 rounding noise, which differs with summation order. The query and value
 // thirds of c_attn.bias are compared; the key third has no effect on the function (the logits).
+inline void expect_params_bitwise_equal(GPT2& got, GPT2& want) {
+  auto a = got->named_parameters(), b = want->named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].value(), b[i].value())) << a[i].key();
+}
+
 inline double expect_same_parameters(GPT2& got, GPT2& want, int64_t n_embd, double tol) {
   auto a = got->named_parameters(), b = want->named_parameters();
   EXPECT_EQ(a.size(), b.size());
