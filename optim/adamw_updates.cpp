@@ -68,13 +68,13 @@ at::Tensor bytes_on(const void* data, size_t bytes, const at::TensorOptions& opt
   return out;
 }
 
-// The checkpoint form of [begin, end) of a shard starting at `shard_begin`: its fp32 values from
-// `masters` (fp32 masters, or the fp32 parameters themselves) and its moments.
-ShardState state_of(const at::Tensor& masters, int64_t shard_begin, int64_t begin, int64_t end,
+// The checkpoint form of the flat range [begin, end) inside one piece of `shard`: its fp32 values
+// from `masters` (fp32 masters, or the fp32 parameters themselves) and its moments.
+ShardState state_of(const at::Tensor& masters, const ShardView& shard, int64_t begin, int64_t end,
                     const AdamWMoments& moments) {
   ShardState s;
   s.moments_8bit = moments.is_8bit();
-  s.master = cpu_copy(masters, begin - shard_begin, end - begin).to(at::kFloat);
+  s.master = cpu_copy(masters, locate(shard.pieces, begin, end).local, end - begin).to(at::kFloat);
   moments.copy_out(begin, end, &s);
   return s;
 }
@@ -85,7 +85,7 @@ class ResidentAdamW : public ShardUpdate {
  public:
   ResidentAdamW(const ShardView& shard, const AdamWOptions& options)
       : shard_(shard), options_(options), moments_(shard, options.moments_8bit, shard.params.options()) {
-    const int64_t n = shard.end - shard.begin;
+    const int64_t n = shard.numel();
     if (shard.params.scalar_type() != at::kFloat) master_ = shard.params.to(at::kFloat);
     const at::ScalarType g = shard.grads.scalar_type();
     if (g != at::kFloat && g != at::kBFloat16) grad32_ = at::empty({n}, shard.params.options().dtype(at::kFloat));
@@ -93,7 +93,7 @@ class ResidentAdamW : public ShardUpdate {
   int64_t device_bytes() const override { return bytes_of(master_) + bytes_of(grad32_) + moments_.bytes(); }
   int64_t host_bytes() const override { return 0; }
   ShardState state(int64_t begin, int64_t end) const override {
-    return state_of(master_.defined() ? master_ : shard_.params, shard_.begin, begin, end, moments_);
+    return state_of(master_.defined() ? master_ : shard_.params, shard_, begin, end, moments_);
   }
   void load_state(const ShardState& s) override {
     if (master_.defined()) master_.copy_(s.master);
@@ -194,7 +194,7 @@ class OffloadAdamW final : public ShardUpdate {
         pool_(options.host_threads) {
     const at::ScalarType g = shard.grads.scalar_type();
     GPT2_ASSERT(g == at::kFloat || g == at::kBFloat16, "offload takes fp32 or bf16 gradients");
-    const int64_t n = shard.end - shard.begin;
+    const int64_t n = shard.numel();
     master_ = at::empty({n}, host_options().dtype(at::kFloat));
     master_.copy_(shard.params);
     host_grad_ = at::empty({n}, host_options().dtype(g));
@@ -208,7 +208,7 @@ class OffloadAdamW final : public ShardUpdate {
     return bytes_of(master_) + bytes_of(host_grad_) + bytes_of(host_param_out_) + moments_.bytes();
   }
   ShardState state(int64_t begin, int64_t end) const override {
-    return state_of(master_, shard_.begin, begin, end, moments_);
+    return state_of(master_, shard_, begin, end, moments_);
   }
   void load_state(const ShardState& s) override {
     master_.copy_(s.master);
@@ -261,7 +261,7 @@ void OffloadAdamW::update_chunk(const CpuAdamWStep& st, int64_t c0, int64_t c1) 
 }
 
 void OffloadAdamW::step(const StepArgs& args) {
-  const int64_t n = shard_.end - shard_.begin;
+  const int64_t n = shard_.numel();
   // 8-bit: chunks of whole quantization blocks (the shard starts on the grid).
   const int64_t unit = moments_.is_8bit() ? kQuantBlock : 1;
   const int64_t chunk = std::max<int64_t>((options_.chunk_elements + unit - 1) / unit * unit, unit);
@@ -309,25 +309,37 @@ void OffloadAdamW::step(const StepArgs& args) {
 }  // namespace
 
 AdamWMoments::AdamWMoments(const ShardView& shard, bool moments_8bit, const at::TensorOptions& where)
-    : eight_bit_(moments_8bit), begin_(shard.begin), layout_(shard.moment_layout) {
-  const int64_t n = shard.end - shard.begin;
+    : eight_bit_(moments_8bit), pieces_(shard.pieces), layout_(shard.moment_layout) {
+  const int64_t n = shard.numel();
   if (!moments_8bit) {  // dense blocks over m_ and v_
     m_ = at::zeros({n}, where.dtype(at::kFloat));
     v_ = at::zeros({n}, where.dtype(at::kFloat));
     blocks_ = dense_fp32_blocks(shard.spans);
     return;
   }
-  GPT2_ASSERT(layout_->on_grid(shard.begin) && layout_->on_grid(shard.end),
-              "8-bit moments need shards of whole quantization blocks (FlatLayout::kGrid cells)");
-  blocks_ = layout_->blocks(shard.begin, shard.end);
-  const int64_t num_absmax = layout_->absmax_before(shard.end) - layout_->absmax_before(shard.begin);
-  const int64_t num_fp32 = layout_->fp32_before(shard.end) - layout_->fp32_before(shard.begin);
+  // Each piece's blocks, moved to where the piece sits: its elements, absmax values and fp32
+  // moments follow the previous pieces'.
+  int64_t local = 0, absmax = 0, fp32 = 0;
+  for (const parallel::FlatRange& p : pieces_) {
+    GPT2_ASSERT(layout_->on_grid(p.begin) && layout_->on_grid(p.end),
+                "8-bit moments need shards of whole quantization blocks (FlatLayout::kGrid cells)");
+    for (MomentBlock b : layout_->blocks(p.begin, p.end)) {
+      b.begin += local;
+      b.state += b.quantized ? absmax : fp32;
+      blocks_.push_back(b);
+    }
+    absmax_at_.push_back(absmax);
+    fp32_at_.push_back(fp32);
+    local += p.size();
+    absmax += layout_->absmax_before(p.end) - layout_->absmax_before(p.begin);
+    fp32 += layout_->fp32_before(p.end) - layout_->fp32_before(p.begin);
+  }
   codes_m_ = at::zeros({n}, where.dtype(at::kByte));
   codes_v_ = at::zeros({n}, where.dtype(at::kByte));
-  absmax_m_ = at::zeros({num_absmax}, where.dtype(at::kFloat));
-  absmax_v_ = at::zeros({num_absmax}, where.dtype(at::kFloat));
-  m_ = at::zeros({num_fp32}, where.dtype(at::kFloat));
-  v_ = at::zeros({num_fp32}, where.dtype(at::kFloat));
+  absmax_m_ = at::zeros({absmax}, where.dtype(at::kFloat));
+  absmax_v_ = at::zeros({absmax}, where.dtype(at::kFloat));
+  m_ = at::zeros({fp32}, where.dtype(at::kFloat));
+  v_ = at::zeros({fp32}, where.dtype(at::kFloat));
 }
 
 MomentBuffers AdamWMoments::buffers() const {
@@ -339,17 +351,20 @@ MomentBuffers AdamWMoments::buffers() const {
 }
 
 void AdamWMoments::copy_out(int64_t begin, int64_t end, ShardState* s) const {
+  const PieceAt at = locate(pieces_, begin, end);
   if (!eight_bit_) {
-    s->exp_avg = cpu_copy(m_, begin - begin_, end - begin);
-    s->exp_avg_sq = cpu_copy(v_, begin - begin_, end - begin);
+    s->exp_avg = cpu_copy(m_, at.local, end - begin);
+    s->exp_avg_sq = cpu_copy(v_, at.local, end - begin);
     return;
   }
   const MomentLayout& ml = *layout_;
-  const int64_t a0 = ml.absmax_before(begin) - ml.absmax_before(begin_),
-                a1 = ml.absmax_before(end) - ml.absmax_before(begin_);
-  const int64_t f0 = ml.fp32_before(begin) - ml.fp32_before(begin_), f1 = ml.fp32_before(end) - ml.fp32_before(begin_);
-  s->exp_avg_codes = cpu_copy(codes_m_, begin - begin_, end - begin);
-  s->exp_avg_sq_codes = cpu_copy(codes_v_, begin - begin_, end - begin);
+  const int64_t piece_begin = pieces_[at.piece].begin;
+  const int64_t a0 = absmax_at_[at.piece] + ml.absmax_before(begin) - ml.absmax_before(piece_begin),
+                a1 = absmax_at_[at.piece] + ml.absmax_before(end) - ml.absmax_before(piece_begin);
+  const int64_t f0 = fp32_at_[at.piece] + ml.fp32_before(begin) - ml.fp32_before(piece_begin),
+                f1 = fp32_at_[at.piece] + ml.fp32_before(end) - ml.fp32_before(piece_begin);
+  s->exp_avg_codes = cpu_copy(codes_m_, at.local, end - begin);
+  s->exp_avg_sq_codes = cpu_copy(codes_v_, at.local, end - begin);
   s->exp_avg_absmax = cpu_copy(absmax_m_, a0, a1 - a0);
   s->exp_avg_sq_absmax = cpu_copy(absmax_v_, a0, a1 - a0);
   s->exp_avg = cpu_copy(m_, f0, f1 - f0);

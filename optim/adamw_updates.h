@@ -51,7 +51,8 @@ class AdamWMoments {
   AdamWMoments(const ShardView& shard, bool moments_8bit, const at::TensorOptions& where);
   const std::vector<MomentBlock>& blocks() const { return blocks_; }
   MomentBuffers buffers() const;
-  // Copies of the moments of the flat range [begin, end) into s (CPU tensors), and back.
+  // Copies of the moments of the flat range [begin, end) (inside one piece) into s (CPU tensors),
+  // and back (the whole shard's).
   void copy_out(int64_t begin, int64_t end, ShardState* s) const;
   void load(const ShardState& s);
   int64_t bytes() const;
@@ -59,7 +60,8 @@ class AdamWMoments {
 
  private:
   bool eight_bit_;
-  int64_t begin_;
+  std::vector<parallel::FlatRange> pieces_;
+  std::vector<int64_t> absmax_at_, fp32_at_;  // 8-bit: each piece's first absmax value and fp32 moment
   const MomentLayout* layout_;
   std::vector<MomentBlock> blocks_;
   torch::Tensor m_, v_;  // fp32: dense over the shard; 8-bit: the small parameters' fp32 moments, packed

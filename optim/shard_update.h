@@ -10,19 +10,31 @@
 #include <vector>
 
 #include "optim/moment_layout.h"
+#include "parallel/flat_layout.h"
 
 namespace gpt2::optim {
 
-// The shard an update works on: views of this rank's slice of the flat parameters and of the
-// gradient buffer, its flat range, and the pieces of parameters it holds (shard coordinates;
-// weight_decay marks the matrices and embeddings).
+// The shard an update works on: this rank's parameters and gradient, its flat ranges (one for a
+// contiguous shard, one per block for an interleaved one: Note [Interleaved shards] in
+// parallel/flat_layout.cpp) kept end to end in shard coordinates, and the pieces of parameters it
+// holds (shard coordinates; weight_decay marks the matrices and embeddings).
 struct ShardView {
-  torch::Tensor params;  // fp32, bf16 or fp16; the update writes them
-  torch::Tensor grads;   // fp32 or the params' dtype; read only
-  int64_t begin = 0, end = 0;
+  torch::Tensor params;                     // fp32, bf16 or fp16; the update writes them
+  torch::Tensor grads;                      // fp32 or the params' dtype; read only
+  std::vector<parallel::FlatRange> pieces;  // flat ranges, in shard order
   std::vector<ParamSpan> spans;
   const MomentLayout* moment_layout = nullptr;  // where 8-bit moments are in the flat space
+
+  int64_t numel() const;
 };
+
+// Where the flat range [begin, end) lies in a shard of these pieces: the piece that holds all of it
+// and the shard coordinate of `begin`. gpt2::Error when no one piece holds it.
+struct PieceAt {
+  size_t piece;
+  int64_t local;
+};
+PieceAt locate(const std::vector<parallel::FlatRange>& pieces, int64_t begin, int64_t end);
 
 // This rank's optimizer state as CPU tensors, for checkpoints: the fp32 master weights (the
 // parameters themselves when they are fp32), the moments, and the bias-correction step count.
@@ -36,6 +48,8 @@ struct ShardState {
   int64_t adam_step = 0;
   MomentBuffers moment_buffers() const;  // 8-bit: pointers into the tensors above (CPU)
 };
+// The states of consecutive pieces as one (each tensor end to end; adam_step the first's).
+ShardState concat_states(const std::vector<ShardState>& parts);
 
 // What one step needs beyond the update's own state.
 struct StepArgs {
@@ -54,8 +68,9 @@ class ShardUpdate {
   // Bytes of the update's buffers on the parameters' device and in host memory.
   virtual int64_t device_bytes() const = 0;
   virtual int64_t host_bytes() const = 0;
-  // The master weights and moments of the flat range [begin, end) inside the shard (adam_step is
-  // the owner's), and back: load_state takes the whole shard's and leaves the parameters to the owner.
+  // The master weights and moments of the flat range [begin, end) inside one piece of the shard
+  // (adam_step is the owner's), and back: load_state takes the whole shard's (its pieces end to end)
+  // and leaves the parameters to the owner.
   virtual ShardState state(int64_t begin, int64_t end) const = 0;
   virtual void load_state(const ShardState& state) = 0;
 };

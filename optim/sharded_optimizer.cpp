@@ -24,15 +24,15 @@ static_assert(parallel::FlatLayout::kGrid % kQuantBlock == 0, "the flat grid mus
 }  // namespace
 
 ShardedOptimizer::ShardedOptimizer(const std::vector<torch::Tensor>& params, const parallel::FlatLayout& layout,
-                                   const torch::Tensor& grad_flat, parallel::Communicator& comm, Options options)
+                                   const torch::Tensor& grads, parallel::Communicator& comm, Options options)
     : comm_(comm),
       options_(options),
       sharded_(options.sharded && comm.world_size() > 1),
       moment_layout_(moment_params(params, layout)) {
-  GPT2_ASSERT(grad_flat.numel() == layout.padded, "gradient buffer does not match the layout");
-  begin_ = sharded_ ? layout.shard_begin(comm.rank()) : 0;
-  end_ = sharded_ ? layout.shard_end(comm.rank()) : layout.padded;
-  // Parameters move into one flat buffer so the shards can be all-gathered in place.
+  GPT2_ASSERT(!layout.interleaved() || sharded_, "an interleaved layout is for a sharded optimizer");
+  shard_.pieces = sharded_ ? layout.pieces(comm.rank()) : std::vector<parallel::FlatRange>{{0, layout.padded}};
+  const int64_t n = shard_.numel();
+  // Parameters move into one flat buffer so the shards can be all-gathered into it.
   param_flat_ = at::zeros({layout.padded}, params.front().options().requires_grad(false));
   {
     at::NoGradGuard no_grad;
@@ -43,21 +43,62 @@ ShardedOptimizer::ShardedOptimizer(const std::vector<torch::Tensor>& params, con
       p.set_data(view);
     }
   }
-  shard_.params = param_flat_.narrow(0, begin_, end_ - begin_);
-  shard_.grads = grad_flat.narrow(0, begin_, end_ - begin_);
-  shard_.begin = begin_;
-  shard_.end = end_;
+  const bool one_piece = shard_.pieces.size() == 1;
+  const parallel::FlatRange& first = shard_.pieces.front();
+  if (one_piece) {
+    shard_.params = param_flat_.narrow(0, first.begin, n);  // updated in place, gathered in place
+  } else {
+    // Interleaved: the pieces end to end, all-gathered block by block (gather()).
+    shard_.params = at::empty({n}, param_flat_.options());
+    int64_t local = 0;
+    for (const auto& p : shard_.pieces) {
+      shard_.params.narrow(0, local, p.size()).copy_(param_flat_.narrow(0, p.begin, p.size()));
+      local += p.size();
+    }
+    blocks_ = layout.blocks;
+  }
+  if (grads.numel() == layout.padded && one_piece) {
+    shard_.grads = grads.narrow(0, first.begin, n);
+  } else {
+    GPT2_ASSERT(grads.numel() == n, "gradient buffer does not match the layout");
+    shard_.grads = grads;
+  }
   shard_.moment_layout = &moment_layout_;
-  for (int i : layout.order) {
-    const int64_t lo = std::max(begin_, layout.offset[i]);
-    const int64_t hi = std::min(end_, layout.offset[i] + layout.numel[i]);
-    // GPT-2: decay matmuls and embeddings only.
-    if (lo < hi) shard_.spans.push_back({lo - begin_, hi - begin_, params[i].dim() >= 2});
+  int64_t local = 0;
+  for (const auto& piece : shard_.pieces) {
+    for (int i : layout.order) {
+      const int64_t lo = std::max(piece.begin, layout.offset[i]);
+      const int64_t hi = std::min(piece.end, layout.offset[i] + layout.numel[i]);
+      // GPT-2: decay matmuls and embeddings only.
+      if (lo < hi) shard_.spans.push_back({local + lo - piece.begin, local + hi - piece.begin, params[i].dim() >= 2});
+    }
+    local += piece.size();
+  }
+  if (!one_piece) {
+    // The all-gathered cells come rank by rank, each rank's pieces end to end; ordered_sum wants
+    // them in flat order.
+    const int64_t per_rank = n / parallel::FlatLayout::kGrid;
+    std::vector<int64_t> order(static_cast<size_t>(layout.padded / parallel::FlatLayout::kGrid));
+    for (int r = 0; r < comm.world_size(); ++r) {
+      int64_t cell = r * per_rank;
+      for (const auto& p : layout.pieces(r)) {
+        for (int64_t f = p.begin; f < p.end; f += parallel::FlatLayout::kGrid) {
+          order[static_cast<size_t>(f / parallel::FlatLayout::kGrid)] = cell++;
+        }
+      }
+    }
+    cells_in_flat_order_ = at::tensor(order, at::kLong).to(grads.device());
   }
   update_ = make_adamw_update(shard_, options.adamw, options.offload);
 }
 
 ShardedOptimizer::~ShardedOptimizer() = default;
+
+int64_t ShardedOptimizer::state_bytes() const {
+  // A one-piece shard's parameters are a view of the model's; an interleaved one's a copy.
+  const int64_t own_params = blocks_.empty() ? 0 : static_cast<int64_t>(shard_.params.nbytes());
+  return own_params + update_->device_bytes();
+}
 
 torch::Tensor ShardedOptimizer::clip_grad_norm(double max_norm) {
   at::NoGradGuard no_grad;
@@ -66,7 +107,7 @@ torch::Tensor ShardedOptimizer::clip_grad_norm(double max_norm) {
   if (sharded_) {
     auto all = at::empty({cells.numel() * comm_.world_size()}, cells.options());
     comm_.all_gather(all, cells)->wait();
-    cells = all;
+    cells = cells_in_flat_order_.defined() ? all.index_select(0, cells_in_flat_order_) : all;
   }
   auto norm = ordered_sum(cells).sqrt();
   clip_coef_ = torch::Tensor();
@@ -94,20 +135,38 @@ void ShardedOptimizer::step(double lr, const torch::Tensor& found_inf) {
 
 void ShardedOptimizer::gather() {
   if (!sharded_) return;
-  comm_.all_gather(param_flat_, shard_.params)->wait();
+  if (blocks_.empty()) {
+    comm_.all_gather(param_flat_, shard_.params)->wait();
+    return;
+  }
+  // Interleaved: rank r's piece of each block is chunk r of it.
+  std::vector<std::unique_ptr<parallel::Work>> work;
+  int64_t local = 0;
+  for (size_t k = 0; k < blocks_.size(); ++k) {
+    const int64_t n = shard_.pieces[k].size();
+    work.push_back(comm_.all_gather(param_flat_.narrow(0, blocks_[k].begin, blocks_[k].size()),
+                                    shard_.params.narrow(0, local, n)));
+    local += n;
+  }
+  for (auto& w : work) w->wait();
 }
 
 ShardState ShardedOptimizer::state(int64_t begin, int64_t end) const {
   at::NoGradGuard no_grad;
-  GPT2_ASSERT(begin_ <= begin && begin <= end && end <= end_, "state(): the range is not in this rank's shard");
-  ShardState s = update_->state(begin, end);
+  ShardState s = update_->state(begin, end);  // gpt2::Error when not inside one piece
   s.adam_step = steps_;
   return s;
 }
 
+ShardState ShardedOptimizer::state() const {
+  std::vector<ShardState> parts;
+  for (const auto& p : shard_.pieces) parts.push_back(state(p.begin, p.end));
+  return parts.size() == 1 ? parts.front() : concat_states(parts);
+}
+
 void ShardedOptimizer::load_state(const ShardState& s) {
   at::NoGradGuard no_grad;
-  GPT2_ASSERT(s.master.numel() == end_ - begin_, "optimizer state does not match this rank's shard");
+  GPT2_ASSERT(s.master.numel() == shard_.numel(), "optimizer state does not match this rank's shard");
   update_->load_state(s);
   shard_.params.copy_(s.master);
   steps_ = s.adam_step;

@@ -1,8 +1,11 @@
 #pragma once
 // The optimizer over this rank's shard of the flat parameter space (ZeRO stage 1/2), or over all of
 // it (stage 0). The parameters become views into one flat buffer (FlatLayout order); the rank keeps
-// optimizer state only for its shard [shard_begin, shard_end), cut into spans at parameter
-// boundaries so weight decay still applies to 2-D tensors only. This class owns the shard: the
+// optimizer state only for its shard: the layout's pieces of this rank (one contiguous range, or
+// chunk `rank` of every block for ZeRO 2's interleaved layout), end to end, cut into spans at
+// parameter boundaries so weight decay still applies to 2-D tensors only. A one-piece shard is
+// updated in place in the flat buffer; an interleaved one in a buffer of its own, all-gathered
+// block by block. This class owns the shard: the
 // layout, the global gradient norm and clipping, the step count, the all-gather after the update,
 // the state's size and its checkpoint form. The update itself and its buffers are a ShardUpdate
 // (shard_update.h): AdamW on the GPU, on the CPU, or offloaded to the host (adamw_updates.h). The
@@ -34,9 +37,10 @@ class ShardedOptimizer {
     bool offload = false;  // state in host memory, CPU AdamW
   };
 
-  // grad_flat: the gradient buffer in the same layout (GradBuckets::flat()), fp32 or the params' dtype.
+  // grads: GradBuckets::grads(), fp32 or the params' dtype: the whole flat space, or (interleaved
+  // layout) this rank's pieces end to end.
   ShardedOptimizer(const std::vector<torch::Tensor>& params, const parallel::FlatLayout& layout,
-                   const torch::Tensor& grad_flat, parallel::Communicator& comm, Options options);
+                   const torch::Tensor& grads, parallel::Communicator& comm, Options options);
   ~ShardedOptimizer();
   // The update keeps a pointer to moment_layout() and views of the flat buffer: not copied or moved.
   ShardedOptimizer(const ShardedOptimizer&) = delete;
@@ -57,18 +61,21 @@ class ShardedOptimizer {
   // All-gathers the updated shards into every rank's parameters (sharded only).
   void gather();
 
-  // Bytes of optimizer state on the parameters' device (moments, masters, scratch) and in host
-  // memory (offload: masters, moments, the gradient and parameter staging buffers).
-  int64_t state_bytes() const { return update_->device_bytes(); }
+  // Bytes of optimizer state on the parameters' device (moments, masters, scratch, an interleaved
+  // shard's own parameters) and in host memory (offload: masters, moments, the gradient and
+  // parameter staging buffers).
+  int64_t state_bytes() const;
   int64_t host_state_bytes() const { return update_->host_bytes(); }
-  int64_t shard_begin() const { return begin_; }
-  int64_t shard_numel() const { return end_ - begin_; }
+  // The flat ranges this rank's state covers, in the order state() holds them.
+  const std::vector<parallel::FlatRange>& pieces() const { return shard_.pieces; }
+  int64_t shard_numel() const { return shard_.numel(); }
 
-  // This rank's optimizer state (ShardState), and that of the flat range [begin, end) inside this
-  // rank's (on the kQuantBlock grid with 8-bit moments): what a ZeRO 0 rank writes of the state every
-  // rank holds. load_state() takes the whole shard's in this optimizer's format and writes the
-  // masters, rounded, into this rank's parameters; gather() then gives every rank the whole model.
-  ShardState state() const { return state(begin_, end_); }
+  // This rank's optimizer state (ShardState; its pieces end to end), and that of the flat range
+  // [begin, end) inside one piece (on the kQuantBlock grid with 8-bit moments): what a ZeRO 0 rank
+  // writes of the state every rank holds. load_state() takes the whole shard's in this optimizer's
+  // format and writes the masters, rounded, into this rank's parameters; gather() then gives every
+  // rank the whole model.
+  ShardState state() const;
   ShardState state(int64_t begin, int64_t end) const;
   void load_state(const ShardState& state);
   bool moments_8bit() const { return options_.adamw.moments_8bit; }
@@ -83,8 +90,9 @@ class ShardedOptimizer {
   parallel::Communicator& comm_;
   Options options_;
   bool sharded_;
-  int64_t begin_ = 0, end_ = 0;
   MomentLayout moment_layout_;
+  std::vector<parallel::FlatRange> blocks_;  // interleaved: the layout's blocks, gathered one by one
+  torch::Tensor cells_in_flat_order_;        // interleaved: flat cell -> its place in the gathered cells
   torch::Tensor param_flat_;
   ShardView shard_;
   std::unique_ptr<ShardUpdate> update_;

@@ -68,10 +68,27 @@ std::unique_ptr<optim::MomentLayout> moment_layout_of(const CheckpointManifest& 
 // The number of elements a shard's dataset holds (ShardDataset::Index), or -1 when the shard's
 // range is not on the quantization grid (then reported) or there is no layout.
 int64_t expected_elements(const CheckpointManifest::Shard& s, const ShardDataset& d, const optim::MomentLayout* ml) {
-  if (d.index == ShardDataset::Index::kFlat) return s.end - s.begin;
-  if (ml == nullptr || !ml->on_grid(s.begin) || !ml->on_grid(s.end)) return -1;
-  return d.index == ShardDataset::Index::kAbsmax ? ml->absmax_before(s.end) - ml->absmax_before(s.begin)
-                                                 : ml->fp32_before(s.end) - ml->fp32_before(s.begin);
+  int64_t n = 0;
+  for (const auto& r : s.ranges) {
+    if (d.index == ShardDataset::Index::kFlat) {
+      n += r.size();
+      continue;
+    }
+    if (ml == nullptr || !ml->on_grid(r.begin) || !ml->on_grid(r.end)) return -1;
+    n += d.index == ShardDataset::Index::kAbsmax ? ml->absmax_before(r.end) - ml->absmax_before(r.begin)
+                                                 : ml->fp32_before(r.end) - ml->fp32_before(r.begin);
+  }
+  return n;
+}
+
+// The flat element of a shard's absmax value `i` (its ranges end to end).
+optim::MomentBlock absmax_block_of(const CheckpointManifest::Shard& s, const optim::MomentLayout& ml, int64_t i) {
+  for (const auto& r : s.ranges) {
+    const int64_t here = ml.absmax_before(r.end) - ml.absmax_before(r.begin);
+    if (i < here) return ml.absmax_block(ml.absmax_before(r.begin) + i);
+    i -= here;
+  }
+  throw std::out_of_range("absmax value past the shard's ranges");
 }
 
 // Problems of one optimizer shard file's contents against its manifest entry: attributes, every
@@ -89,9 +106,11 @@ void check_shard_contents(const std::string& path, const CheckpointManifest::Sha
       out->push_back(path + ": attribute " + name + " = " + str(got) + ", the manifest says " + str(want));
     }
   }
-  if (ml != nullptr && !(ml->on_grid(s.begin) && ml->on_grid(s.end))) {
-    out->push_back(path + ": range " + range_str(s.begin, s.end) + " of 8-bit moments is not on the " +
-                   str(optim::kQuantBlock) + "-element grid");
+  for (const auto& r : s.ranges) {
+    if (ml != nullptr && !(ml->on_grid(r.begin) && ml->on_grid(r.end))) {
+      out->push_back(path + ": range " + range_str(r.begin, r.end) + " of 8-bit moments is not on the " +
+                     str(optim::kQuantBlock) + "-element grid");
+    }
   }
   for (const ShardDataset& d : shard_datasets(m.optimizer_moments)) {
     const std::string name = d.name;
@@ -117,7 +136,7 @@ void check_shard_contents(const std::string& path, const CheckpointManifest::Sha
     h5::read_f32_range(file.get(), d.name, 0, n, scales.data(), path);
     for (int64_t i = 0; i < n; ++i) {
       if (std::isfinite(scales[i]) && scales[i] >= 0) continue;
-      const optim::MomentBlock b = ml->absmax_block(ml->absmax_before(s.begin) + i);
+      const optim::MomentBlock b = absmax_block_of(s, *ml, i);
       char v[32];
       std::snprintf(v, sizeof v, "%g", scales[i]);
       out->push_back(path + ": /" + name + "[" + str(i) + "] = " + v +
@@ -225,21 +244,26 @@ void check_manifest(const CheckpointManifest& m, const std::set<std::string>& li
     out->push_back(mf + ": no shards");
     return;
   }
-  std::vector<const CheckpointManifest::Shard*> sorted;
-  for (const auto& s : m.shards) sorted.push_back(&s);
-  std::stable_sort(sorted.begin(), sorted.end(), [](const auto* a, const auto* b) { return a->begin < b->begin; });
+  // Every range of every shard, by where it begins: together they tile [0, flat_padded).
+  std::vector<std::pair<const CheckpointManifest::Shard*, parallel::FlatRange>> sorted;
+  for (const auto& s : m.shards) {
+    for (const auto& r : s.ranges) sorted.emplace_back(&s, r);
+  }
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const auto& a, const auto& b) { return a.second.begin < b.second.begin; });
   int64_t pos = 0;
-  const CheckpointManifest::Shard* prev = nullptr;
-  for (const auto* s : sorted) {
-    if (s->begin > pos) {
-      out->push_back(mf + ": flat range " + range_str(pos, s->begin) + " is in no shard (gap before " + s->file + ")");
-    } else if (s->begin < pos && prev != nullptr) {
-      out->push_back(mf + ": shard " + s->file + " " + range_str(s->begin, s->end) + " overlaps " + prev->file + " " +
-                     range_str(prev->begin, prev->end));
+  const std::pair<const CheckpointManifest::Shard*, parallel::FlatRange>* prev = nullptr;
+  for (const auto& x : sorted) {
+    const auto& [s, r] = x;
+    if (r.begin > pos) {
+      out->push_back(mf + ": flat range " + range_str(pos, r.begin) + " is in no shard (gap before " + s->file + ")");
+    } else if (r.begin < pos && prev != nullptr) {
+      out->push_back(mf + ": shard " + s->file + " " + range_str(r.begin, r.end) + " overlaps " + prev->first->file +
+                     " " + range_str(prev->second.begin, prev->second.end));
     }
-    if (s->end > pos) {
-      pos = s->end;
-      prev = s;
+    if (r.end > pos) {
+      pos = r.end;
+      prev = &x;
     }
   }
   if (pos < m.flat_padded) {

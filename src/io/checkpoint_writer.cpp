@@ -66,11 +66,16 @@ double free_bytes(const std::string& dir) {
   return static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
 }
 
-// What rank 0 gathers from every rank for the manifest: its file and its flat range.
+// What rank 0 gathers from every rank for the manifest: its file (rank 0 knows every rank's ranges).
 struct ShardRecord {
   FileRecord file;
-  int64_t begin, end;
 };
+
+// The flat ranges rank r's shard file holds: its pieces (sharded: one range, or one per block of
+// ZeRO 2's interleaved layout), or (ZeRO 0, where every rank holds all) its contiguous partition.
+std::vector<parallel::FlatRange> saved_ranges(const parallel::FlatLayout& layout, bool sharded, int rank) {
+  return sharded ? layout.pieces(rank) : std::vector<parallel::FlatRange>{layout.contiguous_shard(rank)};
+}
 
 FileRecord record_of(const std::string& path) {
   files::sync_path(path);
@@ -87,7 +92,8 @@ struct CheckpointWriter::Snapshot {
   int64_t step = 0;
   std::string root, final_dir, tmp;
   optim::ShardState state;
-  int64_t begin = 0, end = 0;
+  int64_t begin = 0, end = 0;                            // the first range's begin, the last's end
+  std::vector<std::vector<parallel::FlatRange>> ranges;  // rank 0: every rank's
   torch::Tensor rng_cpu, rng_cuda;
   CheckpointManifest manifest;  // rank 0 only
   // Filled by write_files().
@@ -133,10 +139,10 @@ std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::Fl
   // The snapshot: optimizer shard, generator states, and on rank 0 the manifest fields. The
   // parameters are not saved apart: the shards' fp32 masters are the model (model_weights.h).
   // ZeRO 0: every rank holds the same full state; each writes only its partition, in parallel.
-  const bool partition = !optimizer.sharded() && world > 1;
-  snap->begin = partition ? layout.shard_begin(rank) : optimizer.shard_begin();
-  snap->end = partition ? layout.shard_end(rank) : optimizer.shard_begin() + optimizer.shard_numel();
-  snap->state = optimizer.state(snap->begin, snap->end);
+  const auto mine = saved_ranges(layout, optimizer.sharded(), rank);
+  snap->begin = mine.front().begin;
+  snap->end = mine.back().end;
+  snap->state = mine.size() == 1 ? optimizer.state(snap->begin, snap->end) : optimizer.state();
   snap->rng_cpu = at::detail::getDefaultCPUGenerator().get_state();
   const auto named = model->named_parameters();
 #ifdef GPT2_WITH_CUDA
@@ -161,6 +167,7 @@ std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::Fl
     m.growth_tracker = scaler.growth_tracker().item<int64_t>();
     m.seed = settings_.seed;
     m.config = settings_.config;
+    for (int r = 0; r < world; ++r) snap->ranges.push_back(saved_ranges(layout, optimizer.sharded(), r));
   }
   pending_ = std::move(snap);
   if (!async) {
@@ -291,10 +298,13 @@ std::string CheckpointWriter::finish() {
   }
   const int rank = env_.rank(), world = env_.world_size();
   const int64_t step = snap->step;
-  const std::vector<ShardRecord> shards = env_.gather_to_main(ShardRecord{snap->shard_record, snap->begin, snap->end});
+  const std::vector<ShardRecord> shards = env_.gather_to_main(ShardRecord{snap->shard_record});
   if (rank == 0) {
     CheckpointManifest& m = snap->manifest;
-    for (int r = 0; r < world; ++r) m.shards.push_back({shard_file_name(r), r, shards[r].begin, shards[r].end});
+    for (int r = 0; r < world; ++r) {
+      const auto& ranges = snap->ranges[static_cast<size_t>(r)];
+      m.shards.push_back({shard_file_name(r), r, ranges.front().begin, ranges.back().end, ranges});
+    }
     for (int r = 0; r < world; ++r) {
       m.files.push_back({shard_file_name(r), shards[r].file.bytes, crc32c_hex(shards[r].file.crc)});
     }

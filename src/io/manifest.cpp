@@ -61,13 +61,23 @@ json::Value CheckpointManifest::to_json() const {
   json::Value ps = json::Value::array(), ss = json::Value::array(), fs = json::Value::array();
   for (const auto& p : params)
     ps.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}, {"numel", p.numel}});
-  for (const auto& s : shards) ss.push_back({{"file", s.file}, {"rank", s.rank}, {"begin", s.begin}, {"end", s.end}});
+  bool several_ranges = false;
+  for (const auto& s : shards) {
+    json::Value shard = {{"file", s.file}, {"rank", s.rank}, {"begin", s.begin}, {"end", s.end}};
+    if (s.ranges.size() > 1) {
+      json::Value rs = json::Value::array();
+      for (const auto& r : s.ranges) rs.push_back(json::Value::array({r.begin, r.end}));
+      shard["ranges"] = rs;
+      several_ranges = true;
+    }
+    ss.push_back(shard);
+  }
   for (const auto& f : files)
     fs.push_back({{"name", f.name}, {"bytes", static_cast<int64_t>(f.bytes)}, {"crc32c", f.crc32c}});
   json::Value cfg = json::Value::object();
   for (const auto& [k, v] : config) cfg[k] = v;
   json::Value out = {{"format", kCheckpointFormat},
-                     {"format_version", kCheckpointVersion},
+                     {"format_version", several_ranges ? kCheckpointVersion : int64_t{1}},
                      {"step", step},
                      {"world_size", world_size},
                      {"zero_stage", zero_stage},
@@ -100,7 +110,7 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
                     kCheckpointFormat + "'");
   }
   const int64_t version = json::as_int(json::at(v, "format_version", what), "format_version");
-  if (version != kCheckpointVersion) {
+  if (version < 1 || version > kCheckpointVersion) {
     throw UserError(path + ": format_version " + std::to_string(version) + " is not supported (this build reads " +
                     std::to_string(kCheckpointVersion) + ")");
   }
@@ -142,9 +152,24 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
     q.rank = static_cast<int>(json::as_int(json::at(s, "rank", what + " shards"), "shards.rank"));
     q.begin = json::as_int(json::at(s, "begin", what + " shards"), "shards.begin");
     q.end = json::as_int(json::at(s, "end", what + " shards"), "shards.end");
-    if (q.begin < 0 || q.end < q.begin || q.end > m.flat_padded) {
-      throw UserError(path + ": shard " + q.file + " has an invalid range [" + std::to_string(q.begin) + ", " +
-                      std::to_string(q.end) + ")");
+    if (const json::Value* rs = json::find(s, "ranges")) {
+      for (const auto& r : json::as_array(*rs, "shards.ranges")) {
+        const auto& pair = json::as_array(r, "shards.ranges[]");
+        if (pair.size() != 2) throw UserError(path + ": shard " + q.file + ": a range is not [begin, end]");
+        q.ranges.push_back({json::as_int(pair[0], "shards.ranges[][0]"), json::as_int(pair[1], "shards.ranges[][1]")});
+      }
+    } else {
+      q.ranges.push_back({q.begin, q.end});
+    }
+    if (q.ranges.empty() || q.ranges.front().begin != q.begin || q.ranges.back().end != q.end) {
+      throw UserError(path + ": shard " + q.file + ": its ranges do not run from begin " + std::to_string(q.begin) +
+                      " to end " + std::to_string(q.end));
+    }
+    for (const auto& r : q.ranges) {
+      if (r.begin < 0 || r.end < r.begin || r.end > m.flat_padded) {
+        throw UserError(path + ": shard " + q.file + " has an invalid range [" + std::to_string(r.begin) + ", " +
+                        std::to_string(r.end) + ")");
+      }
     }
     m.shards.push_back(std::move(q));
   }

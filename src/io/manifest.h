@@ -11,13 +11,16 @@
 
 #include "optim/moment_format.h"
 #include "optim/shard_update.h"
+#include "parallel/flat_layout.h"
 #include "src/base/json.h"
 #include "src/model/model_config.h"
 
 namespace gpt2 {
 
 inline constexpr char kCheckpointFormat[] = "gpt2-checkpoint";
-inline constexpr int64_t kCheckpointVersion = 1;
+// 2: a shard may hold several flat ranges (`ranges`, ZeRO 2's interleaved shards). A checkpoint
+// whose shards each hold one range is written as 1, which builds before 2 read too.
+inline constexpr int64_t kCheckpointVersion = 2;
 
 struct CheckpointManifest {
   struct Param {
@@ -28,7 +31,10 @@ struct CheckpointManifest {
   struct Shard {
     std::string file;
     int rank = 0;
-    int64_t begin = 0, end = 0;
+    int64_t begin = 0, end = 0;  // the first range's begin and the last range's end
+    // The flat ranges its datasets hold, end to end in this order: one for a contiguous shard, one
+    // per block for ZeRO 2's interleaved one (manifest key `ranges`; absent: [begin, end)).
+    std::vector<parallel::FlatRange> ranges;
   };
   struct File {
     std::string name;

@@ -97,38 +97,54 @@ void check_layout(const CheckpointManifest& m, GPT2& model, const parallel::Flat
   }
 }
 
-// The range of `shard` in the coordinates dataset `d` is indexed by (ShardDataset::Index).
-std::pair<int64_t, int64_t> shard_range(const CheckpointManifest::Shard& shard, const ShardDataset& d,
+// The flat range `r` in the coordinates dataset `d` is indexed by (ShardDataset::Index).
+std::pair<int64_t, int64_t> coordinates(const parallel::FlatRange& r, const ShardDataset& d,
                                         const optim::MomentLayout* moments) {
   switch (d.index) {
     case ShardDataset::Index::kAbsmax:
-      return {moments->absmax_before(shard.begin), moments->absmax_before(shard.end)};
+      return {moments->absmax_before(r.begin), moments->absmax_before(r.end)};
     case ShardDataset::Index::kFp32Moment:
-      return {moments->fp32_before(shard.begin), moments->fp32_before(shard.end)};
+      return {moments->fp32_before(r.begin), moments->fp32_before(r.end)};
     default:
-      return {shard.begin, shard.end};
+      return {r.begin, r.end};
   }
 }
 
+// Where the shards hold dataset `d`: per range of each shard, its coordinates [lo, hi) and where
+// they start in the shard's dataset (a shard's ranges are end to end in it).
+struct Held {
+  const CheckpointManifest::Shard* shard;
+  int64_t lo, hi, at;
+};
+std::vector<Held> held_by_shards(const CheckpointManifest& m, const ShardDataset& d,
+                                 const optim::MomentLayout* moments) {
+  std::vector<Held> out;
+  for (const auto& shard : m.shards) {
+    int64_t at = 0;
+    for (const auto& r : shard.ranges) {
+      const auto [lo, hi] = coordinates(r, d, moments);
+      out.push_back({&shard, lo, hi, at});
+      at += hi - lo;
+    }
+  }
+  return out;
+}
+
 // Elements [begin, end) of dataset `d` (in its coordinates) from whichever shards hold them; the
-// shards tile every coordinate space in order.
+// shards' ranges tile every coordinate space.
 void read_dataset_range(const CheckpointManifest& m, const ShardDataset& d, const optim::MomentLayout* moments,
                         int64_t begin, int64_t end, void* out) {
   H5ErrorSilencer quiet;
   const size_t elem = d.is_uint8 ? 1 : 4;
+  const std::vector<Held> held = held_by_shards(m, d, moments);
   for (int64_t pos = begin; pos < end;) {
-    size_t k = 0;
-    std::pair<int64_t, int64_t> r{0, 0};
-    for (; k < m.shards.size(); ++k) {
-      r = shard_range(m.shards[k], d, moments);
-      if (r.first <= pos && pos < r.second) break;
-    }
-    if (k == m.shards.size()) {
+    const auto h = std::find_if(held.begin(), held.end(), [&](const Held& x) { return x.lo <= pos && pos < x.hi; });
+    if (h == held.end()) {
       throw UserError(files::join(m.dir, "manifest.json") + ": element " + std::to_string(pos) + " of /" + d.name +
                       " is in no shard");
     }
-    const auto& shard = m.shards[k];
-    const int64_t hi = std::min(end, r.second);
+    const auto& shard = *h->shard;
+    const int64_t hi = std::min(end, h->hi);
     const std::string path = files::join(m.dir, shard.file);
     H5Id file = open_shard(path);
     if (read_int_attr_or_throw(file.get(), "begin", path) != shard.begin ||
@@ -136,10 +152,11 @@ void read_dataset_range(const CheckpointManifest& m, const ShardDataset& d, cons
       throw UserError(path + ": its range does not match the manifest");
     }
     void* dst = static_cast<char*>(out) + (pos - begin) * elem;
+    const int64_t from = h->at + pos - h->lo;
     if (d.is_uint8) {
-      read_u8_range(file.get(), d.name, pos - r.first, hi - pos, static_cast<uint8_t*>(dst), path);
+      read_u8_range(file.get(), d.name, from, hi - pos, static_cast<uint8_t*>(dst), path);
     } else {
-      read_f32_range(file.get(), d.name, pos - r.first, hi - pos, static_cast<float*>(dst), path);
+      read_f32_range(file.get(), d.name, from, hi - pos, static_cast<float*>(dst), path);
     }
     pos = hi;
   }
@@ -191,11 +208,10 @@ void read_8bit_moments(const CheckpointManifest& m, const optim::MomentLayout& m
   const optim::MomentBlock block = ml.absmax_block(index);
   std::string file = "manifest.json";
   int64_t local = index;
-  for (const auto& shard : m.shards) {
-    const auto r = shard_range(shard, shard_dataset(optim::MomentFormat::k8bit, name), &ml);
-    if (r.first <= index && index < r.second) {
-      file = shard.file;
-      local = index - r.first;
+  for (const Held& h : held_by_shards(m, shard_dataset(optim::MomentFormat::k8bit, name), &ml)) {
+    if (h.lo <= index && index < h.hi) {
+      file = h.shard->file;
+      local = h.at + index - h.lo;
     }
   }
   throw UserError("checkpoint " + m.dir + " is damaged, nothing was loaded: " + files::join(m.dir, file) + ": /" +
@@ -204,13 +220,11 @@ void read_8bit_moments(const CheckpointManifest& m, const optim::MomentLayout& m
                   "), is not a finite non-negative number");
 }
 
-// This rank's range [begin, end) of the checkpoint's state, in the optimizer's moment format:
-// read as saved, or converted (fp32 moments quantized, 8-bit ones dequantized) with a logged line.
-optim::ShardState read_shard_state(const CheckpointManifest& m, const optim::ShardedOptimizer& optimizer,
-                                   const parallel::RankEnv& env) {
-  const int64_t begin = optimizer.shard_begin(), end = begin + optimizer.shard_numel();
+// The flat range [begin, end) of the checkpoint's state (one of this rank's pieces), in the format
+// `moments_8bit` says: read as saved, or converted (fp32 moments quantized, 8-bit ones dequantized).
+optim::ShardState read_range_state(const CheckpointManifest& m, const optim::MomentLayout& ml, bool moments_8bit,
+                                   int64_t begin, int64_t end, const parallel::RankEnv& env) {
   const int64_t real_end = std::max(begin, std::min(end, m.flat_total));
-  const optim::MomentLayout& ml = optimizer.moment_layout();
   const bool saved_8bit = m.optimizer_moments == optim::MomentFormat::k8bit;
   auto dense = [&](const char* name, int64_t lo, int64_t hi) {  // fp32 values of [lo, hi), zero past flat_total
     auto t = torch::zeros({hi - lo}, torch::kFloat);
@@ -219,26 +233,14 @@ optim::ShardState read_shard_state(const CheckpointManifest& m, const optim::Sha
     return t;
   };
   optim::ShardState s;
-  s.moments_8bit = optimizer.moments_8bit();
+  s.moments_8bit = moments_8bit;
   s.master = dense("master", begin, end);
-  if (saved_8bit) {
-    for (const auto& shard : m.shards) {
-      for (int64_t x : {shard.begin, shard.end}) {
-        if (!ml.on_grid(x)) {
-          throw UserError(files::join(m.dir, "manifest.json") + ": shard " + shard.file +
-                          " of 8-bit moments begins or ends at " + std::to_string(x) + ", not on the " +
-                          std::to_string(optim::kQuantBlock) + "-element grid");
-        }
-      }
-    }
-  }
   if (saved_8bit && s.moments_8bit) {
     read_8bit_moments(m, ml, begin, end, env, &s);
   } else if (!saved_8bit && !s.moments_8bit) {
     s.exp_avg = dense("exp_avg", begin, end);
     s.exp_avg_sq = dense("exp_avg_sq", begin, end);
   } else if (s.moments_8bit) {  // fp32 checkpoint, 8-bit run
-    log::info("checkpoint ", m.dir, " has fp32 optimizer moments: quantizing them to 8-bit moments");
     const auto exp_avg = dense("exp_avg", begin, end), exp_avg_sq = dense("exp_avg_sq", begin, end);
     const int64_t a = ml.absmax_before(end) - ml.absmax_before(begin), f = ml.fp32_before(end) - ml.fp32_before(begin);
     s.exp_avg_codes = torch::zeros({end - begin}, torch::kUInt8);
@@ -249,8 +251,7 @@ optim::ShardState read_shard_state(const CheckpointManifest& m, const optim::Sha
     s.exp_avg_sq = torch::zeros({f}, torch::kFloat);
     optim::quantize_moments(ml, begin, end, exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(),
                             s.moment_buffers());
-  } else {  // 8-bit checkpoint, fp32 run: the blocks around this rank's range, dequantized
-    log::info("checkpoint ", m.dir, " has 8-bit optimizer moments: dequantizing them to fp32 moments");
+  } else {  // 8-bit checkpoint, fp32 run: the blocks around this range, dequantized
     const int64_t g0 = begin / optim::kQuantBlock * optim::kQuantBlock;
     const int64_t g1 = std::min((real_end + optim::kQuantBlock - 1) / optim::kQuantBlock * optim::kQuantBlock,
                                 std::max(m.flat_total, g0));
@@ -264,6 +265,37 @@ optim::ShardState read_shard_state(const CheckpointManifest& m, const optim::Sha
     s.exp_avg_sq.narrow(0, 0, real_end - begin).copy_(exp_avg_sq.narrow(0, begin - g0, real_end - begin));
   }
   return s;
+}
+
+// This rank's state, its pieces end to end, in the optimizer's moment format (a conversion is
+// logged). Collective: every rank reads as many pieces.
+optim::ShardState read_shard_state(const CheckpointManifest& m, const optim::ShardedOptimizer& optimizer,
+                                   const parallel::RankEnv& env) {
+  const optim::MomentLayout& ml = optimizer.moment_layout();
+  const bool saved_8bit = m.optimizer_moments == optim::MomentFormat::k8bit;
+  if (saved_8bit) {
+    for (const auto& shard : m.shards) {
+      for (const auto& r : shard.ranges) {
+        for (int64_t x : {r.begin, r.end}) {
+          if (!ml.on_grid(x)) {
+            throw UserError(files::join(m.dir, "manifest.json") + ": shard " + shard.file +
+                            " of 8-bit moments has a range that begins or ends at " + std::to_string(x) +
+                            ", not on the " + std::to_string(optim::kQuantBlock) + "-element grid");
+          }
+        }
+      }
+    }
+  }
+  if (saved_8bit != optimizer.moments_8bit()) {
+    log::info("checkpoint ", m.dir,
+              saved_8bit ? " has 8-bit optimizer moments: dequantizing them to fp32 moments"
+                         : " has fp32 optimizer moments: quantizing them to 8-bit moments");
+  }
+  std::vector<optim::ShardState> parts;
+  for (const auto& p : optimizer.pieces()) {
+    parts.push_back(read_range_state(m, ml, optimizer.moments_8bit(), p.begin, p.end, env));
+  }
+  return parts.size() == 1 ? parts.front() : optim::concat_states(parts);
 }
 
 }  // namespace

@@ -208,8 +208,13 @@ std::string inspect_text(const CheckpointManifest& m) {
   }
   line("shards", std::to_string(m.shards.size()));
   for (const auto& sh : m.shards) {
-    s += "  " + pad_right(sh.file, width) + "  rank " + str(sh.rank) + "  " + range_str(sh.begin, sh.end) + "  " +
-         str(sh.end - sh.begin) + " elements\n";
+    int64_t elements = 0;
+    for (const auto& r : sh.ranges) elements += r.size();
+    const std::string where = sh.ranges.size() == 1
+                                  ? range_str(sh.begin, sh.end)
+                                  : std::to_string(sh.ranges.size()) + " ranges from " + range_str(sh.begin, sh.end);
+    s += "  " + pad_right(sh.file, width) + "  rank " + str(sh.rank) + "  " + where + "  " + str(elements) +
+         " elements\n";
   }
   s += "model config:\n";
   for (const auto& [k, v] : m.config)

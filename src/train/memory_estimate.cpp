@@ -18,9 +18,11 @@ namespace {
 constexpr double kGiB = 1073741824.0;
 
 // Note [Memory estimate]
-// The state is what train() allocates: weights in the compute dtype; the flat gradient buffer of
-// FlatLayout's padded size in the gradient dtype (every rank holds all of it, ZeRO 2 included,
-// Note [bf16 gradients on one rank] for its dtype); the optimizer's shard of fp32 moments (8
+// The state is what train() allocates: weights in the compute dtype; the gradient in the gradient
+// dtype (Note [bf16 gradients on one rank]): the flat buffer of FlatLayout's padded size, or with
+// ZeRO 2 on several ranks only the rank's shard (its staging buffers, a few buckets, come on top)
+// plus, when the shard is more than one piece, its own copy of its parameters (Note [Interleaved
+// shards]); the optimizer's shard of fp32 moments (8
 // bytes an element), or of 8-bit codes (2 bytes; the absmax per block and the fp32 moments of small
 // parameters come on top, hence "at least"), fp32 masters when the parameters are not fp32, and an
 // fp32 copy of fp16 gradients. Offload keeps masters, moments and a gradient and a parameter copy
@@ -76,13 +78,18 @@ MemoryEstimate estimate_memory(const Config& cfg, int world, at::ScalarType comp
   const bool moments_8bit = cfg.memory.optimizer_moments == optim::MomentFormat::k8bit;
 
   e.weights = static_cast<double>(e.parameters) * bytes(compute);
-  e.gradients = static_cast<double>(e.flat_padded) * bytes(grads);
+  const bool interleaved = cfg.parallel.zero_stage == 2 && world > 1;
+  e.gradients = (interleaved ? n : static_cast<double>(e.flat_padded)) * bytes(grads);
   const double moments = moments_8bit ? 2 * n : 8 * n;
+  const int64_t block = parallel::FlatLayout::interleave_block(
+      world, static_cast<int64_t>(cfg.parallel.bucket_mb * (1 << 20)) / static_cast<int64_t>(bytes(grads)));
+  const double own_params = interleaved && e.flat_padded > block ? n * bytes(compute) : 0;
   if (cfg.parallel.offload == Offload::kOptimizer) {
     e.optimizer_host = 4 * n + moments + n * (bytes(grads) + (compute == at::kBFloat16 ? 2 : 0));
+    e.optimizer_device = own_params;
   } else {
-    e.optimizer_device =
-        moments + (compute != at::kFloat ? 4 * n : 0) + (grads != at::kFloat && grads != at::kBFloat16 ? 4 * n : 0);
+    e.optimizer_device = own_params + moments + (compute != at::kFloat ? 4 * n : 0) +
+                         (grads != at::kFloat && grads != at::kBFloat16 ? 4 * n : 0);
   }
 
   const double btc = static_cast<double>(cfg.train.micro_batch) * static_cast<double>(cfg.train.seq_len) *

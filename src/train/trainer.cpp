@@ -344,7 +344,8 @@ void log_parallel_setup(const Config& cfg, const parallel::RankEnv& env, const p
                         Precision precision) {
   log::info("data parallel: ", env.world_size(), " rank(s), ", comm.backend(), ", ", buckets.num_buckets(),
             " gradient buckets of <= ", cfg.parallel.bucket_mb, " MiB, ZeRO stage ", cfg.parallel.zero_stage,
-            ", parameters ", c10::toString(precision.compute), ", gradients ", c10::toString(precision.grads));
+            ", parameters ", c10::toString(precision.compute), ", gradients ", c10::toString(precision.grads),
+            log::format(" (%.1f MiB on this rank)", buckets.bytes() / 1048576.0));
   log::info(
       log::format("optimizer state: %.1f MiB on the device, %.1f MiB in host memory%s, on this rank "
                   "(%lld of %lld parameters)",
@@ -466,12 +467,15 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
   // parameters become views into one flat buffer whose shards the optimizer owns.
   std::vector<torch::Tensor> params = model->parameters();
   const auto comm = make_communicator(cfg, env, device);
-  // 8-bit moments: every shard is whole quantization blocks (Note [Moment blocks]).
-  const parallel::FlatLayout layout(params, world);
-  parallel::GradBuckets buckets(params, layout, static_cast<int64_t>(cfg.parallel.bucket_mb * (1 << 20)), *comm,
-                                /*reduce_to_owners=*/cfg.parallel.zero_stage == 2, precision.grads);
+  // 8-bit moments: every shard is whole quantization blocks (Note [Moment blocks]). ZeRO 2's
+  // buckets are the layout's blocks, each reduce-scattered (Note [Interleaved shards]).
+  const auto bucket_bytes = static_cast<int64_t>(cfg.parallel.bucket_mb * (1 << 20));
+  const int64_t zero2_block =
+      cfg.parallel.zero_stage == 2 ? bucket_bytes / static_cast<int64_t>(c10::elementSize(precision.grads)) : 0;
+  const parallel::FlatLayout layout(params, world, zero2_block);
+  parallel::GradBuckets buckets(params, layout, bucket_bytes, *comm, precision.grads);
   const auto opt_options = optimizer_options(cfg, env, layout, precision);
-  optim::ShardedOptimizer optimizer(params, layout, buckets.flat(), *comm, opt_options);
+  optim::ShardedOptimizer optimizer(params, layout, buckets.grads(), *comm, opt_options);
   log_parallel_setup(cfg, env, *comm, buckets, optimizer, opt_options, layout, precision);
   optim::LossScaler scaler(precision.compute == at::kHalf, device);  // fp16 needs it; bf16 has fp32's range
   const optim::WarmupCosine schedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps};
@@ -535,7 +539,8 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
     progress.exclude_since(paused);
 
     // ---- micro-steps: forward + backward (all ranks) -------------------------------------------
-    // Only the last micro-step's backward reduces: buckets are all-reduced as they fill.
+    // Only the last micro-step's backward all-reduces its buckets as they fill (ZeRO 0/1); ZeRO 2
+    // reduce-scatters them in every micro-step's, as no rank holds the whole gradient.
     profiler.step_begin(step);
     for (int64_t micro = 0; micro < accum; ++micro) {
       buckets.prepare_backward(/*reduce=*/micro == accum - 1);
@@ -643,11 +648,19 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
   result.peak_mem_gib = peak_memory_gib(device.is_cuda() ? device.index() : -1);
   result.optimizer_state_bytes = optimizer.state_bytes();
   result.optimizer_host_bytes = optimizer.host_state_bytes();
+  result.gradient_bytes = buckets.bytes();
   result.loss_scale = scaler.enabled() ? scaler.scale() : 1.0;
   if (tokenizer && !result.preempted) log_sample(model, *tokenizer, tc, tc.max_steps);
   if (tc.sample_tokens > 0 && !result.preempted)
     env.barrier();  // before a caller's next collective (Note [Rank-0 work])
   log_summary(result, tc.max_steps, progress.seconds());
+  // Each rank's own peak (its allocator's), since ZeRO 2 and offload make them differ from rank 0's.
+  const std::vector<double> peaks = env.gather_to_main(result.peak_mem_gib);
+  if (world > 1 && device.is_cuda() && env.is_main()) {
+    std::string line = "peak mem per rank (GiB):";
+    for (double p : peaks) line += log::format(" %.2f", p);
+    log::info(line);
+  }
   result.model = model;
   return result;
 }

@@ -19,6 +19,7 @@ struct TrainResult {
   double peak_mem_gib = 0;
   int64_t optimizer_state_bytes = 0;  // on this rank's device
   int64_t optimizer_host_bytes = 0;   // on this rank's host (offload)
+  int64_t gradient_bytes = 0;         // the gradient buffers on this rank's device (GradBuckets::bytes)
   int64_t start_step = 0;             // > 0 when the run resumed from a checkpoint
   int64_t end_step = 0;               // steps done when it stopped (max_steps, or fewer when preempted)
   bool preempted = false;             // stopped early on SIGUSR1/SIGTERM after saving a checkpoint

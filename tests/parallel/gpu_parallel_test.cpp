@@ -249,8 +249,8 @@ bool ranks_as_hosts() {
   GTEST_SKIP() << "runs under the ctest entries test_gpu_nccl_hosts_np2/np4 (Note [Ranks as hosts])"
 
 // ZeRO 0/1/2, offload and recomputation over NCCL's socket transport against ZeRO 0 and one rank,
-// with the bounds of the MPI backend's tests above; ZeRO 2 (NCCL's reduce, whose sums run in
-// another order than the all-reduce's from 3 ranks on) within the one-rank bound, the same kind of
+// with the bounds of the MPI backend's tests above; ZeRO 2 (NCCL's reduce-scatter, whose sums may
+// run in another order than the all-reduce's) within the one-rank bound, the same kind of
 // reordering.
 TEST(GpuNcclAsHosts, VariantsMatchZero0AndOneRank) {
   SKIP_UNLESS_RANKS_AS_HOSTS();

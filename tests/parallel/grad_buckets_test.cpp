@@ -98,8 +98,8 @@ TEST(GradBuckets, BufferOfAnotherDtypeAccumulatesConvertedGradients) {
   Stack s(3, 8);
   for (auto& w : s.weights) w = w.detach().to(torch::kFloat).set_requires_grad(true);
   const FlatLayout layout(s.weights, comm->world_size());
-  GradBuckets buckets(s.weights, layout, 1, *comm, /*reduce_to_owners=*/false, torch::kDouble);
-  ASSERT_EQ(buckets.flat().scalar_type(), torch::kDouble);
+  GradBuckets buckets(s.weights, layout, 1, *comm, torch::kDouble);
+  ASSERT_EQ(buckets.grads().scalar_type(), torch::kDouble);
   for (bool reduce : {false, true}) {
     buckets.prepare_backward(reduce);
     s.loss(s.input(comm->rank()).to(torch::kFloat)).backward();
@@ -112,13 +112,13 @@ TEST(GradBuckets, BufferOfAnotherDtypeAccumulatesConvertedGradients) {
       for (auto& w : ref.weights) w = w.detach().to(torch::kFloat).set_requires_grad(true);
       ref.loss(ref.input(r).to(torch::kFloat)).backward();
       for (int i = 0; i < 3; ++i) {
-        auto got = buckets.flat().narrow(0, layout.offset[i], layout.numel[i]);
+        auto got = buckets.grads().narrow(0, layout.offset[i], layout.numel[i]);
         got.sub_(times * ref.weights[i].grad().to(torch::kDouble).flatten());  // peel off rank r's share
       }
     }
     for (int i = 0; i < 3; ++i) {
       EXPECT_FALSE(s.weights[i].grad().defined()) << i;
-      EXPECT_LE(buckets.flat().narrow(0, layout.offset[i], layout.numel[i]).abs().max().item<double>(), 1e-12) << i;
+      EXPECT_LE(buckets.grads().narrow(0, layout.offset[i], layout.numel[i]).abs().max().item<double>(), 1e-12) << i;
     }
   };
   expect_sum_of_ranks(2);
@@ -182,7 +182,7 @@ TEST(GradBuckets, AParameterWithoutGradientInALaterStepReadsZeroNotTheLastStep) 
   s.loss(s.input(comm->rank())).backward();
   buckets.finish();
   for (int i = 0; i < 3; ++i) {
-    EXPECT_EQ(s.weights[i].grad().data_ptr(), buckets.flat().narrow(0, layout.offset[i], 1).data_ptr()) << i;
+    EXPECT_EQ(s.weights[i].grad().data_ptr(), buckets.grads().narrow(0, layout.offset[i], 1).data_ptr()) << i;
   }
   buckets.zero();
   EXPECT_FALSE(s.weights[0].grad().defined());
@@ -192,34 +192,87 @@ TEST(GradBuckets, AParameterWithoutGradientInALaterStepReadsZeroNotTheLastStep) 
   buckets.finish();
   const auto want = expected_sum(3, 8, comm->world_size(), /*skip_rank=*/0, /*skip_layer=*/1);
   for (int i = 0; i < 3; ++i) {
-    const auto got = buckets.flat().narrow(0, layout.offset[i], layout.numel[i]).view(want[i].sizes());
+    const auto got = buckets.grads().narrow(0, layout.offset[i], layout.numel[i]).view(want[i].sizes());
     EXPECT_TRUE(torch::allclose(got, want[i], 1e-12, 1e-12)) << i;
   }
 }
 
-TEST(GradBuckets, Zero2SumsEachShardOntoItsOwnerOnly) {
-  auto comm = make_mpi_communicator(MPI_COMM_WORLD, kTimeoutSeconds);
-  Stack s(5, 8);  // 5 x 64 = 320 elements: shards of 320 / n (padded), split inside parameters
-  const FlatLayout layout(s.weights, comm->world_size());
-  GradBuckets buckets(s.weights, layout, 3 * 64 * 8, *comm, /*reduce_to_owners=*/true);
-  buckets.prepare_backward(true);
-  s.loss(s.input(comm->rank())).backward();
-  buckets.finish();
-  // Expected flat gradient: sum over ranks inside this rank's shard, this rank's own elsewhere.
-  const auto sum = expected_sum(5, 8, comm->world_size());
-  Stack own(5, 8);
-  own.loss(own.input(comm->rank())).backward();
-  auto want = torch::zeros({layout.padded}, torch::kFloat64);
-  for (int i = 0; i < 5; ++i) {
-    auto slot = want.narrow(0, layout.offset[i], layout.numel[i]);
-    slot.copy_(own.weights[i].grad().reshape({-1}));
-    const int64_t lo = std::max(layout.offset[i], layout.shard_begin(comm->rank()));
-    const int64_t hi = std::min(layout.offset[i] + layout.numel[i], layout.shard_end(comm->rank()));
-    if (lo < hi) want.narrow(0, lo, hi - lo).copy_(sum[i].reshape({-1}).narrow(0, lo - layout.offset[i], hi - lo));
+// Note [Interleaved shards]: every rank owns chunk r of every block, the pieces tile the space
+// once, each whole grid cells, and each rank holds padded / world elements.
+TEST(FlatLayout, InterleavedPiecesTileTheSpaceOnTheGrid) {
+  const int world = 3;
+  std::vector<torch::Tensor> params;
+  for (int64_t n : {5000, 70000, 123, 40000}) params.push_back(torch::zeros({n}));
+  const FlatLayout layout(params, world, /*interleave_elements=*/20000);
+  ASSERT_TRUE(layout.interleaved());
+  const int64_t unit = world * FlatLayout::kGrid;
+  EXPECT_EQ(layout.padded % unit, 0);
+  std::vector<int> owners(static_cast<size_t>(layout.padded), 0);
+  for (const FlatRange& b : layout.blocks) EXPECT_EQ(b.size() % unit, 0) << b.begin;
+  EXPECT_EQ(layout.blocks.front().size(), 24576);  // 20000 rounded up to a multiple of 3 x 2048
+  for (int r = 0; r < world; ++r) {
+    int64_t held = 0;
+    const auto pieces = layout.pieces(r);
+    ASSERT_EQ(pieces.size(), layout.blocks.size());
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      EXPECT_EQ(pieces[k].begin % FlatLayout::kGrid, 0);
+      EXPECT_EQ(pieces[k].begin, layout.blocks[k].begin + r * layout.blocks[k].size() / world);
+      for (int64_t x = pieces[k].begin; x < pieces[k].end; ++x) ++owners[static_cast<size_t>(x)];
+      held += pieces[k].size();
+    }
+    EXPECT_EQ(held, layout.shard_size());
   }
-  EXPECT_TRUE(torch::allclose(buckets.flat(), want, 1e-12, 1e-12));
-  EXPECT_EQ(layout.padded % comm->world_size(), 0);
-  EXPECT_GE(layout.padded, layout.total);
+  EXPECT_TRUE(std::all_of(owners.begin(), owners.end(), [](int n) { return n == 1; }));
+  const FlatLayout contiguous(params, world);
+  EXPECT_FALSE(contiguous.interleaved());
+  EXPECT_EQ(contiguous.pieces(1).size(), 1u);
+  EXPECT_EQ(contiguous.pieces(1)[0].begin, contiguous.shard_size());
+}
+
+// ZeRO 2: each block is reduce-scattered in every micro-step, and a rank keeps the sum over ranks
+// and micro-steps of its own pieces only; the parameters' .grad is dropped. Two micro-steps, in the
+// second of which the last rank skips layer 2; two steps, so zero() starts the next over. Blocks
+// of 2 x world x kGrid elements cut through the 4096-element weights.
+TEST(GradBuckets, Zero2ReduceScattersEveryMicroStepIntoThisRanksPieces) {
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD, kTimeoutSeconds);
+  const int world = comm->world_size(), rank = comm->rank();
+  Stack s(6, 64);
+  const FlatLayout layout(s.weights, world, /*interleave_elements=*/2 * world * FlatLayout::kGrid);
+  ASSERT_TRUE(layout.interleaved());
+  GradBuckets buckets(s.weights, layout, 1, *comm);
+  ASSERT_EQ(buckets.num_buckets(), static_cast<int>(layout.blocks.size()));
+  std::vector<int> launched;
+  buckets.set_observer([&](const std::string&, int b, int) { launched.push_back(b); });
+  // The expected flat gradient: both micro-steps' sums over ranks.
+  const auto full = expected_sum(6, 64, world), skipped = expected_sum(6, 64, world, world - 1, 2);
+  auto want_flat = torch::zeros({layout.padded}, torch::kFloat64);
+  for (int i = 0; i < 6; ++i) {
+    want_flat.narrow(0, layout.offset[i], layout.numel[i]).copy_((full[i] + skipped[i]).reshape({-1}));
+  }
+  std::vector<torch::Tensor> mine;
+  for (const FlatRange& p : layout.pieces(rank)) mine.push_back(want_flat.narrow(0, p.begin, p.size()));
+  const auto want = torch::cat(mine);
+  for (int step = 0; step < 2; ++step) {
+    launched.clear();
+    for (int micro = 0; micro < 2; ++micro) {
+      buckets.prepare_backward(/*reduce=*/micro == 1);  // interleaved: every micro-step reduces
+      s.loss(s.input(rank), micro == 1 && rank == world - 1 ? 2 : -1).backward();
+    }
+    buckets.finish();
+    ASSERT_EQ(buckets.grads().numel(), layout.shard_size());
+    EXPECT_TRUE(torch::allclose(buckets.grads(), want, 1e-12, 1e-12)) << "step " << step;
+    for (const auto& w : s.weights) EXPECT_FALSE(w.grad().defined());
+    // Each micro-step launched every bucket, in order.
+    std::vector<int> in_order;
+    for (int m = 0; m < 2; ++m) {
+      for (int b = 0; b < buckets.num_buckets(); ++b) in_order.push_back(b);
+    }
+    EXPECT_EQ(launched, in_order);
+    buckets.zero();
+  }
+  // Gradient memory: this rank's pieces plus at most three staging buffers of a block (and its chunk).
+  const int64_t block = layout.blocks.front().size();
+  EXPECT_LE(buckets.bytes(), 8 * (layout.shard_size() + 3 * (block + block / world)));
 }
 
 }  // namespace
