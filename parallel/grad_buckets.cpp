@@ -63,6 +63,8 @@ GradBuckets::GradBuckets(const std::vector<torch::Tensor>& params, const FlatLay
       buckets_.push_back(std::move(b));
     }
     grads_ = torch::zeros({layout.shard_size()}, grad_options);
+    // Allocated now, so the memory the log states at set-up is what the run holds.
+    while (staging_.size() < std::min(kStagingBuffers, buckets_.size())) add_staging();
     for (int i : layout.order) {
       for (size_t k = 0; k < buckets_.size(); ++k) {
         if (buckets_[k].begin < layout.offset[i] + layout.numel[i] && layout.offset[i] < buckets_[k].end) {
@@ -202,12 +204,7 @@ GradBuckets::Staging& GradBuckets::staging_for(int bucket) {
     if (pick != nullptr) complete(*pick);
   }
   if (pick == nullptr) {
-    int64_t longest = 0;
-    for (const Bucket& b : buckets_) longest = std::max(longest, b.end - b.begin);
-    Staging s;
-    s.in = at::empty({longest}, grads_.options());
-    s.out = at::empty({longest / layout_.world_size}, grads_.options());
-    staging_.push_back(std::move(s));
+    add_staging();
     pick = &staging_.back();
   }
   pick->filling = bucket;
@@ -218,6 +215,15 @@ GradBuckets::Staging& GradBuckets::staging_for(int bucket) {
     pick->in.narrow(0, from - b.begin, b.end - from).zero_();
   }
   return *pick;
+}
+
+void GradBuckets::add_staging() {
+  int64_t longest = 0;
+  for (const Bucket& b : buckets_) longest = std::max(longest, b.end - b.begin);
+  Staging s;
+  s.in = at::empty({longest}, grads_.options());
+  s.out = at::empty({longest / layout_.world_size}, grads_.options());
+  staging_.push_back(std::move(s));
 }
 
 // Waits for the reduction that reads `s`, adds its result in where it is to be added, and frees it.

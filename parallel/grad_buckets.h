@@ -21,6 +21,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -97,6 +98,7 @@ class GradBuckets {
   void launch(int bucket);
   void launch_rest();  // zeros for parameters that got none, then every bucket not launched yet
   Staging& staging_for(int bucket);
+  void add_staging();
   void complete(Staging& s);
 
   Communicator& comm_;
@@ -109,7 +111,7 @@ class GradBuckets {
                                              // since prepare_backward() (interleaved)
   std::vector<std::vector<int>> bucket_of_;  // param index -> the buckets it has elements in
   std::vector<Bucket> buckets_;
-  std::vector<Staging> staging_;
+  std::deque<Staging> staging_;  // a deque: growing it keeps references to the others valid
   int64_t launches_ = 0;
   bool first_reduce_ = true;  // interleaved: the step's first reduction writes grads_, later ones add
   bool backward_open_ = false;

@@ -302,6 +302,56 @@ with tempfile.TemporaryDirectory() as tmp:
     expect_damage(bad_scale, ["optim_r00001.h5: /exp_avg_absmax[1] = -1, the scale of the 8-bit block of flat elements",
                               "is not a finite non-negative number"], "a negative 8-bit scale")
 
+    # ---- ZeRO 2's interleaved shards (Note [Interleaved shards]): each shard is several flat ranges,
+    # its datasets end to end over them (format_version 2, `ranges`). Reassembled here from the
+    # ranges alone, the masters equal consolidate's model; ranges that overlap are named damage.
+    root_zero2 = os.path.join(tmp, "ckpt_zero2")
+    argsz = [a for a in args if not a.startswith(("--checkpoint.dir", "--parallel.zero_stage"))] + \
+        [f"--checkpoint.dir={root_zero2}", "--parallel.zero_stage=2", "--parallel.bucket_mb=0.01"]
+    p = subprocess.run(mpi + [TRAIN] + argsz, capture_output=True, text=True, errors="replace", timeout=300, cwd=SRC)
+    dz = os.path.join(root_zero2, "step_0000005")
+    check(p.returncode == 0 and os.path.isdir(dz), f"2 ranks train 5 steps with ZeRO 2 (rc={p.returncode})")
+    if p.returncode != 0: print((p.stdout + p.stderr)[-3000:])
+    mz = json.load(open(os.path.join(dz, "manifest.json")))
+    ranges = [r for s in mz["shards"] for r in s.get("ranges", [[s["begin"], s["end"]]])]
+    check(mz["format_version"] == 2 and all(len(s.get("ranges", [])) > 1 for s in mz["shards"]),
+          f"format_version 2, every shard several ranges ({[len(s.get('ranges', [])) for s in mz['shards']]})")
+    check(sorted(ranges)[0][0] == 0 and all(a[1] == b[0] for a, b in zip(sorted(ranges), sorted(ranges)[1:]))
+          and sorted(ranges)[-1][1] == mz["flat_padded"], "the ranges tile [0, flat_padded)")
+    rc, out = ckpt(["verify", dz])
+    check(rc == 0 and "OK" in out, f"verify passes (rc={rc})")
+    rc, out = ckpt(["inspect", dz])
+    check(rc == 0 and "ranges from" in out, f"inspect says how many ranges each shard holds (rc={rc})")
+    flatz = np.full(mz["flat_padded"], np.nan, dtype=np.float32)
+    for s in mz["shards"]:
+        with h5py.File(os.path.join(dz, s["file"]), "r") as f:
+            master, at = f["master"][...], 0
+            check(len(master) == sum(e - b for b, e in s["ranges"]), f"{s['file']}: master covers its ranges")
+            for b, e in s["ranges"]:
+                flatz[b:e] = master[at:at + e - b]
+                at += e - b
+    consz = os.path.join(tmp, "full2.h5")
+    rc, out = ckpt(["consolidate", dz, "--out", consz])
+    check(rc == 0, f"consolidate of the ZeRO 2 checkpoint (rc={rc})")
+    if rc == 0:
+        with h5py.File(consz, "r") as c:
+            check(all(np.array_equal(c[p["name"]][...], flatz[p["offset"]:p["offset"] + p["numel"]].reshape(p["shape"]))
+                      for p in mz["params"]), "its model equals the masters reassembled from the ranges")
+    overlap = os.path.join(tmp, "overlap")
+    shutil.copytree(dz, overlap)
+    mo = json.load(open(os.path.join(overlap, "manifest.json")))
+    r0 = mo["shards"][0]["ranges"]
+    r0[1] = [r0[1][0] - 2048, r0[1][1] - 2048]  # into rank 1's first range
+    json.dump(mo, open(os.path.join(overlap, "manifest.json"), "w"))
+    expect_damage(overlap, ["overlaps", "optim_r00000.h5"], "a shard range that overlaps another")
+    malformed = os.path.join(tmp, "malformed")
+    shutil.copytree(dz, malformed)
+    mm = json.load(open(os.path.join(malformed, "manifest.json")))
+    mm["shards"][1]["ranges"][0] = [mm["shards"][1]["ranges"][0][0]]
+    json.dump(mm, open(os.path.join(malformed, "manifest.json"), "w"))
+    rc, out = ckpt(["verify", malformed])
+    check(rc != 0 and "optim_r00001.h5" in out and "range" in out, f"a range that is not [begin, end] is named (rc={rc})")
+
     # ---- usage errors: exit 2 naming the argument
     for a, needle in [([], "no command"), (["frobnicate", d], "frobnicate"), (["verify"], "PATH"),
                       (["consolidate", d], "--out"), (["inspect", d, "--bogus"], "--bogus"),
