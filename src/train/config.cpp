@@ -71,8 +71,12 @@ OptionList bind_options(Config& c) {
   o.add("train.batch_tokens", &c.train.batch_tokens, "tokens per optimizer step, all ranks");
   o.add("train.max_steps", &c.train.max_steps, "optimizer steps");
   o.add("train.lr", &c.train.lr, "peak learning rate");
-  o.add("train.min_lr", &c.train.min_lr, "learning rate at the end of the cosine");
+  o.add("train.min_lr", &c.train.min_lr, "learning rate at the end of the schedule");
   o.add("train.warmup_steps", &c.train.warmup_steps, "linear warmup steps");
+  o.add("train.lr_schedule", &c.train.lr_schedule,
+        "after warmup: cosine (down to min_lr at max_steps) | wsd (lr, then linear down to min_lr over the last "
+        "train.decay_frac of the steps)");
+  o.add("train.decay_frac", &c.train.decay_frac, "wsd: the share of train.max_steps spent decaying (0..1)");
   o.add("train.weight_decay", &c.train.weight_decay, "AdamW decay on 2-D weights");
   o.add("train.beta1", &c.train.beta1, "AdamW beta1");
   o.add("train.beta2", &c.train.beta2, "AdamW beta2");
@@ -174,6 +178,7 @@ void Config::validate() const {
   require(t.lr > 0, "train.lr", t.lr, "must be positive");
   require(t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr", t.min_lr, "must be in 0..train.lr");
   require(t.warmup_steps >= 0, "train.warmup_steps", t.warmup_steps, "must be >= 0");
+  require(t.decay_frac >= 0 && t.decay_frac <= 1, "train.decay_frac", t.decay_frac, "must be in 0..1");
   require(t.weight_decay >= 0, "train.weight_decay", t.weight_decay, "must be >= 0");
   require(t.beta1 >= 0 && t.beta1 < 1, "train.beta1", t.beta1, "must be in [0, 1)");
   require(t.beta2 >= 0 && t.beta2 < 1, "train.beta2", t.beta2, "must be in [0, 1)");

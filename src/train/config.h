@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "optim/lr_schedule.h"
 #include "optim/moment_format.h"
 #include "parallel/backend.h"
 #include "src/base/choices.h"
@@ -39,7 +40,9 @@ struct TrainConfig {
   double lr = 6e-4;      // peak learning rate after warmup
   double min_lr = 6e-5;  // cosine floor (10% of lr, as in the GPT-3 paper)
   int64_t warmup_steps = 100;
-  double weight_decay = 0.1;  // 2-D weights only (matmuls, embeddings)
+  LrShape lr_schedule = LrShape::kCosine;  // cosine | wsd (warmup-stable-decay, optim/lr_schedule.h)
+  double decay_frac = 0.2;                 // wsd: the last share of the steps, decayed linearly to min_lr
+  double weight_decay = 0.1;               // 2-D weights only (matmuls, embeddings)
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;

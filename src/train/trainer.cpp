@@ -478,7 +478,7 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
   optim::ShardedOptimizer optimizer(params, layout, buckets.grads(), *comm, opt_options);
   log_parallel_setup(cfg, env, *comm, buckets, optimizer, opt_options, layout, precision);
   optim::LossScaler scaler(precision.compute == at::kHalf, device);  // fp16 needs it; bf16 has fp32's range
-  const optim::WarmupCosine schedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps};
+  const optim::LrSchedule schedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps, tc.lr_schedule, tc.decay_frac};
 
   // ---- resume (all ranks): optimizer shards, parameters, loss scale; the data order needs only
   // the step (Note [Batch layout]).

@@ -83,8 +83,8 @@ TEST(ShardedOptimizer, MatchesFloat64ReferenceOverSteps) {
   EXPECT_EQ(opt.state_bytes(), 2 * layout.padded * 4);
 }
 
-TEST(WarmupCosine, HandComputedValues) {
-  WarmupCosine s{1.0, 0.1, 10, 110};
+TEST(LrSchedule, CosineHandComputedValues) {
+  LrSchedule s{1.0, 0.1, 10, 110};
   EXPECT_DOUBLE_EQ(s.at(0), 0.1);      // (0 + 1) / 10
   EXPECT_DOUBLE_EQ(s.at(9), 1.0);      // end of warmup
   EXPECT_DOUBLE_EQ(s.at(10), 1.0);     // cosine starts at the peak
@@ -92,9 +92,32 @@ TEST(WarmupCosine, HandComputedValues) {
   EXPECT_NEAR(s.at(35), 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 0.25)), 1e-12);
   EXPECT_DOUBLE_EQ(s.at(110), 0.1);
   EXPECT_DOUBLE_EQ(s.at(500), 0.1);
-  WarmupCosine no_warmup{1.0, 0.0, 0, 4};
+  LrSchedule no_warmup{1.0, 0.0, 0, 4};
   EXPECT_DOUBLE_EQ(no_warmup.at(0), 1.0);
   EXPECT_NEAR(no_warmup.at(2), 0.5, 1e-12);
+}
+
+// Warmup-stable-decay: 10 warmup steps, the peak until the last 20% of 110 steps (22 steps, from
+// step 88), then a straight line to min_lr at step 110.
+TEST(LrSchedule, WsdHandComputedValues) {
+  LrSchedule s{1.0, 0.1, 10, 110, LrShape::kWsd, 0.2};
+  EXPECT_DOUBLE_EQ(s.at(0), 0.1);  // warmup as cosine's
+  EXPECT_DOUBLE_EQ(s.at(9), 1.0);
+  EXPECT_EQ(s.decay_start(), 88);
+  EXPECT_DOUBLE_EQ(s.at(10), 1.0);
+  EXPECT_DOUBLE_EQ(s.at(87), 1.0);                        // still stable
+  EXPECT_DOUBLE_EQ(s.at(88), 1.0);                        // the decay's first step: progress 0
+  EXPECT_NEAR(s.at(99), 1.0 - 0.9 * 11.0 / 22.0, 1e-12);  // half way down: 0.55
+  EXPECT_NEAR(s.at(109), 1.0 - 0.9 * 21.0 / 22.0, 1e-12);
+  EXPECT_DOUBLE_EQ(s.at(110), 0.1);
+  // A decay longer than what follows the warmup starts when the warmup ends.
+  LrSchedule all_decay{1.0, 0.0, 10, 20, LrShape::kWsd, 1.0};
+  EXPECT_EQ(all_decay.decay_start(), 10);
+  EXPECT_NEAR(all_decay.at(15), 0.5, 1e-12);
+  // decay_frac 0: constant after warmup, min_lr only past max_steps.
+  LrSchedule no_decay{1.0, 0.0, 0, 20, LrShape::kWsd, 0.0};
+  EXPECT_DOUBLE_EQ(no_decay.at(19), 1.0);
+  EXPECT_DOUBLE_EQ(no_decay.at(20), 0.0);
 }
 
 // 3 and 4 (and a parameter without a gradient, which counts as 0): norm 5, exactly.

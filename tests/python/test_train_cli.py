@@ -65,6 +65,19 @@ with tempfile.TemporaryDirectory() as d:
     check(len(etas) >= 12 and etas[0] == ("0", "--") and all(re.fullmatch(r"\d+[hms].*", e) for _, e in etas[1:]),
           f"eta -- on step 0, then a duration: {etas[:3]}")
 
+    # train.lr_schedule = wsd: the logged lr is the schedule computed here by hand: warmup 5 steps,
+    # 3e-3 until the last 25% of 40 steps (from step 30), then a line to 3e-4 at step 40.
+    mw = os.path.join(d, "mw.jsonl")
+    rcw, _ = run(override(base, [f"--log.metrics={mw}", "--train.max_steps=40", "--train.lr_schedule=wsd",
+                                 "--train.decay_frac=0.25", "--log.every=1", "--train.eval_every=0"]))
+    def wsd(s):
+        if s < 5: return 3e-3 * (s + 1) / 5
+        return 3e-3 if s < 30 else 3e-4 + (1 - (s - 30) / 10) * (3e-3 - 3e-4)
+    got = {l["step"]: l["lr"] for l in map(json.loads, open(mw)) if "lr" in l} if rcw == 0 else {}
+    check(len(got) == 40 and all(abs(got[s] - wsd(s)) <= 1e-9 * 3e-3 for s in got),
+          f"wsd: the logged lr follows warmup, stable, linear decay (rc={rcw}; steps 29-31: "
+          f"{[got.get(s) for s in (29, 30, 31)]})")
+
     # Same run twice gives the same losses (seeded init and data order).
     m2 = os.path.join(d, "m2.jsonl")
     rc2, _ = run(override(base, [f"--log.metrics={m2}", "--train.max_steps=20"]))

@@ -91,6 +91,9 @@ TEST(Config, ErrorsNameTheKey) {
   EXPECT_NE(error_of({"--config", ini, "--train.batch_tokens=100"}).find("train.batch_tokens"), std::string::npos);
   EXPECT_NE(error_of({"--config", ini, "--precision.dtype=fp8"}).find("precision.dtype"), std::string::npos);
   EXPECT_NE(error_of({"--config", ini, "--train.min_lr=1"}).find("train.min_lr"), std::string::npos);
+  EXPECT_NE(error_of({"--config", ini, "--train.lr_schedule=step"}).find("train.lr_schedule = step: must be one of"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--config", ini, "--train.decay_frac=1.5"}).find("train.decay_frac"), std::string::npos);
   EXPECT_NE(error_of({"--config", "/nonexistent/x.ini"}).find("/nonexistent/x.ini"), std::string::npos);
   // A directory opens as an empty stream: it would train the defaults unasked.
   const std::string dir = files::parent_path(ini);
