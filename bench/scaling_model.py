@@ -8,7 +8,8 @@ The model follows what the trainer does (src/train/trainer.cpp, parallel/grad_bu
   - Backward produces gradients from the head down to block 0, then the embeddings; wte (tied to
     the head) is final only after the embedding's backward, so the last bucket waits for the end.
   - A bucket is reduced on one comm stream as soon as its last gradient arrives, in index order.
-    ZeRO 0/1 all-reduce, ZeRO 2 reduces onto the owners (priced as a reduce-scatter, what it moves).
+    ZeRO 0/1 all-reduce, ZeRO 2 reduce-scatters (its buckets are fixed-size blocks of the flat space,
+    Note [Interleaved shards]; priced here with the same parameter-boundary buckets, a close count).
   - After backward: the rest of the reductions (exposed), the optimizer (one memory-bound pass,
     30 bytes per element of the shard), and for ZeRO 1/2 an all-gather of the bf16 parameters.
 Per-step compute comes from measured one-GPU steps (bench/results); within backward it is
