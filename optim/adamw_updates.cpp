@@ -99,6 +99,7 @@ class ResidentAdamW : public ShardUpdate {
     if (master_.defined()) master_.copy_(s.master);
     moments_.load(s);
   }
+  torch::Tensor device_masters() const override { return master_.defined() ? master_ : shard_.params; }
 
  protected:
   // What the AdamW step reads and writes: the fp32 values it updates (masters or the parameters),
@@ -214,6 +215,7 @@ class OffloadAdamW final : public ShardUpdate {
     master_.copy_(s.master);
     moments_.load(s);
   }
+  torch::Tensor device_masters() const override { return {}; }
   void step(const StepArgs& args) override;
 
  private:

@@ -28,8 +28,9 @@ ShardState concat_states(const std::vector<ShardState>& parts) {
   out.moments_8bit = parts.front().moments_8bit;
   out.adam_step = parts.front().adam_step;
   for (torch::Tensor ShardState::*field :
-       {&ShardState::master, &ShardState::exp_avg, &ShardState::exp_avg_sq, &ShardState::exp_avg_codes,
-        &ShardState::exp_avg_sq_codes, &ShardState::exp_avg_absmax, &ShardState::exp_avg_sq_absmax}) {
+       {&ShardState::master, &ShardState::exp_avg, &ShardState::exp_avg_sq, &ShardState::muon_momentum,
+        &ShardState::exp_avg_codes, &ShardState::exp_avg_sq_codes, &ShardState::exp_avg_absmax,
+        &ShardState::exp_avg_sq_absmax}) {
     if (!(parts.front().*field).defined()) continue;
     std::vector<at::Tensor> all;
     for (const auto& p : parts) all.push_back(p.*field);

@@ -44,6 +44,7 @@ PieceAt locate(const std::vector<parallel::FlatRange>& pieces, int64_t begin, in
 struct ShardState {
   bool moments_8bit = false;
   torch::Tensor master, exp_avg, exp_avg_sq;
+  torch::Tensor muon_momentum;  // Muon runs: fp32 per element, zero outside Muon's matrices
   torch::Tensor exp_avg_codes, exp_avg_sq_codes, exp_avg_absmax, exp_avg_sq_absmax;  // 8-bit only
   int64_t adam_step = 0;
   MomentBuffers moment_buffers() const;  // 8-bit: pointers into the tensors above (CPU)
@@ -73,6 +74,9 @@ class ShardUpdate {
   // and leaves the parameters to the owner.
   virtual ShardState state(int64_t begin, int64_t end) const = 0;
   virtual void load_state(const ShardState& state) = 0;
+  // The fp32 values the update steps (masters, or the fp32 parameters themselves), in shard
+  // coordinates on the parameters' device; undefined where they are elsewhere (offload).
+  virtual torch::Tensor device_masters() const = 0;
 };
 
 }  // namespace gpt2::optim

@@ -64,13 +64,34 @@ ShardedOptimizer::ShardedOptimizer(const std::vector<torch::Tensor>& params, con
     shard_.grads = grads;
   }
   shard_.moment_layout = &moment_layout_;
+  std::vector<char> by_muon(params.size(), 0);
+  if (!options.muon_params.empty()) {
+    GPT2_ASSERT(one_piece && first.begin == 0 && !options.offload && !options.adamw.moments_8bit,
+                "Muon runs with ZeRO 0, no offload and fp32 moments");
+    int64_t total = 0;
+    for (int i : options.muon_params) {
+      GPT2_ASSERT(params[i].dim() == 2, "Muon updates matrices");
+      by_muon[i] = 1;
+      total += layout.numel[i];
+    }
+    muon_momentum_ = at::zeros({total}, param_flat_.options().dtype(at::kFloat));
+    int64_t at = 0;
+    for (int i : layout.order) {  // flat order
+      if (!by_muon[i]) continue;
+      muon_.push_back({layout.offset[i], params[i].size(0), params[i].size(1),
+                       muon_momentum_.narrow(0, at, layout.numel[i]).view(params[i].sizes())});
+      at += layout.numel[i];
+    }
+  }
   int64_t local = 0;
   for (const auto& piece : shard_.pieces) {
     for (int i : layout.order) {
       const int64_t lo = std::max(piece.begin, layout.offset[i]);
       const int64_t hi = std::min(piece.end, layout.offset[i] + layout.numel[i]);
-      // GPT-2: decay matmuls and embeddings only.
-      if (lo < hi) shard_.spans.push_back({local + lo - piece.begin, local + hi - piece.begin, params[i].dim() >= 2});
+      // GPT-2: decay matmuls and embeddings only. Muon's matrices are no span of AdamW's.
+      if (lo < hi && !by_muon[i]) {
+        shard_.spans.push_back({local + lo - piece.begin, local + hi - piece.begin, params[i].dim() >= 2});
+      }
     }
     local += piece.size();
   }
@@ -97,7 +118,8 @@ ShardedOptimizer::~ShardedOptimizer() = default;
 int64_t ShardedOptimizer::state_bytes() const {
   // A one-piece shard's parameters are a view of the model's; an interleaved one's a copy.
   const int64_t own_params = blocks_.empty() ? 0 : static_cast<int64_t>(shard_.params.nbytes());
-  return own_params + update_->device_bytes();
+  const int64_t muon = muon_momentum_.defined() ? static_cast<int64_t>(muon_momentum_.nbytes()) : 0;
+  return own_params + muon + update_->device_bytes();
 }
 
 torch::Tensor ShardedOptimizer::clip_grad_norm(double max_norm) {
@@ -130,7 +152,26 @@ void ShardedOptimizer::step(double lr, const torch::Tensor& found_inf) {
   if (found_inf.defined() && found_inf.item<float>() != 0) return;  // fp16 overflow: skip (host sync)
   args.lr = lr;
   args.step = ++steps_;
+  const torch::Tensor clip_coef = args.clip_coef;
   update_->step(args);
+  if (!muon_.empty()) muon_step(lr * options_.muon_lr_ratio, clip_coef);
+}
+
+// Muon's matrices, after AdamW's step (which does not touch them: they are no span of its). The
+// gradient is clipped here where the AdamW kernel clips as it reads (the owner scaled it in place
+// otherwise); the masters are the update's, so checkpoints and the rounding into 16-bit parameters
+// are AdamW's.
+void ShardedOptimizer::muon_step(double lr, const torch::Tensor& clip_coef) {
+  const torch::Tensor masters = update_->device_masters();
+  const bool rounded = shard_.params.scalar_type() != at::kFloat;
+  for (MuonMatrix& m : muon_) {
+    const int64_t n = m.rows * m.cols;
+    torch::Tensor grad = shard_.grads.narrow(0, m.local, n).view({m.rows, m.cols}).to(at::kFloat);
+    if (clip_coef.defined()) grad = grad * clip_coef;
+    torch::Tensor master = masters.narrow(0, m.local, n).view({m.rows, m.cols});
+    optim::muon_step(master, grad, m.momentum, lr, options_.muon);
+    if (rounded) shard_.params.narrow(0, m.local, n).copy_(master.reshape({-1}));
+  }
 }
 
 void ShardedOptimizer::gather() {
@@ -155,6 +196,14 @@ ShardState ShardedOptimizer::state(int64_t begin, int64_t end) const {
   at::NoGradGuard no_grad;
   ShardState s = update_->state(begin, end);  // gpt2::Error when not inside one piece
   s.adam_step = steps_;
+  if (!muon_.empty()) {  // Muon's momentum over [begin, end), flat (one piece: shard = flat coordinates)
+    s.muon_momentum = at::zeros({end - begin}, at::kFloat);
+    for (const MuonMatrix& m : muon_) {
+      const int64_t lo = std::max(begin, m.local), hi = std::min(end, m.local + m.rows * m.cols);
+      if (lo < hi)
+        s.muon_momentum.narrow(0, lo - begin, hi - lo).copy_(m.momentum.reshape({-1}).narrow(0, lo - m.local, hi - lo));
+    }
+  }
   return s;
 }
 
@@ -170,6 +219,14 @@ void ShardedOptimizer::load_state(const ShardState& s) {
   update_->load_state(s);
   shard_.params.copy_(s.master);
   steps_ = s.adam_step;
+  for (MuonMatrix& m : muon_) {  // none saved (an AdamW checkpoint): Muon starts without momentum
+    const int64_t n = m.rows * m.cols;
+    if (s.muon_momentum.defined()) {
+      m.momentum.copy_(s.muon_momentum.narrow(0, m.local, n).view({m.rows, m.cols}));
+    } else {
+      m.momentum.zero_();
+    }
+  }
 }
 
 }  // namespace gpt2::optim

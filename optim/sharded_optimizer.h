@@ -23,6 +23,7 @@
 
 #include "optim/adamw_updates.h"
 #include "optim/moment_layout.h"
+#include "optim/muon.h"
 #include "optim/shard_update.h"
 #include "parallel/communicator.h"
 #include "parallel/flat_layout.h"
@@ -35,6 +36,11 @@ class ShardedOptimizer {
     AdamWOptions adamw;
     bool sharded = false;  // false: stage 0, every rank updates everything, gather() does nothing
     bool offload = false;  // state in host memory, CPU AdamW
+    // Muon (optim.name = muon; stage 0, no offload): the parameters (indices) it updates, whole
+    // 2-D matrices, AdamW the rest; its learning rate is step()'s lr times muon_lr_ratio.
+    std::vector<int> muon_params;
+    MuonOptions muon;
+    double muon_lr_ratio = 1;
   };
 
   // grads: GradBuckets::grads(), fp32 or the params' dtype: the whole flat space, or (interleaved
@@ -62,7 +68,7 @@ class ShardedOptimizer {
   void gather();
 
   // Bytes of optimizer state on the parameters' device (moments, masters, scratch, an interleaved
-  // shard's own parameters) and in host memory (offload: masters, moments, the gradient and
+  // shard's own parameters, Muon's momentum) and in host memory (offload: masters, moments, the gradient and
   // parameter staging buffers).
   int64_t state_bytes() const;
   int64_t host_state_bytes() const { return update_->host_bytes(); }
@@ -79,6 +85,7 @@ class ShardedOptimizer {
   ShardState state(int64_t begin, int64_t end) const;
   void load_state(const ShardState& state);
   bool moments_8bit() const { return options_.adamw.moments_8bit; }
+  bool muon() const { return !muon_.empty(); }
   // Where 8-bit moments are in the flat space (built for fp32 moments too: checkpoints convert).
   const MomentLayout& moment_layout() const { return moment_layout_; }
   // This rank's shard of the gradient (what clipping and loss-scale unscaling act on; when the
@@ -98,6 +105,15 @@ class ShardedOptimizer {
   std::unique_ptr<ShardUpdate> update_;
   torch::Tensor clip_coef_;  // for an update that clips as it reads, until the next step
   int64_t steps_ = 0;        // bias-correction step count
+  // Muon's matrices: where each sits in the shard, its shape, and its momentum (a view of
+  // muon_momentum_, fp32, on the parameters' device).
+  struct MuonMatrix {
+    int64_t local = 0, rows = 0, cols = 0;
+    torch::Tensor momentum;
+  };
+  std::vector<MuonMatrix> muon_;
+  torch::Tensor muon_momentum_;
+  void muon_step(double lr, const torch::Tensor& clip_coef);
 };
 
 }  // namespace gpt2::optim

@@ -158,6 +158,7 @@ std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::Fl
     m.offload = settings_.offload;
     m.dtype = settings_.dtype;
     m.optimizer_moments = optimizer.moments_8bit() ? optim::MomentFormat::k8bit : optim::MomentFormat::kFp32;
+    m.optimizer = snap->state.muon_momentum.defined() ? optim::UpdateRule::kMuon : optim::UpdateRule::kAdamW;
     m.flat_total = layout.total;
     m.flat_padded = layout.padded;
     for (size_t i = 0; i < named.size(); ++i) {
@@ -246,6 +247,10 @@ void CheckpointWriter::write_shard(Snapshot& snap, const std::string& shard_path
         h5::write_f32(file.get(), d.name, t.data_ptr<float>(), {static_cast<hsize_t>(t.numel())});
       }
       if (d.state == &optim::ShardState::master) fault_point(rank, 2, step);
+    }
+    if (s.muon_momentum.defined()) {
+      const torch::Tensor t = s.muon_momentum.contiguous();
+      h5::write_f32(file.get(), muon_momentum_dataset().name, t.data_ptr<float>(), {static_cast<hsize_t>(t.numel())});
     }
     h5::write_int_attr(file.get(), "begin", snap.begin);
     h5::write_int_attr(file.get(), "end", snap.end);

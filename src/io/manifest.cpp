@@ -28,6 +28,11 @@ const std::vector<ShardDataset>& shard_datasets(optim::MomentFormat moments) {
   return moments == optim::MomentFormat::k8bit ? eight_bit : fp32;
 }
 
+const ShardDataset& muon_momentum_dataset() {
+  static const ShardDataset d{"muon_momentum", false, ShardDataset::Index::kFlat, &optim::ShardState::muon_momentum};
+  return d;
+}
+
 const ShardDataset& shard_dataset(optim::MomentFormat moments, const std::string& name) {
   for (const ShardDataset& d : shard_datasets(moments)) {
     if (name == d.name) return d;
@@ -93,6 +98,7 @@ json::Value CheckpointManifest::to_json() const {
                      {"config", cfg},
                      {"files", fs}};
   if (optimizer_moments == optim::MomentFormat::k8bit) out["exp_avg_sq_8bit"] = exp_avg_sq_8bit;
+  if (optimizer != optim::UpdateRule::kAdamW) out["optimizer"] = choice_name(optimizer);
   return out;
 }
 
@@ -123,6 +129,9 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
   if (const json::Value* moments = json::find(v, "optimizer_moments")) {
     m.optimizer_moments =
         parse_choice<optim::MomentFormat>(path + ": optimizer_moments", json::as_string(*moments, "optimizer_moments"));
+  }
+  if (const json::Value* rule = json::find(v, "optimizer")) {  // absent: AdamW
+    m.optimizer = parse_choice<optim::UpdateRule>(path + ": optimizer", json::as_string(*rule, "optimizer"));
   }
   if (m.optimizer_moments == optim::MomentFormat::k8bit) {
     const json::Value* sq = json::find(v, "exp_avg_sq_8bit");

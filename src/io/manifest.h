@@ -11,6 +11,7 @@
 
 #include "optim/moment_format.h"
 #include "optim/shard_update.h"
+#include "optim/update_rule.h"
 #include "parallel/flat_layout.h"
 #include "src/base/json.h"
 #include "src/model/model_config.h"
@@ -47,6 +48,8 @@ struct CheckpointManifest {
   int64_t zero_stage = 0;
   std::string offload, dtype;
   optim::MomentFormat optimizer_moments = optim::MomentFormat::kFp32;  // which datasets the shards hold (DESIGN.md)
+  // muon: the shards also hold muon_momentum (flat, fp32; absent in older checkpoints: adamw).
+  optim::UpdateRule optimizer = optim::UpdateRule::kAdamW;
   // 8bit: what exp_avg_sq's codes hold: "root", sqrt(v) (Note [Second moment as its root]), or
   // "plain", v itself (checkpoints written before it, which have no such key).
   std::string exp_avg_sq_8bit = "root";
@@ -80,6 +83,8 @@ struct ShardDataset {
   torch::Tensor optim::ShardState::*state;
 };
 const std::vector<ShardDataset>& shard_datasets(optim::MomentFormat moments);
+// Muon's momentum (flat), which the shards of a Muon run hold besides those.
+const ShardDataset& muon_momentum_dataset();
 // The dataset of that name; gpt2::UserError when the format has none.
 const ShardDataset& shard_dataset(optim::MomentFormat moments, const std::string& name);
 

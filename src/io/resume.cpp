@@ -223,7 +223,7 @@ void read_8bit_moments(const CheckpointManifest& m, const optim::MomentLayout& m
 // The flat range [begin, end) of the checkpoint's state (one of this rank's pieces), in the format
 // `moments_8bit` says: read as saved, or converted (fp32 moments quantized, 8-bit ones dequantized).
 optim::ShardState read_range_state(const CheckpointManifest& m, const optim::MomentLayout& ml, bool moments_8bit,
-                                   int64_t begin, int64_t end, const parallel::RankEnv& env) {
+                                   bool muon, int64_t begin, int64_t end, const parallel::RankEnv& env) {
   const int64_t real_end = std::max(begin, std::min(end, m.flat_total));
   const bool saved_8bit = m.optimizer_moments == optim::MomentFormat::k8bit;
   auto dense = [&](const char* name, int64_t lo, int64_t hi) {  // fp32 values of [lo, hi), zero past flat_total
@@ -235,6 +235,11 @@ optim::ShardState read_range_state(const CheckpointManifest& m, const optim::Mom
   optim::ShardState s;
   s.moments_8bit = moments_8bit;
   s.master = dense("master", begin, end);
+  if (muon && m.optimizer == optim::UpdateRule::kMuon) {
+    s.muon_momentum = torch::zeros({end - begin}, torch::kFloat);
+    read_dataset_range(m, muon_momentum_dataset(), &ml, begin, std::max(begin, std::min(end, m.flat_total)),
+                       s.muon_momentum.data_ptr());
+  }
   if (saved_8bit && s.moments_8bit) {
     read_8bit_moments(m, ml, begin, end, env, &s);
   } else if (!saved_8bit && !s.moments_8bit) {
@@ -291,9 +296,14 @@ optim::ShardState read_shard_state(const CheckpointManifest& m, const optim::Sha
               saved_8bit ? " has 8-bit optimizer moments: dequantizing them to fp32 moments"
                          : " has fp32 optimizer moments: quantizing them to 8-bit moments");
   }
+  const bool muon = optimizer.muon();
+  if (muon != (m.optimizer == optim::UpdateRule::kMuon)) {
+    log::info("checkpoint ", m.dir, " was trained with optimizer ", choice_name(m.optimizer), "; this run uses ",
+              muon ? "muon: its matrices start without momentum" : "adamw: their AdamW moments start at zero");
+  }
   std::vector<optim::ShardState> parts;
   for (const auto& p : optimizer.pieces()) {
-    parts.push_back(read_range_state(m, ml, optimizer.moments_8bit(), p.begin, p.end, env));
+    parts.push_back(read_range_state(m, ml, optimizer.moments_8bit(), muon, p.begin, p.end, env));
   }
   return parts.size() == 1 ? parts.front() : optim::concat_states(parts);
 }

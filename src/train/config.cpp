@@ -120,6 +120,10 @@ OptionList bind_options(Config& c) {
         "true: the MLP keeps only its GELU input for backward, recomputing the output (less memory, 1-2% slower)");
   o.add("memory.optimizer_moments", &c.memory.optimizer_moments,
         "fp32 | 8bit: AdamW moments block-wise quantized to 8 bits (a quarter of the memory)");
+  o.add("optim.name", &c.optim.name,
+        "adamw | muon: Muon for the blocks' weight matrices, AdamW (train.lr, ...) for the rest (ZeRO 0 for now)");
+  o.add("optim.muon_lr", &c.optim.muon_lr, "Muon's peak learning rate (train.lr_schedule scales it)");
+  o.add("optim.muon_momentum", &c.optim.muon_momentum, "Muon's Nesterov momentum");
   o.add("checkpoint.dir", &c.checkpoint.dir, "checkpoint directory");
   o.add("checkpoint.every", &c.checkpoint.every, "steps between checkpoints; 0 = off");
   o.add("checkpoint.keep", &c.checkpoint.keep, "checkpoints kept");
@@ -202,6 +206,16 @@ void Config::validate() const {
   require(parallel.offload_threads >= 0, "parallel.offload_threads", parallel.offload_threads, "must be >= 0");
   require(parallel.timeout_s > 0, "parallel.timeout_s", parallel.timeout_s, "must be positive");
   require(parallel.step_timeout_s > 0, "parallel.step_timeout_s", parallel.step_timeout_s, "must be positive");
+  if (optim.name == optim::UpdateRule::kMuon) {
+    require(parallel.zero_stage == 0, "optim.name", optim.name,
+            "runs with parallel.zero_stage = 0 for now (Muon's sharding over ranks is to come)");
+    require(parallel.offload == Offload::kNone, "optim.name", optim.name, "runs without parallel.offload for now");
+    require(memory.optimizer_moments == optim::MomentFormat::kFp32, "optim.name", optim.name,
+            "runs with memory.optimizer_moments = fp32 for now");
+  }
+  require(optim.muon_lr > 0, "optim.muon_lr", optim.muon_lr, "must be positive");
+  require(optim.muon_momentum >= 0 && optim.muon_momentum < 1, "optim.muon_momentum", optim.muon_momentum,
+          "must be in [0, 1)");
   require(checkpoint.every >= 0, "checkpoint.every", checkpoint.every, "must be >= 0");
   require(checkpoint.keep > 0, "checkpoint.keep", checkpoint.keep, "must be positive");
   require(log.every > 0, "log.every", log.every, "must be positive");

@@ -11,6 +11,7 @@
 
 #include "optim/lr_schedule.h"
 #include "optim/moment_format.h"
+#include "optim/update_rule.h"
 #include "parallel/backend.h"
 #include "src/base/choices.h"
 #include "src/model/model_config.h"
@@ -83,6 +84,14 @@ struct MemoryConfig {
   bool recompute_gelu = false;     // the fused MLP recomputes its GELU output in backward (B x T x 4C less per block)
 };
 
+// optim.name = muon: Muon for the blocks' weight matrices (optim/muon.h), AdamW with train.lr and
+// friends for the rest. For now with ZeRO 0, no offload and fp32 moments.
+struct OptimConfig {
+  optim::UpdateRule name = optim::UpdateRule::kAdamW;  // adamw | muon
+  double muon_lr = 0.02;                               // Muon's peak learning rate (the schedule scales it as train.lr)
+  double muon_momentum = 0.95;                         // Nesterov momentum
+};
+
 struct CheckpointConfig {
   std::string dir = "runs/checkpoints";
   int64_t every = 0;  // steps between saves; 0 = off
@@ -115,6 +124,7 @@ struct Config {
   PrecisionConfig precision;
   ParallelConfig parallel;
   MemoryConfig memory;
+  OptimConfig optim;
   CheckpointConfig checkpoint;
   LogConfig log;
   ProfileConfig profile;

@@ -26,7 +26,8 @@ constexpr double kGiB = 1073741824.0;
 // bytes an element), or of 8-bit codes (2 bytes; the absmax per block and the fp32 moments of small
 // parameters come on top, hence "at least"), fp32 masters when the parameters are not fp32, and an
 // fp32 copy of fp16 gradients. Offload keeps masters, moments and a gradient and a parameter copy
-// in pinned host memory instead (optim::offload_host_bytes). Activations count only what
+// in pinned host memory instead (optim::offload_host_bytes). Muon (optim.name) adds an fp32
+// momentum for the blocks' matrices. Activations count only what
 // backward certainly keeps per block for B x T tokens of width C, whichever kernels run: without
 // recomputation q, k and v (3 BTC, attention's saved inputs), the attention output (BTC, c_proj's
 // input) and the MLP's pre-GELU values (4 BTC, GELU's backward needs them); a recomputed block keeps
@@ -90,6 +91,10 @@ MemoryEstimate estimate_memory(const Config& cfg, int world, at::ScalarType comp
   } else {
     e.optimizer_device = own_params + moments + (compute != at::kFloat ? 4 * n : 0) +
                          (grads != at::kFloat && grads != at::kBFloat16 ? 4 * n : 0);
+  }
+  if (cfg.optim.name == optim::UpdateRule::kMuon) {  // fp32 momentum of the blocks' matrices: 12 C^2 a block
+    const double c = static_cast<double>(cfg.model.n_embd);
+    e.optimizer_device += 4 * 12 * c * c * static_cast<double>(cfg.model.n_layer);
   }
 
   const double btc = static_cast<double>(cfg.train.micro_batch) * static_cast<double>(cfg.train.seq_len) *

@@ -281,10 +281,29 @@ std::unique_ptr<parallel::Communicator> make_communicator(const Config& cfg, con
 
 // AdamW over this rank's shard of the flat parameter space (ZeRO 1/2) or all of it (ZeRO 0), on
 // the device or, with parallel.offload = optimizer, in pinned host memory.
+// Muon's matrices (optim.name = muon): the blocks' 2-D weights, qkv, proj, fc and fc2. The
+// embeddings, the head (tied to wte), biases and LayerNorms stay on AdamW.
+std::vector<int> muon_matrices(GPT2& model) {
+  std::vector<int> out;
+  const auto named = model->named_parameters();
+  for (size_t i = 0; i < named.size(); ++i) {
+    const std::string& name = named[i].key();
+    if (named[i].value().dim() == 2 && name.rfind("transformer.h.", 0) == 0) out.push_back(static_cast<int>(i));
+  }
+  return out;
+}
+
 optim::ShardedOptimizer::Options optimizer_options(const Config& cfg, const parallel::RankEnv& env,
-                                                   const parallel::FlatLayout& layout, Precision precision) {
+                                                   const parallel::FlatLayout& layout, Precision precision,
+                                                   GPT2& model) {
   const auto& tc = cfg.train;
   optim::ShardedOptimizer::Options o;
+  if (cfg.optim.name == optim::UpdateRule::kMuon) {
+    o.muon_params = muon_matrices(model);
+    o.muon.momentum = cfg.optim.muon_momentum;
+    o.muon.weight_decay = tc.weight_decay;
+    o.muon_lr_ratio = cfg.optim.muon_lr / tc.lr;
+  }
   o.adamw.beta1 = tc.beta1;
   o.adamw.beta2 = tc.beta2;
   o.adamw.eps = tc.eps;
@@ -346,6 +365,10 @@ void log_parallel_setup(const Config& cfg, const parallel::RankEnv& env, const p
             " gradient buckets of <= ", cfg.parallel.bucket_mb, " MiB, ZeRO stage ", cfg.parallel.zero_stage,
             ", parameters ", c10::toString(precision.compute), ", gradients ", c10::toString(precision.grads),
             log::format(" (%.1f MiB on this rank)", buckets.bytes() / 1048576.0));
+  if (!options.muon_params.empty()) {
+    log::info("optimizer: Muon for ", options.muon_params.size(), " weight matrices (lr ", cfg.optim.muon_lr,
+              ", momentum ", cfg.optim.muon_momentum, "), AdamW for the other parameters (lr ", cfg.train.lr, ")");
+  }
   log::info(
       log::format("optimizer state: %.1f MiB on the device, %.1f MiB in host memory%s, on this rank "
                   "(%lld of %lld parameters)",
@@ -474,7 +497,7 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
       cfg.parallel.zero_stage == 2 ? bucket_bytes / static_cast<int64_t>(c10::elementSize(precision.grads)) : 0;
   const parallel::FlatLayout layout(params, world, zero2_block);
   parallel::GradBuckets buckets(params, layout, bucket_bytes, *comm, precision.grads);
-  const auto opt_options = optimizer_options(cfg, env, layout, precision);
+  const auto opt_options = optimizer_options(cfg, env, layout, precision, model);
   optim::ShardedOptimizer optimizer(params, layout, buckets.grads(), *comm, opt_options);
   log_parallel_setup(cfg, env, *comm, buckets, optimizer, opt_options, layout, precision);
   optim::LossScaler scaler(precision.compute == at::kHalf, device);  // fp16 needs it; bf16 has fp32's range

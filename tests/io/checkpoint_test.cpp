@@ -69,15 +69,18 @@ TEST(Checkpoint, ResumeIsBitwiseForEveryZeroStageAndOffload) {
     const char* offload;
     bool async;  // files written on a background thread while training goes on
     bool moments_8bit;
+    bool muon = false;
   } modes[] = {{0, "none", false, false},      {1, "none", false, false},      {2, "none", false, false},
                {0, "optimizer", false, false}, {2, "optimizer", false, false}, {1, "none", true, false},
-               {0, "none", false, true},       {2, "none", false, true},       {1, "optimizer", false, true}};
+               {0, "none", false, true},       {2, "none", false, true},       {1, "optimizer", false, true},
+               {0, "none", false, false, true}};
   for (const auto& mode : modes) {
     SCOPED_TRACE("ZeRO " + std::to_string(mode.zero) + ", offload " + mode.offload + (mode.async ? ", async" : "") +
-                 (mode.moments_8bit ? ", 8-bit moments" : ""));
+                 (mode.moments_8bit ? ", 8-bit moments" : "") + (mode.muon ? ", Muon" : ""));
     SharedDir dir;
     auto cfg = tiny_config(data.path(), 2 * 2 * 16 * world_size(), 0.01);  // 2 micro-steps per step
     if (mode.moments_8bit) cfg = eight_bit(cfg);
+    if (mode.muon) cfg.optim.name = optim::UpdateRule::kMuon;
     cfg.parallel.zero_stage = mode.zero;
     cfg.parallel.offload = parse_choice<Offload>("parallel.offload", mode.offload);
     cfg.parallel.offload_threads = 2;

@@ -73,6 +73,33 @@ TEST(DataParallel, SameAsOneRankWithZero2AndAccumulation) {
   expect_same_as_one_rank(cfg);
 }
 
+// optim.name = muon (ZeRO 0): N ranks train the same model as one rank with the same global batch,
+// within this file's one-rank bound (Muon's input, the momentum of a gradient summed in another
+// order, moves by that order's rounding; Newton-Schulz is continuous in it), and the run learns
+// (expect_same_training checks that the reference's loss falls).
+TEST(DataParallel, MuonSameAsOneRank) {
+  SharedTokenFile file;
+  auto cfg = tiny_config(file.path(), 2 * 16 * world_size(), 0.01);
+  cfg.optim.name = optim::UpdateRule::kMuon;
+  expect_same_as_one_rank(cfg);
+}
+
+// With optim.name = muon the estimate also counts Muon's fp32 momentum, exactly (fp32 moments).
+TEST(DataParallel, MemoryEstimateCountsMuonsMomentum) {
+  SharedTokenFile file;
+  const parallel::RankEnv world(MPI_COMM_WORLD);
+  quiet_logs(world);
+  auto cfg = tiny_config(file.path(), 2 * 16 * world_size(), 25);
+  cfg.train.max_steps = 1;
+  cfg.optim.name = optim::UpdateRule::kMuon;
+  const TrainResult run = train(cfg, world);
+  const MemoryEstimate e = estimate_memory(cfg, world.world_size(), at::kFloat, at::kFloat);
+  EXPECT_EQ(e.optimizer_device, static_cast<double>(run.optimizer_state_bytes));
+  cfg.optim.name = optim::UpdateRule::kAdamW;
+  EXPECT_EQ(e.optimizer_device - estimate_memory(cfg, world.world_size(), at::kFloat, at::kFloat).optimizer_device,
+            4.0 * 12 * cfg.model.n_embd * cfg.model.n_embd * cfg.model.n_layer);
+}
+
 // ZeRO 1 and 2 on N ranks, with and without optimizer offload, train the same model as ZeRO 0 on
 // N ranks, bit for bit in fp32 (Note [Partition-free arithmetic], optim/grad_norm.h: gradient sums
 // in rank order, the norm over a fixed grid, the update element by element), with 1/N of its

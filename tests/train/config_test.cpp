@@ -94,6 +94,13 @@ TEST(Config, ErrorsNameTheKey) {
   EXPECT_NE(error_of({"--config", ini, "--train.lr_schedule=step"}).find("train.lr_schedule = step: must be one of"),
             std::string::npos);
   EXPECT_NE(error_of({"--config", ini, "--train.decay_frac=1.5"}).find("train.decay_frac"), std::string::npos);
+  EXPECT_NE(error_of({"--config", ini, "--optim.name=sgd"}).find("optim.name = sgd: must be one of adamw | muon"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--config", ini, "--optim.name=muon", "--parallel.zero_stage=1"})
+                .find("optim.name = muon: runs with parallel.zero_stage = 0"),
+            std::string::npos)
+      << error_of({"--config", ini, "--optim.name=muon", "--parallel.zero_stage=1"});
+  EXPECT_NE(error_of({"--config", ini, "--optim.muon_momentum=1"}).find("optim.muon_momentum"), std::string::npos);
   EXPECT_NE(error_of({"--config", "/nonexistent/x.ini"}).find("/nonexistent/x.ini"), std::string::npos);
   // A directory opens as an empty stream: it would train the defaults unasked.
   const std::string dir = files::parent_path(ini);
