@@ -84,22 +84,6 @@ TEST(DataParallel, MuonSameAsOneRank) {
   expect_same_as_one_rank(cfg);
 }
 
-// With optim.name = muon the estimate also counts Muon's fp32 momentum, exactly (fp32 moments).
-TEST(DataParallel, MemoryEstimateCountsMuonsMomentum) {
-  SharedTokenFile file;
-  const parallel::RankEnv world(MPI_COMM_WORLD);
-  quiet_logs(world);
-  auto cfg = tiny_config(file.path(), 2 * 16 * world_size(), 25);
-  cfg.train.max_steps = 1;
-  cfg.optim.name = optim::UpdateRule::kMuon;
-  const TrainResult run = train(cfg, world);
-  const MemoryEstimate e = estimate_memory(cfg, world.world_size(), at::kFloat, at::kFloat);
-  EXPECT_EQ(e.optimizer_device, static_cast<double>(run.optimizer_state_bytes));
-  cfg.optim.name = optim::UpdateRule::kAdamW;
-  EXPECT_EQ(e.optimizer_device - estimate_memory(cfg, world.world_size(), at::kFloat, at::kFloat).optimizer_device,
-            4.0 * 12 * cfg.model.n_embd * cfg.model.n_embd * cfg.model.n_layer);
-}
-
 // ZeRO 1 and 2 on N ranks, with and without optimizer offload, train the same model as ZeRO 0 on
 // N ranks, bit for bit in fp32 (Note [Partition-free arithmetic], optim/grad_norm.h: gradient sums
 // in rank order, the norm over a fixed grid, the update element by element), with 1/N of its
@@ -155,7 +139,7 @@ TEST(DataParallel, Zero1And2AndOffloadMatchZero0WithAShareOfTheState) {
 // holds: the parameter count of the built model, and the optimizer's bytes on the device and in host
 // memory, exactly for fp32 moments and as a floor for 8-bit ones, in every dtype, stage and offload;
 // the gradient buffer exactly, and for ZeRO 2 as a floor (its staging buffers come on top), which
-// is 1/N of the others'.
+// is 1/N of the others'; and Muon's momentum.
 TEST(DataParallel, MemoryEstimateIsTheStateTheRunHolds) {
   SharedTokenFile file;
   const parallel::RankEnv world(MPI_COMM_WORLD);
@@ -196,6 +180,17 @@ TEST(DataParallel, MemoryEstimateIsTheStateTheRunHolds) {
       }
     }
   }
+  // Muon (optim.name, ZeRO 0, fp32 moments): its fp32 momentum, 12 C^2 a block, on top.
+  cfg.memory.optimizer_moments = optim::MomentFormat::kFp32;
+  cfg.precision.dtype = DtypeChoice::kFp32;
+  cfg.parallel.offload = Offload::kNone;
+  cfg.parallel.zero_stage = 0;
+  const double adamw = estimate_memory(cfg, world.world_size(), at::kFloat, at::kFloat).optimizer_device;
+  cfg.optim.name = optim::UpdateRule::kMuon;
+  const TrainResult muon = train(cfg, world);
+  const MemoryEstimate e = estimate_memory(cfg, world.world_size(), at::kFloat, at::kFloat);
+  EXPECT_EQ(e.optimizer_device, static_cast<double>(muon.optimizer_state_bytes));
+  EXPECT_EQ(e.optimizer_device - adamw, 4.0 * 12 * cfg.model.n_embd * cfg.model.n_embd * cfg.model.n_layer);
 }
 
 // precision.dtype = bf16 on CPU runs the GPU's bookkeeping: bf16 parameters and gradients in the
