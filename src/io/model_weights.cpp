@@ -12,6 +12,7 @@
 #include "src/io/manifest.h"
 #include "src/io/model_file.h"
 #include "src/io/resume.h"
+#include "src/kernels/dtype.h"
 
 namespace gpt2 {
 namespace {
@@ -136,12 +137,9 @@ InferenceModel load_model_to_run(const std::string& path, DeviceChoice device, D
             : auto_trained && trained != DtypeChoice::kAuto ? trained
             : m.device.is_cuda()                            ? DtypeChoice::kBf16
                                                             : DtypeChoice::kFp32;
-  const auto scalar = m.dtype == DtypeChoice::kBf16   ? torch::kBFloat16
-                      : m.dtype == DtypeChoice::kFp16 ? torch::kHalf
-                                                      : torch::kFloat;
   m.model = GPT2(m.source.config);
   load_weights(m.model, m.source);
-  m.model->to(m.device, scalar);
+  m.model->to(m.device, kernels::scalar_type_of(m.dtype));
   m.model->eval();
   return m;
 }

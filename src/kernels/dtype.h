@@ -1,8 +1,12 @@
 #pragma once
 // Host-side helpers of the autograd wrappers in this folder: whether a dtype is one the kernels
 // take (every build: the CPU cross-entropy takes the same three), whether this CPU's bf16 GEMMs
-// are fast, and in CUDA builds the launchers' Dtype for a tensor and the stream to launch on.
+// are fast, the ScalarType a precision setting names, and in CUDA builds the launchers' Dtype for
+// a tensor and the stream to launch on.
 #include <torch/types.h>
+
+#include "src/base/choices.h"
+#include "src/base/errors.h"
 
 #ifdef GPT2_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -17,6 +21,12 @@ namespace gpt2::kernels {
 
 inline bool is_kernel_dtype(c10::ScalarType t) {
   return t == torch::kFloat || t == torch::kHalf || t == torch::kBFloat16;
+}
+
+// bf16, fp16 or fp32 as a ScalarType; `auto` must have been resolved first.
+inline c10::ScalarType scalar_type_of(DtypeChoice d) {
+  GPT2_ASSERT(d != DtypeChoice::kAuto, "a dtype of auto is resolved before it names a ScalarType");
+  return d == DtypeChoice::kBf16 ? torch::kBFloat16 : d == DtypeChoice::kFp16 ? torch::kHalf : torch::kFloat;
 }
 
 // Note [bf16 on CPU]

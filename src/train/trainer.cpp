@@ -108,11 +108,8 @@ struct Precision {
 // multiplies them by the clip coefficient in fp32, so the buffer stays bf16: the update takes the
 // same numbers (the gradient norm, summed over another dtype, may differ in its last bits).
 Precision precision_for(const Config& cfg, int world, int64_t accum, torch::Device device) {
-  auto named = [](DtypeChoice d) {
-    GPT2_ASSERT(d != DtypeChoice::kAuto, "precision.dtype = auto is resolved first (with_dtype_for)");
-    return d == DtypeChoice::kBf16 ? at::kBFloat16 : d == DtypeChoice::kFp16 ? at::kHalf : at::kFloat;
-  };
-  Precision p{named(cfg.precision.dtype), named(cfg.precision.reduce_dtype)};
+  // precision.dtype = auto is resolved first (with_dtype_for).
+  Precision p{kernels::scalar_type_of(cfg.precision.dtype), kernels::scalar_type_of(cfg.precision.reduce_dtype)};
   p.grads_kept_bf16 = world == 1 && accum == 1 && p.compute == at::kBFloat16 && p.grads == at::kFloat &&
                       optim::gpu_adamw_updates(device, /*offload=*/cfg.parallel.offload != Offload::kNone);
   if (p.grads_kept_bf16) p.grads = at::kBFloat16;
