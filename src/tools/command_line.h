@@ -12,6 +12,7 @@
 
 #include "src/base/choices.h"
 #include "src/base/errors.h"
+#include "src/train/choice_option.h"
 
 namespace gpt2::tools {
 
@@ -19,9 +20,7 @@ namespace gpt2::tools {
 // *field when the command line is (a gpt2::UserError "--NAME = WORD: must be one of ..." otherwise).
 template <typename E>
 boost::program_options::typed_value<std::string>* choice_value(const char* name, E* field) {
-  return boost::program_options::value<std::string>()
-      ->default_value(choice_name(*field))
-      ->notifier([name, field](const std::string& word) { *field = parse_choice<E>(std::string("--") + name, word); });
+  return choice_option(std::string("--") + name, field);
 }
 
 // Parses `args` (the arguments after the program name) into `vm` against `options` (those listed

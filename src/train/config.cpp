@@ -10,6 +10,7 @@
 #include "src/base/decimal.h"
 #include "src/base/errors.h"
 #include "src/base/files.h"
+#include "src/train/choice_option.h"
 
 namespace po = boost::program_options;
 
@@ -40,12 +41,7 @@ struct OptionList {
   template <typename T>
   void add(const char* name, T* field, const char* help) {
     if constexpr (std::is_enum_v<T>) {  // one of a few words (src/base/choices.h), parsed here once
-      desc.add_options()(
-          name,
-          po::value<std::string>()->default_value(choice_name(*field))->notifier([field, name](const std::string& s) {
-            *field = parse_choice<T>(std::string("config: ") + name, s);
-          }),
-          help);
+      desc.add_options()(name, choice_option(std::string("config: ") + name, field), help);
     } else {
       desc.add_options()(name, po::value<T>(field)->default_value(*field, to_text(*field)), help);
     }
