@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "parallel/backend.h"
 
@@ -54,6 +55,11 @@ class Communicator {
   // this rank's own chunk of `output` (in place).
   virtual std::unique_ptr<Work> all_gather(torch::Tensor output, torch::Tensor input) = 0;
   virtual std::unique_ptr<Work> broadcast(torch::Tensor tensor, int root) = 0;
+  // Personalised exchange: `input` is send_counts[q] elements for each rank q, end to end in rank
+  // order; `output` receives recv_counts[r] elements from each rank r, likewise. Values move
+  // unchanged (any dtype, one for both tensors); counts may be 0, and must agree between the pairs.
+  virtual std::unique_ptr<Work> all_to_all(torch::Tensor output, const std::vector<int64_t>& recv_counts,
+                                           torch::Tensor input, const std::vector<int64_t>& send_counts) = 0;
   virtual void barrier() = 0;
 };
 

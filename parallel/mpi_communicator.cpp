@@ -85,6 +85,24 @@ void sum_in_rank_order(const torch::Tensor& chunks, torch::Tensor out) {
   for (int64_t r = 1; r < chunks.size(0); ++r) out.add_(chunks[r]);
 }
 
+// all_to_all's per-rank element counts as MPI byte counts and displacements (int, as MPI takes them).
+struct ByteCounts {
+  std::vector<int> counts, displs;
+};
+ByteCounts byte_counts(const std::vector<int64_t>& elements, const torch::Tensor& t) {
+  ByteCounts b;
+  int64_t at = 0;
+  for (int64_t n : elements) {
+    const int64_t bytes = n * static_cast<int64_t>(t.element_size());
+    GPT2_ASSERT(n >= 0 && at + bytes <= std::numeric_limits<int>::max(), "all_to_all: counts too large for MPI");
+    b.counts.push_back(static_cast<int>(bytes));
+    b.displs.push_back(static_cast<int>(at));
+    at += bytes;
+  }
+  GPT2_ASSERT(at == static_cast<int64_t>(t.nbytes()), "all_to_all: counts do not add up to the tensor");
+  return b;
+}
+
 using Clock = std::chrono::steady_clock;
 
 // A non-blocking MPI collective with the buffers MPI reads and writes, and its deadline: enqueue time
@@ -233,6 +251,19 @@ class MpiCommunicator : public Communicator {
     MPI_Request req;
     MPI_CHECK(MPI_Ibcast(t.data_ptr(), count(t), mpi_type(t), root, comm_, &req));
     return work(req, {t}, "broadcast");
+  }
+
+  std::unique_ptr<Work> all_to_all(torch::Tensor out, const std::vector<int64_t>& recv_counts, torch::Tensor in,
+                                   const std::vector<int64_t>& send_counts) override {
+    check_cpu_contiguous(out, "all_to_all output");
+    check_cpu_contiguous(in, "all_to_all input");
+    GPT2_ASSERT(out.scalar_type() == in.scalar_type(), "all_to_all: input and output of one dtype");
+    // Bytes, so every dtype moves as it is.
+    const auto recv = byte_counts(recv_counts, out), send = byte_counts(send_counts, in);
+    MPI_Request req;
+    MPI_CHECK(MPI_Ialltoallv(in.data_ptr(), send.counts.data(), send.displs.data(), MPI_BYTE, out.data_ptr(),
+                             recv.counts.data(), recv.displs.data(), MPI_BYTE, comm_, &req));
+    return work(req, {out, in}, "all_to_all");
   }
 
   void barrier() override {  // non-blocking too, so it times out like the others

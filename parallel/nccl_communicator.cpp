@@ -162,6 +162,29 @@ class NcclCommunicator : public Communicator {
       NCCL_CHECK(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), root, comm_, s));
     });
   }
+  std::unique_ptr<Work> all_to_all(torch::Tensor out, const std::vector<int64_t>& recv_counts, torch::Tensor in,
+                                   const std::vector<int64_t>& send_counts) override {
+    GPT2_ASSERT(out.scalar_type() == in.scalar_type(), "all_to_all: input and output of one dtype");
+    GPT2_ASSERT(
+        static_cast<int>(recv_counts.size()) == world_size_ && static_cast<int>(send_counts.size()) == world_size_,
+        "all_to_all: one count per rank");
+    return enqueue("all_to_all", {out, in}, [&](cudaStream_t s) {
+      // Bytes, so every dtype moves as it is; one group, so the pairs do not wait on each other.
+      const auto size = static_cast<int64_t>(in.element_size());
+      auto* send = static_cast<char*>(in.data_ptr());
+      auto* recv = static_cast<char*>(out.data_ptr());
+      NCCL_CHECK(ncclGroupStart());
+      for (int r = 0; r < world_size_; ++r) {
+        const auto q = static_cast<size_t>(r);
+        if (send_counts[q] > 0) NCCL_CHECK(ncclSend(send, send_counts[q] * size, ncclUint8, r, comm_, s));
+        if (recv_counts[q] > 0) NCCL_CHECK(ncclRecv(recv, recv_counts[q] * size, ncclUint8, r, comm_, s));
+        send += send_counts[q] * size;
+        recv += recv_counts[q] * size;
+      }
+      NCCL_CHECK(ncclGroupEnd());
+    });
+  }
+
   void barrier() override {
     auto one = torch::ones({1}, torch::TensorOptions().device(torch::kCUDA, device_));
     all_reduce(one, ReduceOp::kSum)->wait();

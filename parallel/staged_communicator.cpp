@@ -120,6 +120,22 @@ class StagedCommunicator : public Communicator {
     return std::make_unique<StagedWork>(host_->broadcast(host, root), t, host);
   }
 
+  std::unique_ptr<Work> all_to_all(torch::Tensor out, const std::vector<int64_t>& recv_counts, torch::Tensor in,
+                                   const std::vector<int64_t>& send_counts) override {
+    // Bytes move as they are (no widening): only device tensors are staged.
+    if (out.device().is_cpu() && in.device().is_cpu()) return host_->all_to_all(out, recv_counts, in, send_counts);
+    check_contiguous(out, "all_to_all output");
+    check_contiguous(in, "all_to_all input");
+    auto pinned = [](const torch::Tensor& t) {
+      return torch::TensorOptions().device(torch::kCPU).dtype(t.scalar_type()).pinned_memory(t.is_cuda());
+    };
+    auto host_in = torch::empty({in.numel()}, pinned(in));
+    host_in.copy_(in.reshape({-1}));
+    auto host_out = torch::empty({out.numel()}, pinned(out));
+    return std::make_unique<StagedWork>(host_->all_to_all(host_out, recv_counts, host_in, send_counts), out, host_out,
+                                        host_in);
+  }
+
   void barrier() override { host_->barrier(); }
 
  private:

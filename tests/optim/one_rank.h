@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "parallel/communicator.h"
 
@@ -21,6 +22,10 @@ class OneRank : public parallel::Communicator {
   }
   std::unique_ptr<parallel::Work> all_gather(torch::Tensor, torch::Tensor) override { return unused(); }
   std::unique_ptr<parallel::Work> broadcast(torch::Tensor, int) override { return unused(); }
+  std::unique_ptr<parallel::Work> all_to_all(torch::Tensor, const std::vector<int64_t>&, torch::Tensor,
+                                             const std::vector<int64_t>&) override {
+    return unused();
+  }
   void barrier() override {}
 
  private:

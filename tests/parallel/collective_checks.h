@@ -57,6 +57,22 @@ inline void expect_collectives_exact(parallel::Communicator& comm, const torch::
   comm.all_gather(all, all.narrow(0, 3 * rank, 3))->wait();
   expect_equal(all, (torch::arange(n, host64) + 1).repeat_interleave(3), "all_gather in place");
 
+  // all_to_all (Muon's matrices between the ranks that hold and own them): rank r sends rank q
+  // q + 1 copies of 10r + q, so it receives r + 1 values 10p + r from each rank p.
+  {
+    std::vector<int64_t> send_counts, recv_counts;
+    std::vector<double> send, want;
+    for (int q = 0; q < n; ++q) {
+      send_counts.push_back(q + 1);
+      recv_counts.push_back(rank + 1);
+      send.insert(send.end(), static_cast<size_t>(q + 1), 10.0 * rank + q);
+      want.insert(want.end(), static_cast<size_t>(rank + 1), 10.0 * q + rank);
+    }
+    auto got = torch::full({static_cast<int64_t>(want.size())}, -1.0, host64).to(options);
+    comm.all_to_all(got, recv_counts, torch::tensor(send, host64).to(options), send_counts)->wait();
+    expect_equal(got, torch::tensor(want, host64), "all_to_all");
+  }
+
   // broadcast from the last rank, and several all-reduces in flight completed in reverse order.
   auto b = torch::full({4}, double(rank), host64).to(options);
   comm.broadcast(b, n - 1)->wait();
