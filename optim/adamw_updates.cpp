@@ -99,7 +99,6 @@ class ResidentAdamW : public ShardUpdate {
     if (master_.defined()) master_.copy_(s.master);
     moments_.load(s);
   }
-  torch::Tensor device_masters() const override { return master_.defined() ? master_ : shard_.params; }
 
  protected:
   // What the AdamW step reads and writes: the fp32 values it updates (masters or the parameters),
@@ -215,7 +214,6 @@ class OffloadAdamW final : public ShardUpdate {
     master_.copy_(s.master);
     moments_.load(s);
   }
-  torch::Tensor device_masters() const override { return {}; }
   void step(const StepArgs& args) override;
 
  private:
@@ -251,12 +249,14 @@ void OffloadAdamW::update_chunk(const CpuAdamWStep& st, int64_t c0, int64_t c1) 
   pool_.parallel_for(c1 - c0, 64, [&](int64_t b, int64_t e) {
     b += c0;
     e += c0;
-    for (const ParamSpan& s : shard_.spans) {
+    for (size_t k = 0; k < shard_.spans.size(); ++k) {
+      const ParamSpan& s = shard_.spans[k];
       const int64_t lo = std::max(b, s.begin), hi = std::min(e, s.end);
       if (lo >= hi) continue;
       CpuAdamWStep seg = st;
       if (!s.weight_decay) seg.weight_decay = 0;
-      cpu_adamw_update(seg, hi - lo, param + lo, mb.exp_avg + lo, mb.exp_avg_sq + lo, grad + lo * grad_bytes, grad_type,
+      const int64_t m = moments_.fp32_at(k) + lo - s.begin;  // packed moments (dense_fp32_blocks)
+      cpu_adamw_update(seg, hi - lo, param + lo, mb.exp_avg + m, mb.exp_avg_sq + m, grad + lo * grad_bytes, grad_type,
                        out != nullptr ? out + lo : nullptr);
     }
   });
@@ -313,10 +313,12 @@ void OffloadAdamW::step(const StepArgs& args) {
 AdamWMoments::AdamWMoments(const ShardView& shard, bool moments_8bit, const at::TensorOptions& where)
     : eight_bit_(moments_8bit), pieces_(shard.pieces), layout_(shard.moment_layout) {
   const int64_t n = shard.numel();
-  if (!moments_8bit) {  // dense blocks over m_ and v_
-    m_ = at::zeros({n}, where.dtype(at::kFloat));
-    v_ = at::zeros({n}, where.dtype(at::kFloat));
-    blocks_ = dense_fp32_blocks(shard.spans);
+  if (!moments_8bit) {  // packed over AdamW's spans (none over Muon's matrices)
+    spans_ = shard.spans;
+    blocks_ = dense_fp32_blocks(spans_, &span_states_);
+    const int64_t size = blocks_.empty() ? 0 : blocks_.back().state + blocks_.back().len;
+    m_ = at::zeros({size}, where.dtype(at::kFloat));
+    v_ = at::zeros({size}, where.dtype(at::kFloat));
     return;
   }
   // Each piece's blocks, moved to where the piece sits: its elements, absmax values and fp32
@@ -336,6 +338,16 @@ AdamWMoments::AdamWMoments(const ShardView& shard, bool moments_8bit, const at::
     absmax += layout_->absmax_before(p.end) - layout_->absmax_before(p.begin);
     fp32 += layout_->fp32_before(p.end) - layout_->fp32_before(p.begin);
   }
+  // Only AdamW's spans: Muon's matrices keep their codes (the checkpoint numbering is the
+  // parameters') but no step touches them.
+  std::vector<MomentBlock> adamw_blocks;
+  size_t k = 0;
+  for (const MomentBlock& b : blocks_) {
+    while (k < shard.spans.size() && shard.spans[k].end <= b.begin) ++k;
+    if (k < shard.spans.size() && shard.spans[k].begin <= b.begin && b.begin + b.len <= shard.spans[k].end)
+      adamw_blocks.push_back(b);
+  }
+  blocks_ = std::move(adamw_blocks);
   codes_m_ = at::zeros({n}, where.dtype(at::kByte));
   codes_v_ = at::zeros({n}, where.dtype(at::kByte));
   absmax_m_ = at::zeros({absmax}, where.dtype(at::kFloat));
@@ -354,9 +366,16 @@ MomentBuffers AdamWMoments::buffers() const {
 
 void AdamWMoments::copy_out(int64_t begin, int64_t end, ShardState* s) const {
   const PieceAt at = locate(pieces_, begin, end);
-  if (!eight_bit_) {
-    s->exp_avg = cpu_copy(m_, at.local, end - begin);
-    s->exp_avg_sq = cpu_copy(v_, at.local, end - begin);
+  if (!eight_bit_) {  // dense over the range, zero outside the spans
+    s->exp_avg = at::zeros({end - begin}, at::kFloat);
+    s->exp_avg_sq = at::zeros({end - begin}, at::kFloat);
+    for (size_t k = 0; k < spans_.size(); ++k) {
+      const int64_t lo = std::max(spans_[k].begin, at.local), hi = std::min(spans_[k].end, at.local + end - begin);
+      if (lo >= hi) continue;
+      const int64_t from = span_states_[k] + lo - spans_[k].begin;
+      s->exp_avg.narrow(0, lo - at.local, hi - lo).copy_(m_.narrow(0, from, hi - lo));
+      s->exp_avg_sq.narrow(0, lo - at.local, hi - lo).copy_(v_.narrow(0, from, hi - lo));
+    }
     return;
   }
   const MomentLayout& ml = *layout_;
@@ -379,9 +398,19 @@ void AdamWMoments::load(const ShardState& s) {
     GPT2_ASSERT(saved.numel() == mine.numel(), "optimizer state does not match this rank's shard");
     mine.copy_(saved);
   };
+  if (!eight_bit_) {  // dense over the shard: the spans' parts
+    const int64_t n = spans_.empty() ? 0 : spans_.back().end;
+    GPT2_ASSERT(s.exp_avg.numel() >= n && s.exp_avg_sq.numel() >= n,
+                "optimizer state does not match this rank's shard");
+    for (size_t k = 0; k < spans_.size(); ++k) {
+      const int64_t len = spans_[k].end - spans_[k].begin;
+      m_.narrow(0, span_states_[k], len).copy_(s.exp_avg.narrow(0, spans_[k].begin, len));
+      v_.narrow(0, span_states_[k], len).copy_(s.exp_avg_sq.narrow(0, spans_[k].begin, len));
+    }
+    return;
+  }
   take(m_, s.exp_avg);
   take(v_, s.exp_avg_sq);
-  if (!eight_bit_) return;
   take(codes_m_, s.exp_avg_codes);
   take(codes_v_, s.exp_avg_sq_codes);
   take(absmax_m_, s.exp_avg_absmax);
@@ -415,10 +444,12 @@ std::unique_ptr<ShardUpdate> make_adamw_update(const ShardView& shard, const Ada
   return std::make_unique<CpuAdamW>(shard, options);
 }
 
-int64_t offload_host_bytes(int64_t n, at::ScalarType param_dtype, at::ScalarType grad_dtype, bool moments_8bit) {
-  // master + moments (fp32: 8 bytes; 8-bit: 2 bytes of codes and an absmax pair per block) +
-  // gradient copy + bf16 parameter staging. The small parameters' fp32 moments are left out.
-  const int64_t moments = moments_8bit ? 2 * n + 8 * ((n + kQuantBlock - 1) / kQuantBlock) : 8 * n;
+int64_t offload_host_bytes(int64_t n, int64_t adamw_elements, at::ScalarType param_dtype, at::ScalarType grad_dtype,
+                           bool moments_8bit) {
+  // master + moments (fp32: 8 bytes an AdamW element; 8-bit: 2 bytes of codes and an absmax pair
+  // per block) + gradient copy + bf16 parameter staging. The small parameters' fp32 moments are
+  // left out.
+  const int64_t moments = moments_8bit ? 2 * n + 8 * ((n + kQuantBlock - 1) / kQuantBlock) : 8 * adamw_elements;
   return 4 * n + moments +
          n * (static_cast<int64_t>(c10::elementSize(grad_dtype)) + (param_dtype == at::kBFloat16 ? 2 : 0));
 }

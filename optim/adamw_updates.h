@@ -40,12 +40,14 @@ std::unique_ptr<ShardUpdate> make_adamw_update(const ShardView& shard, const Ada
 // Whether that choice is GpuAdamW: it reads fp32 and bf16 gradients as they are and clips them as
 // it reads them (the trainer keeps bf16 gradient buckets for it).
 bool gpu_adamw_updates(const torch::Device& device, bool offload);
-// Host bytes OffloadAdamW holds for a shard of n elements with these dtypes (the memory check).
-int64_t offload_host_bytes(int64_t n, at::ScalarType param_dtype, at::ScalarType grad_dtype, bool moments_8bit);
+// Host bytes OffloadAdamW holds for a shard of n elements, adamw_elements of them AdamW's (fp32
+// moments cover only those), with these dtypes (the memory estimate).
+int64_t offload_host_bytes(int64_t n, int64_t adamw_elements, at::ScalarType param_dtype, at::ScalarType grad_dtype,
+                           bool moments_8bit);
 
-// The moments of a shard, fp32 (dense m and v over it) or 8-bit (codes over the shard, one absmax
-// per 8-bit block, the packed fp32 moments of small parameters), where `where` says, and the
-// MomentBlocks that the AdamW step walks.
+// The moments of a shard, fp32 (m and v over AdamW's spans, packed: none over Muon's matrices) or
+// 8-bit (codes over the shard, one absmax per 8-bit block, the packed fp32 moments of small
+// parameters), where `where` says, and the MomentBlocks that the AdamW step walks.
 class AdamWMoments {
  public:
   AdamWMoments(const ShardView& shard, bool moments_8bit, const at::TensorOptions& where);
@@ -57,14 +59,18 @@ class AdamWMoments {
   void load(const ShardState& s);
   int64_t bytes() const;
   bool is_8bit() const { return eight_bit_; }
+  // fp32: where span k of the shard's spans has its first moment (they are packed).
+  int64_t fp32_at(size_t span) const { return span_states_[span]; }
 
  private:
   bool eight_bit_;
+  std::vector<ParamSpan> spans_;      // fp32: the shard's spans, and
+  std::vector<int64_t> span_states_;  // where each one's moments start in m_ and v_
   std::vector<parallel::FlatRange> pieces_;
   std::vector<int64_t> absmax_at_, fp32_at_;  // 8-bit: each piece's first absmax value and fp32 moment
   const MomentLayout* layout_;
   std::vector<MomentBlock> blocks_;
-  torch::Tensor m_, v_;  // fp32: dense over the shard; 8-bit: the small parameters' fp32 moments, packed
+  torch::Tensor m_, v_;  // fp32: over the spans; 8-bit: the small parameters' fp32 moments, packed
   torch::Tensor codes_m_, codes_v_, absmax_m_, absmax_v_;  // 8-bit only
 };
 

@@ -203,19 +203,25 @@ std::vector<MomentBlock> contiguous_blocks(int64_t n, bool weight_decay) {
   return blocks;
 }
 
-std::vector<MomentBlock> dense_fp32_blocks(const std::vector<ParamSpan>& spans) {
+std::vector<MomentBlock> dense_fp32_blocks(const std::vector<ParamSpan>& spans, std::vector<int64_t>* span_states) {
   std::vector<MomentBlock> blocks;
-  int64_t last_end = 0;
+  int64_t last_end = 0, next = 0;  // next: the first moment no span has taken
   for (const ParamSpan& s : spans) {
     if (s.begin < last_end || s.end < s.begin) {
       throw std::logic_error("dense_fp32_blocks: spans unsorted or overlapping");
     }
+    // The first free moment with the span's own offset modulo kMomentAlign: a gap between spans
+    // costs no moments, and the blocks keep the alignment the GPU kernel's vector path needs.
+    const int64_t base = next + ((s.begin - next) % kMomentAlign + kMomentAlign) % kMomentAlign;
+    if (span_states != nullptr) span_states->push_back(base);
     for (int64_t pos = s.begin; pos < s.end;) {
       const int64_t len = std::min((pos / kQuantBlock + 1) * kQuantBlock, s.end) - pos;
-      blocks.push_back({pos, pos, static_cast<int32_t>(len), 0, static_cast<uint16_t>(s.weight_decay ? 1 : 0)});
+      blocks.push_back(
+          {pos, base + pos - s.begin, static_cast<int32_t>(len), 0, static_cast<uint16_t>(s.weight_decay ? 1 : 0)});
       pos += len;
     }
     last_end = s.end;
+    next = base + (s.end - s.begin);
   }
   return blocks;
 }

@@ -163,8 +163,15 @@ struct ParamSpan {
 // The blocks of a range whose moments are all fp32 and dense over it (element i's at exp_avg[i],
 // as ShardedOptimizer keeps them on the device): each span cut at the multiples of kQuantBlock of the
 // range, so a block is one parameter's, at most kQuantBlock long, and every block inside a span is
-// whole and starts on that grid (the GPU kernel's vector path). quantized = 0, state = begin.
+// whole and starts on that grid (the GPU kernel's vector path). quantized = 0. The moments are
+// packed: each span's start where the previous span's end, moved up to the span's own offset on the
+// kMomentAlign grid (state = begin when the spans tile [0, n); a gap, such as Muon's matrices, costs
+// under kMomentAlign moments). span_states (optional) gets each span's first moment.
 // Spans sorted by begin, not overlapping; empty ones are skipped. std::logic_error otherwise.
-std::vector<MomentBlock> dense_fp32_blocks(const std::vector<ParamSpan>& spans);
+// The vector path reads 8 elements a thread, 16-byte aligned: a block's moments keep its elements'
+// offset modulo 16.
+inline constexpr int64_t kMomentAlign = 16;
+std::vector<MomentBlock> dense_fp32_blocks(const std::vector<ParamSpan>& spans,
+                                           std::vector<int64_t>* span_states = nullptr);
 
 }  // namespace gpt2::optim

@@ -3,7 +3,8 @@
 // ShardedOptimizer (sharded_optimizer.h) drives. The shard's owner keeps the layout, the gradient
 // norm and clipping, the step count, the gather and the checkpoint bookkeeping; a ShardUpdate keeps
 // what its own arithmetic needs (master weights, moments, staging buffers) and changes the shard's
-// parameters in place. AdamW has one per place it runs (adamw_updates.h); Muon will add its own.
+// parameters in place. AdamW has one per place it runs (adamw_updates.h); Muon's matrices are no span of it
+// (ShardedOptimizer updates them by their owners, muon_owners.h).
 #include <torch/types.h>
 
 #include <cstdint>
@@ -74,9 +75,6 @@ class ShardUpdate {
   // and leaves the parameters to the owner.
   virtual ShardState state(int64_t begin, int64_t end) const = 0;
   virtual void load_state(const ShardState& state) = 0;
-  // The fp32 values the update steps (masters, or the fp32 parameters themselves), in shard
-  // coordinates on the parameters' device; undefined where they are elsewhere (offload).
-  virtual torch::Tensor device_masters() const = 0;
 };
 
 }  // namespace gpt2::optim

@@ -18,6 +18,13 @@ std::vector<MomentLayout::Param> moment_params(const std::vector<torch::Tensor>&
   return out;
 }
 
+// 1-D views of matrices (what MuonOwners moves).
+std::vector<torch::Tensor> flat_views(const std::vector<torch::Tensor>& matrices) {
+  std::vector<torch::Tensor> out;
+  for (const auto& m : matrices) out.push_back(m.view({-1}));
+  return out;
+}
+
 // Shards are whole cells of the layout's grid, so whole quantization blocks.
 static_assert(parallel::FlatLayout::kGrid % kQuantBlock == 0, "the flat grid must hold whole quantization blocks");
 
@@ -65,23 +72,9 @@ ShardedOptimizer::ShardedOptimizer(const std::vector<torch::Tensor>& params, con
   }
   shard_.moment_layout = &moment_layout_;
   std::vector<char> by_muon(params.size(), 0);
-  if (!options.muon_params.empty()) {
-    GPT2_ASSERT(one_piece && first.begin == 0 && !options.offload && !options.adamw.moments_8bit,
-                "Muon runs with ZeRO 0, no offload and fp32 moments");
-    int64_t total = 0;
-    for (int i : options.muon_params) {
-      GPT2_ASSERT(params[i].dim() == 2, "Muon updates matrices");
-      by_muon[i] = 1;
-      total += layout.numel[i];
-    }
-    muon_momentum_ = at::zeros({total}, param_flat_.options().dtype(at::kFloat));
-    int64_t at = 0;
-    for (int i : layout.order) {  // flat order
-      if (!by_muon[i]) continue;
-      muon_.push_back({layout.offset[i], params[i].size(0), params[i].size(1),
-                       muon_momentum_.narrow(0, at, layout.numel[i]).view(params[i].sizes())});
-      at += layout.numel[i];
-    }
+  for (int i : options.muon_params) {
+    GPT2_ASSERT(params[i].dim() == 2, "Muon updates matrices");
+    by_muon[i] = 1;
   }
   int64_t local = 0;
   for (const auto& piece : shard_.pieces) {
@@ -111,6 +104,40 @@ ShardedOptimizer::ShardedOptimizer(const std::vector<torch::Tensor>& params, con
     cells_in_flat_order_ = at::tensor(order, at::kLong).to(grads.device());
   }
   update_ = make_adamw_update(shard_, options.adamw, options.offload);
+  if (!options.muon_params.empty()) set_up_muon(params, layout, by_muon);
+}
+
+void ShardedOptimizer::set_up_muon(const std::vector<torch::Tensor>& params, const parallel::FlatLayout& layout,
+                                   const std::vector<char>& by_muon) {
+  std::vector<MuonMatrix> matrices;
+  for (int i : layout.order) {  // flat order
+    if (by_muon[i]) matrices.push_back({layout.offset[i], params[i].size(0), params[i].size(1)});
+  }
+  // Unsharded, this rank holds and owns every matrix: the moves are local copies.
+  const int world = sharded_ ? comm_.world_size() : 1;
+  std::vector<std::vector<parallel::FlatRange>> pieces;
+  for (int r = 0; r < world; ++r) pieces.push_back(sharded_ ? layout.pieces(r) : shard_.pieces);
+  auto owners = balance_muon_owners(matrices, world, options_.muon.ns.steps);
+  muon_ = std::make_unique<MuonOwners>(matrices, std::move(owners), pieces, sharded_ ? comm_.rank() : 0);
+
+  // fp32 parameters are their own masters, unless offload writes the shard back whole from host
+  // masters (stale over Muon's matrices) before Muon's step reads them.
+  const bool fp32_params = param_flat_.scalar_type() == at::kFloat && !options_.offload;
+  muon_momentum_buffer_ = at::zeros({muon_->owned_numel()}, param_flat_.options().dtype(at::kFloat));
+  if (!fp32_params) muon_master_buffer_ = at::empty({muon_->owned_numel()}, param_flat_.options().dtype(at::kFloat));
+  int64_t pos = 0;
+  for (size_t k : muon_->owned()) {
+    const MuonMatrix& m = muon_->matrices()[k];
+    muon_params_.push_back(param_flat_.narrow(0, m.offset, m.numel()).view({m.rows, m.cols}));
+    muon_momentum_.push_back(muon_momentum_buffer_.narrow(0, pos, m.numel()).view({m.rows, m.cols}));
+    if (fp32_params) {
+      muon_masters_.push_back(muon_params_.back());
+    } else {
+      muon_masters_.push_back(muon_master_buffer_.narrow(0, pos, m.numel()).view({m.rows, m.cols}));
+      muon_masters_.back().copy_(muon_params_.back());
+    }
+    pos += m.numel();
+  }
 }
 
 ShardedOptimizer::~ShardedOptimizer() = default;
@@ -118,7 +145,8 @@ ShardedOptimizer::~ShardedOptimizer() = default;
 int64_t ShardedOptimizer::state_bytes() const {
   // A one-piece shard's parameters are a view of the model's; an interleaved one's a copy.
   const int64_t own_params = blocks_.empty() ? 0 : static_cast<int64_t>(shard_.params.nbytes());
-  const int64_t muon = muon_momentum_.defined() ? static_cast<int64_t>(muon_momentum_.nbytes()) : 0;
+  int64_t muon = 0;
+  for (const auto* t : {&muon_momentum_buffer_, &muon_master_buffer_}) muon += t->defined() ? t->nbytes() : 0;
   return own_params + muon + update_->device_bytes();
 }
 
@@ -154,24 +182,30 @@ void ShardedOptimizer::step(double lr, const torch::Tensor& found_inf) {
   args.step = ++steps_;
   const torch::Tensor clip_coef = args.clip_coef;
   update_->step(args);
-  if (!muon_.empty()) muon_step(lr * options_.muon_lr_ratio, clip_coef);
+  if (muon_) muon_step(lr * options_.muon_lr_ratio, clip_coef);
 }
 
-// Muon's matrices, after AdamW's step (which does not touch them: they are no span of its). The
-// gradient is clipped here where the AdamW kernel clips as it reads (the owner scaled it in place
-// otherwise); the masters are the update's, so checkpoints and the rounding into 16-bit parameters
-// are AdamW's.
+// Muon's matrices, after AdamW's step (which does not touch them: they are no span of its). Each
+// owner gathers its matrices' reduced gradients from the shards, updates them, and sends the new
+// parameters back into the shards; gather() then spreads them (Note [Muon's owners]). The gradient
+// is clipped here where the AdamW kernel clips as it reads (the shards were scaled in place
+// otherwise).
 void ShardedOptimizer::muon_step(double lr, const torch::Tensor& clip_coef) {
-  const torch::Tensor masters = update_->device_masters();
-  const bool rounded = shard_.params.scalar_type() != at::kFloat;
-  for (MuonMatrix& m : muon_) {
-    const int64_t n = m.rows * m.cols;
-    torch::Tensor grad = shard_.grads.narrow(0, m.local, n).view({m.rows, m.cols}).to(at::kFloat);
-    if (clip_coef.defined()) grad = grad * clip_coef;
-    torch::Tensor master = masters.narrow(0, m.local, n).view({m.rows, m.cols});
-    optim::muon_step(master, grad, m.momentum, lr, options_.muon);
-    if (rounded) shard_.params.narrow(0, m.local, n).copy_(master.reshape({-1}));
+  std::vector<torch::Tensor> grads;
+  for (size_t k : muon_->owned()) {
+    const MuonMatrix& m = muon_->matrices()[k];
+    // Unsharded, the flat gradient holds every matrix as it is.
+    grads.push_back(sharded_ ? at::empty({m.numel()}, shard_.grads.options())
+                             : shard_.grads.narrow(0, m.offset, m.numel()));
   }
+  if (sharded_) muon_->to_owners(comm_, shard_.grads, grads);
+  for (size_t j = 0; j < grads.size(); ++j) {
+    torch::Tensor grad = grads[j].view(muon_masters_[j].sizes()).to(at::kFloat);
+    if (clip_coef.defined()) grad = grad * clip_coef;
+    optim::muon_step(muon_masters_[j], grad, muon_momentum_[j], lr, options_.muon);
+    if (muon_master_buffer_.defined()) muon_params_[j].copy_(muon_masters_[j]);  // rounded
+  }
+  if (sharded_) muon_->to_holders(comm_, flat_views(muon_params_), shard_.params);
 }
 
 void ShardedOptimizer::gather() {
@@ -192,24 +226,51 @@ void ShardedOptimizer::gather() {
   for (auto& w : work) w->wait();
 }
 
-ShardState ShardedOptimizer::state(int64_t begin, int64_t end) const {
+ShardedOptimizer::MuonInShard ShardedOptimizer::muon_in_shard() const {
+  if (!muon_ || !sharded_) return {};
+  const auto options = param_flat_.options().dtype(at::kFloat);
+  MuonInShard out{at::zeros({shard_.numel()}, options), at::zeros({shard_.numel()}, options)};
+  muon_->to_holders(comm_, flat_views(muon_masters_), out.master);
+  muon_->to_holders(comm_, flat_views(muon_momentum_), out.momentum);
+  return out;
+}
+
+// The update's state of [begin, end), with Muon's masters over its elements and its momentum
+// (flat, zero elsewhere).
+ShardState ShardedOptimizer::range_state(int64_t begin, int64_t end, const MuonInShard& muon) const {
   at::NoGradGuard no_grad;
   ShardState s = update_->state(begin, end);  // gpt2::Error when not inside one piece
   s.adam_step = steps_;
-  if (!muon_.empty()) {  // Muon's momentum over [begin, end), flat (one piece: shard = flat coordinates)
-    s.muon_momentum = at::zeros({end - begin}, at::kFloat);
-    for (const MuonMatrix& m : muon_) {
-      const int64_t lo = std::max(begin, m.local), hi = std::min(end, m.local + m.rows * m.cols);
-      if (lo < hi)
-        s.muon_momentum.narrow(0, lo - begin, hi - lo).copy_(m.momentum.reshape({-1}).narrow(0, lo - m.local, hi - lo));
+  if (!muon_) return s;
+  s.muon_momentum = at::zeros({end - begin}, at::kFloat);
+  const int64_t first = locate(shard_.pieces, begin, end).local;  // shard coordinate of `begin`
+  // [lo, hi) of the shard from `master` and `momentum` (shard coordinates lo - from onward).
+  auto take = [&](int64_t lo, int64_t hi, const torch::Tensor& master, const torch::Tensor& momentum, int64_t from) {
+    lo = std::max(lo, first);
+    hi = std::min(hi, first + end - begin);
+    if (lo >= hi) return;
+    s.master.narrow(0, lo - first, hi - lo).copy_(master.narrow(0, lo - from, hi - lo));
+    s.muon_momentum.narrow(0, lo - first, hi - lo).copy_(momentum.narrow(0, lo - from, hi - lo));
+  };
+  if (muon.master.defined()) {
+    for (const parallel::FlatRange& h : muon_->held()) take(h.begin, h.end, muon.master, muon.momentum, 0);
+  } else {  // unsharded: shard coordinates are flat ones, and every matrix is this rank's
+    for (size_t j = 0; j < muon_->owned().size(); ++j) {
+      const MuonMatrix& m = muon_->matrices()[muon_->owned()[j]];
+      take(m.offset, m.offset + m.numel(), muon_masters_[j].view({-1}), muon_momentum_[j].view({-1}), m.offset);
     }
   }
   return s;
 }
 
+ShardState ShardedOptimizer::state(int64_t begin, int64_t end) const {
+  return range_state(begin, end, muon_in_shard());
+}
+
 ShardState ShardedOptimizer::state() const {
+  const MuonInShard muon = muon_in_shard();
   std::vector<ShardState> parts;
-  for (const auto& p : shard_.pieces) parts.push_back(state(p.begin, p.end));
+  for (const auto& p : shard_.pieces) parts.push_back(range_state(p.begin, p.end, muon));
   return parts.size() == 1 ? parts.front() : concat_states(parts);
 }
 
@@ -219,13 +280,16 @@ void ShardedOptimizer::load_state(const ShardState& s) {
   update_->load_state(s);
   shard_.params.copy_(s.master);
   steps_ = s.adam_step;
-  for (MuonMatrix& m : muon_) {  // none saved (an AdamW checkpoint): Muon starts without momentum
-    const int64_t n = m.rows * m.cols;
-    if (s.muon_momentum.defined()) {
-      m.momentum.copy_(s.muon_momentum.narrow(0, m.local, n).view({m.rows, m.cols}));
-    } else {
-      m.momentum.zero_();
-    }
+  if (!muon_) return;
+  // The owners take their matrices' masters and momenta from the shards (an AdamW checkpoint has
+  // no momentum: Muon starts without).
+  const auto options = param_flat_.options().dtype(at::kFloat);
+  muon_->to_owners(comm_, s.master.to(options), flat_views(muon_masters_));
+  muon_->to_owners(comm_,
+                   s.muon_momentum.defined() ? s.muon_momentum.to(options) : at::zeros({shard_.numel()}, options),
+                   flat_views(muon_momentum_));
+  if (muon_master_buffer_.defined()) {
+    for (size_t j = 0; j < muon_params_.size(); ++j) muon_params_[j].copy_(muon_masters_[j]);
   }
 }
 

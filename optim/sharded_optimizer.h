@@ -24,6 +24,7 @@
 #include "optim/adamw_updates.h"
 #include "optim/moment_layout.h"
 #include "optim/muon.h"
+#include "optim/muon_owners.h"
 #include "optim/shard_update.h"
 #include "parallel/communicator.h"
 #include "parallel/flat_layout.h"
@@ -36,8 +37,9 @@ class ShardedOptimizer {
     AdamWOptions adamw;
     bool sharded = false;  // false: stage 0, every rank updates everything, gather() does nothing
     bool offload = false;  // state in host memory, CPU AdamW
-    // Muon (optim.name = muon; stage 0, no offload): the parameters (indices) it updates, whole
-    // 2-D matrices, AdamW the rest; its learning rate is step()'s lr times muon_lr_ratio.
+    // Muon (optim.name = muon): the parameters (indices) it updates, whole 2-D matrices, each by one
+    // owner rank when sharded (Note [Muon's owners]); AdamW the rest. Its learning rate is step()'s
+    // lr times muon_lr_ratio.
     std::vector<int> muon_params;
     MuonOptions muon;
     double muon_lr_ratio = 1;
@@ -80,12 +82,13 @@ class ShardedOptimizer {
   // [begin, end) inside one piece (on the kQuantBlock grid with 8-bit moments): what a ZeRO 0 rank
   // writes of the state every rank holds. load_state() takes the whole shard's in this optimizer's
   // format and writes the masters, rounded, into this rank's parameters; gather() then gives every
-  // rank the whole model.
+  // rank the whole model. With Muon and a sharded optimizer all three are collective: the owners'
+  // matrices move to and from the shards' ranges.
   ShardState state() const;
   ShardState state(int64_t begin, int64_t end) const;
   void load_state(const ShardState& state);
   bool moments_8bit() const { return options_.adamw.moments_8bit; }
-  bool muon() const { return !muon_.empty(); }
+  bool muon() const { return muon_ != nullptr; }
   // Where 8-bit moments are in the flat space (built for fp32 moments too: checkpoints convert).
   const MomentLayout& moment_layout() const { return moment_layout_; }
   // This rank's shard of the gradient (what clipping and loss-scale unscaling act on; when the
@@ -105,15 +108,22 @@ class ShardedOptimizer {
   std::unique_ptr<ShardUpdate> update_;
   torch::Tensor clip_coef_;  // for an update that clips as it reads, until the next step
   int64_t steps_ = 0;        // bias-correction step count
-  // Muon's matrices: where each sits in the shard, its shape, and its momentum (a view of
-  // muon_momentum_, fp32, on the parameters' device).
-  struct MuonMatrix {
-    int64_t local = 0, rows = 0, cols = 0;
-    torch::Tensor momentum;
-  };
-  std::vector<MuonMatrix> muon_;
-  torch::Tensor muon_momentum_;
+  // Muon (Note [Muon's owners]): who owns which matrix, and per owned matrix its momentum, its
+  // fp32 master (a view of the parameters when they are fp32) and its parameters ([rows, cols]).
+  std::unique_ptr<MuonOwners> muon_;
+  torch::Tensor muon_momentum_buffer_, muon_master_buffer_;  // owned matrices end to end, fp32
+  std::vector<torch::Tensor> muon_momentum_, muon_masters_, muon_params_;
+  void set_up_muon(const std::vector<torch::Tensor>& params, const parallel::FlatLayout& layout,
+                   const std::vector<char>& by_muon);
   void muon_step(double lr, const torch::Tensor& clip_coef);
+  // Sharded: the owners' masters and momenta in this rank's shard coordinates (fp32 on the device,
+  // zero outside Muon's elements). Collective. Undefined without Muon or unsharded (this rank owns
+  // everything then).
+  struct MuonInShard {
+    torch::Tensor master, momentum;
+  };
+  MuonInShard muon_in_shard() const;
+  ShardState range_state(int64_t begin, int64_t end, const MuonInShard& muon) const;
 };
 
 }  // namespace gpt2::optim

@@ -112,9 +112,7 @@ void check_shard_contents(const std::string& path, const CheckpointManifest::Sha
                      str(optim::kQuantBlock) + "-element grid");
     }
   }
-  std::vector<ShardDataset> datasets = shard_datasets(m.optimizer_moments);
-  if (m.optimizer == optim::UpdateRule::kMuon) datasets.push_back(muon_momentum_dataset());
-  for (const ShardDataset& d : datasets) {
+  for (const ShardDataset& d : shard_datasets(m.optimizer_moments, m.optimizer)) {
     const std::string name = d.name;
     if (!has_link(file.get(), d.name)) {
       out->push_back(path + ": no dataset /" + name);

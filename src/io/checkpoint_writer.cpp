@@ -239,7 +239,8 @@ void CheckpointWriter::write_shard(Snapshot& snap, const std::string& shard_path
     const optim::ShardState& s = snap.state;
     // The datasets of docs/DESIGN.md "Checkpoint layout as built", from manifest.h's table.
     for (const ShardDataset& d :
-         shard_datasets(s.moments_8bit ? optim::MomentFormat::k8bit : optim::MomentFormat::kFp32)) {
+         shard_datasets(s.moments_8bit ? optim::MomentFormat::k8bit : optim::MomentFormat::kFp32,
+                        s.muon_momentum.defined() ? optim::UpdateRule::kMuon : optim::UpdateRule::kAdamW)) {
       const torch::Tensor t = (s.*d.state).contiguous();
       if (d.is_uint8) {
         h5::write_bytes(file.get(), d.name, t.data_ptr<uint8_t>(), t.numel());
@@ -247,10 +248,6 @@ void CheckpointWriter::write_shard(Snapshot& snap, const std::string& shard_path
         h5::write_f32(file.get(), d.name, t.data_ptr<float>(), {static_cast<hsize_t>(t.numel())});
       }
       if (d.state == &optim::ShardState::master) fault_point(rank, 2, step);
-    }
-    if (s.muon_momentum.defined()) {
-      const torch::Tensor t = s.muon_momentum.contiguous();
-      h5::write_f32(file.get(), muon_momentum_dataset().name, t.data_ptr<float>(), {static_cast<hsize_t>(t.numel())});
     }
     h5::write_int_attr(file.get(), "begin", snap.begin);
     h5::write_int_attr(file.get(), "end", snap.end);

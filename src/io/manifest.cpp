@@ -12,9 +12,13 @@
 
 namespace gpt2 {
 
-const std::vector<ShardDataset>& shard_datasets(optim::MomentFormat moments) {
+const std::vector<ShardDataset>& shard_datasets(optim::MomentFormat moments, optim::UpdateRule rule) {
   using I = ShardDataset::Index;
   using S = optim::ShardState;
+  auto with_muon = [](std::vector<ShardDataset> t) {
+    t.push_back({"muon_momentum", false, I::kFlat, &S::muon_momentum});
+    return t;
+  };
   static const std::vector<ShardDataset> eight_bit{{"master", false, I::kFlat, &S::master},
                                                    {"exp_avg_codes", true, I::kFlat, &S::exp_avg_codes},
                                                    {"exp_avg_sq_codes", true, I::kFlat, &S::exp_avg_sq_codes},
@@ -25,16 +29,14 @@ const std::vector<ShardDataset>& shard_datasets(optim::MomentFormat moments) {
   static const std::vector<ShardDataset> fp32{{"master", false, I::kFlat, &S::master},
                                               {"exp_avg", false, I::kFlat, &S::exp_avg},
                                               {"exp_avg_sq", false, I::kFlat, &S::exp_avg_sq}};
-  return moments == optim::MomentFormat::k8bit ? eight_bit : fp32;
-}
-
-const ShardDataset& muon_momentum_dataset() {
-  static const ShardDataset d{"muon_momentum", false, ShardDataset::Index::kFlat, &optim::ShardState::muon_momentum};
-  return d;
+  static const std::vector<ShardDataset> eight_bit_muon = with_muon(eight_bit), fp32_muon = with_muon(fp32);
+  const bool muon = rule == optim::UpdateRule::kMuon;
+  if (moments == optim::MomentFormat::k8bit) return muon ? eight_bit_muon : eight_bit;
+  return muon ? fp32_muon : fp32;
 }
 
 const ShardDataset& shard_dataset(optim::MomentFormat moments, const std::string& name) {
-  for (const ShardDataset& d : shard_datasets(moments)) {
+  for (const ShardDataset& d : shard_datasets(moments, optim::UpdateRule::kMuon)) {  // the larger table
     if (name == d.name) return d;
   }
   throw UserError(std::string("a checkpoint with ") + choice_name(moments) + " moments has no dataset " + name);

@@ -82,9 +82,8 @@ struct ShardDataset {
   Index index;
   torch::Tensor optim::ShardState::*state;
 };
-const std::vector<ShardDataset>& shard_datasets(optim::MomentFormat moments);
-// Muon's momentum (flat), which the shards of a Muon run hold besides those.
-const ShardDataset& muon_momentum_dataset();
+// A Muon run's shards also hold muon_momentum (flat).
+const std::vector<ShardDataset>& shard_datasets(optim::MomentFormat moments, optim::UpdateRule rule);
 // The dataset of that name; gpt2::UserError when the format has none.
 const ShardDataset& shard_dataset(optim::MomentFormat moments, const std::string& name);
 

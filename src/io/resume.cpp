@@ -235,11 +235,7 @@ optim::ShardState read_range_state(const CheckpointManifest& m, const optim::Mom
   optim::ShardState s;
   s.moments_8bit = moments_8bit;
   s.master = dense("master", begin, end);
-  if (muon && m.optimizer == optim::UpdateRule::kMuon) {
-    s.muon_momentum = torch::zeros({end - begin}, torch::kFloat);
-    read_dataset_range(m, muon_momentum_dataset(), &ml, begin, std::max(begin, std::min(end, m.flat_total)),
-                       s.muon_momentum.data_ptr());
-  }
+  if (muon && m.optimizer == optim::UpdateRule::kMuon) s.muon_momentum = dense("muon_momentum", begin, end);
   if (saved_8bit && s.moments_8bit) {
     read_8bit_moments(m, ml, begin, end, env, &s);
   } else if (!saved_8bit && !s.moments_8bit) {

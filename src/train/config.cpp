@@ -117,7 +117,7 @@ OptionList bind_options(Config& c) {
   o.add("memory.optimizer_moments", &c.memory.optimizer_moments,
         "fp32 | 8bit: AdamW moments block-wise quantized to 8 bits (a quarter of the memory)");
   o.add("optim.name", &c.optim.name,
-        "adamw | muon: Muon for the blocks' weight matrices, AdamW (train.lr, ...) for the rest (ZeRO 0 for now)");
+        "adamw | muon: Muon for the blocks' weight matrices, AdamW (train.lr, ...) for the rest");
   o.add("optim.muon_lr", &c.optim.muon_lr, "Muon's peak learning rate (train.lr_schedule scales it)");
   o.add("optim.muon_momentum", &c.optim.muon_momentum, "Muon's Nesterov momentum");
   o.add("checkpoint.dir", &c.checkpoint.dir, "checkpoint directory");
@@ -202,13 +202,6 @@ void Config::validate() const {
   require(parallel.offload_threads >= 0, "parallel.offload_threads", parallel.offload_threads, "must be >= 0");
   require(parallel.timeout_s > 0, "parallel.timeout_s", parallel.timeout_s, "must be positive");
   require(parallel.step_timeout_s > 0, "parallel.step_timeout_s", parallel.step_timeout_s, "must be positive");
-  if (optim.name == optim::UpdateRule::kMuon) {
-    require(parallel.zero_stage == 0, "optim.name", optim.name,
-            "runs with parallel.zero_stage = 0 for now (Muon's sharding over ranks is to come)");
-    require(parallel.offload == Offload::kNone, "optim.name", optim.name, "runs without parallel.offload for now");
-    require(memory.optimizer_moments == optim::MomentFormat::kFp32, "optim.name", optim.name,
-            "runs with memory.optimizer_moments = fp32 for now");
-  }
   require(optim.muon_lr > 0, "optim.muon_lr", optim.muon_lr, "must be positive");
   require(optim.muon_momentum >= 0 && optim.muon_momentum < 1, "optim.muon_momentum", optim.muon_momentum,
           "must be in [0, 1)");

@@ -85,7 +85,8 @@ struct MemoryConfig {
 };
 
 // optim.name = muon: Muon for the blocks' weight matrices (optim/muon.h), AdamW with train.lr and
-// friends for the rest. For now with ZeRO 0, no offload and fp32 moments.
+// friends for the rest. Any ZeRO stage, offload (AdamW's state) and moment format; under ZeRO 1/2
+// each matrix has one owner rank (optim/muon_owners.h).
 struct OptimConfig {
   optim::UpdateRule name = optim::UpdateRule::kAdamW;  // adamw | muon
   double muon_lr = 0.02;                               // Muon's peak learning rate (the schedule scales it as train.lr)

@@ -8,6 +8,7 @@
 #include "src/base/cuda_check.h"
 #endif
 
+#include "optim/adamw_updates.h"
 #include "parallel/flat_layout.h"
 #include "src/base/errors.h"
 #include "src/base/log.h"
@@ -26,8 +27,11 @@ constexpr double kGiB = 1073741824.0;
 // bytes an element), or of 8-bit codes (2 bytes; the absmax per block and the fp32 moments of small
 // parameters come on top, hence "at least"), fp32 masters when the parameters are not fp32, and an
 // fp32 copy of fp16 gradients. Offload keeps masters, moments and a gradient and a parameter copy
-// in pinned host memory instead (optim::offload_host_bytes). Muon (optim.name) adds an fp32
-// momentum for the blocks' matrices. Activations count only what
+// in pinned host memory instead (optim::offload_host_bytes). fp32 moments cover the parameters
+// AdamW updates only: the fullest shard's. Muon (optim.name) adds an fp32 momentum, and fp32 masters
+// for 16-bit or offloaded parameters, of the blocks' matrices a rank owns (all of them at ZeRO 0),
+// and takes those matrices from AdamW's moments; as owners hold different shares under ZeRO 1/2,
+// the estimate takes the mean there, a floor for the rank that holds the most. Activations count only what
 // backward certainly keeps per block for B x T tokens of width C, whichever kernels run: without
 // recomputation q, k and v (3 BTC, attention's saved inputs), the attention output (BTC, c_proj's
 // input) and the MLP's pre-GELU values (4 BTC, GELU's backward needs them); a recomputed block keeps
@@ -67,6 +71,13 @@ int64_t checked_parameters(const GPT2Config& m) {
 
 double bytes(at::ScalarType t) { return static_cast<double>(c10::elementSize(t)); }
 
+// The parameters of the blocks' matrices, which Muon updates (optim.name = muon): 12 C² a block.
+double muon_parameters(const Config& cfg) {
+  if (cfg.optim.name != optim::UpdateRule::kMuon) return 0;
+  const auto c = static_cast<double>(cfg.model.n_embd);
+  return 12 * c * c * static_cast<double>(cfg.model.n_layer);
+}
+
 }  // namespace
 
 MemoryEstimate estimate_memory(const Config& cfg, int world, at::ScalarType compute, at::ScalarType grads) {
@@ -81,20 +92,27 @@ MemoryEstimate estimate_memory(const Config& cfg, int world, at::ScalarType comp
   e.weights = static_cast<double>(e.parameters) * bytes(compute);
   const bool interleaved = cfg.parallel.zero_stage == 2 && world > 1;
   e.gradients = (interleaved ? n : static_cast<double>(e.flat_padded)) * bytes(grads);
-  const double moments = moments_8bit ? 2 * n : 8 * n;
+  // fp32 moments cover AdamW's parameters only (optim::dense_fp32_blocks): no padding (the fullest
+  // shard holds none), no Muon matrix. With Muon, the mean over the ranks (a floor for the fullest).
+  const double owners = cfg.parallel.zero_stage >= 1 ? world : 1;
+  const double muon = muon_parameters(cfg);
+  const double adamw_elements =
+      muon > 0 ? (static_cast<double>(e.parameters) - muon) / owners : std::min(n, static_cast<double>(e.parameters));
+  const double moments = moments_8bit ? 2 * n : 8 * adamw_elements;  // on the device
   const int64_t block = parallel::FlatLayout::interleave_block(
       world, static_cast<int64_t>(cfg.parallel.bucket_mb * (1 << 20)) / static_cast<int64_t>(bytes(grads)));
   const double own_params = interleaved && e.flat_padded > block ? n * bytes(compute) : 0;
   if (cfg.parallel.offload == Offload::kOptimizer) {
-    e.optimizer_host = 4 * n + moments + n * (bytes(grads) + (compute == at::kBFloat16 ? 2 : 0));
+    e.optimizer_host = static_cast<double>(
+        optim::offload_host_bytes(e.shard, static_cast<int64_t>(adamw_elements), compute, grads, moments_8bit));
     e.optimizer_device = own_params;
   } else {
     e.optimizer_device = own_params + moments + (compute != at::kFloat ? 4 * n : 0) +
                          (grads != at::kFloat && grads != at::kBFloat16 ? 4 * n : 0);
   }
-  if (cfg.optim.name == optim::UpdateRule::kMuon) {  // fp32 momentum of the blocks' matrices: 12 C^2 a block
-    const double c = static_cast<double>(cfg.model.n_embd);
-    e.optimizer_device += 4 * 12 * c * c * static_cast<double>(cfg.model.n_layer);
+  if (muon > 0) {  // fp32 momentum, and fp32 masters for 16-bit or offloaded parameters, of the owned matrices
+    const bool own_masters = compute != at::kFloat || cfg.parallel.offload == Offload::kOptimizer;
+    e.optimizer_device += muon / owners * (own_masters ? 8 : 4);
   }
 
   const double btc = static_cast<double>(cfg.train.micro_batch) * static_cast<double>(cfg.train.seq_len) *

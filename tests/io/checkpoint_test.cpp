@@ -70,10 +70,10 @@ TEST(Checkpoint, ResumeIsBitwiseForEveryZeroStageAndOffload) {
     bool async;  // files written on a background thread while training goes on
     bool moments_8bit;
     bool muon = false;
-  } modes[] = {{0, "none", false, false},      {1, "none", false, false},      {2, "none", false, false},
-               {0, "optimizer", false, false}, {2, "optimizer", false, false}, {1, "none", true, false},
-               {0, "none", false, true},       {2, "none", false, true},       {1, "optimizer", false, true},
-               {0, "none", false, false, true}};
+  } modes[] = {{0, "none", false, false},       {1, "none", false, false},       {2, "none", false, false},
+               {0, "optimizer", false, false},  {2, "optimizer", false, false},  {1, "none", true, false},
+               {0, "none", false, true},        {2, "none", false, true},        {1, "optimizer", false, true},
+               {0, "none", false, false, true}, {1, "none", false, false, true}, {2, "optimizer", true, true, true}};
   for (const auto& mode : modes) {
     SCOPED_TRACE("ZeRO " + std::to_string(mode.zero) + ", offload " + mode.offload + (mode.async ? ", async" : "") +
                  (mode.moments_8bit ? ", 8-bit moments" : "") + (mode.muon ? ", Muon" : ""));
@@ -159,14 +159,16 @@ TEST(Checkpoint, AsyncSaveWritesTheStateOfItsStep) {
   }
 }
 
-// Saved by 2 ranks (ZeRO 1), resumed by 3 ranks (ZeRO 2) and by 1 rank (ZeRO 0). The global batch
-// (6 sequences) divides over 1, 2 and 3 ranks, and the data order depends only on the step.
-TEST(Checkpoint, ResumesOnThreeRanksAndOnOne) {
-  if (world_size() != 3) GTEST_SKIP() << "needs mpiexec -n 3";
+// Saved by 2 ranks (ZeRO 1), resumed by 3 ranks (ZeRO 2) and by 1 rank (ZeRO 0), with AdamW and with
+// Muon (whose matrices change owners: Note [Muon's owners]). The global batch (6 sequences) divides
+// over 1, 2 and 3 ranks, and the data order depends only on the step.
+void expect_resumes_on_three_ranks_and_on_one(optim::UpdateRule rule) {
+  SCOPED_TRACE(choice_name(rule));
   SharedTokenFile data;
   SharedDir dir;
   const int rank = world_rank();
   auto cfg = tiny_config(data.path(), 6 * 2 * 16, 0.01);
+  cfg.optim.name = rule;
   cfg.checkpoint.dir = dir.file("ckpt");
   MPI_Comm two = MPI_COMM_NULL;
   MPI_Comm_split(MPI_COMM_WORLD, rank < 2 ? 0 : MPI_UNDEFINED, rank, &two);
@@ -202,10 +204,16 @@ TEST(Checkpoint, ResumesOnThreeRanksAndOnOne) {
       }
       test::expect_same_parameters(r->model, straight.model, cfg.model.n_embd, 1e-5);
     }
-    std::printf("[ measured ] 2 -> 3 and 2 -> 1 ranks: worst relative loss error %.2e\n", worst);
+    std::printf("[ measured ] %s, 2 -> 3 and 2 -> 1 ranks: worst relative loss error %.2e\n", choice_name(rule), worst);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (two != MPI_COMM_NULL) MPI_Comm_free(&two);
+}
+
+TEST(Checkpoint, ResumesOnThreeRanksAndOnOne) {
+  if (world_size() != 3) GTEST_SKIP() << "needs mpiexec -n 3";
+  expect_resumes_on_three_ranks_and_on_one(optim::UpdateRule::kAdamW);
+  expect_resumes_on_three_ranks_and_on_one(optim::UpdateRule::kMuon);
 }
 
 // ZeRO 2's interleaved shards (Note [Interleaved shards]) are several flat ranges each: saved by 3

@@ -96,10 +96,9 @@ TEST(Config, ErrorsNameTheKey) {
   EXPECT_NE(error_of({"--config", ini, "--train.decay_frac=1.5"}).find("train.decay_frac"), std::string::npos);
   EXPECT_NE(error_of({"--config", ini, "--optim.name=sgd"}).find("optim.name = sgd: must be one of adamw | muon"),
             std::string::npos);
-  EXPECT_NE(error_of({"--config", ini, "--optim.name=muon", "--parallel.zero_stage=1"})
-                .find("optim.name = muon: runs with parallel.zero_stage = 0"),
+  EXPECT_NE(error_of({"--config", ini, "--optim.muon_lr=0"}).find("optim.muon_lr = 0: must be positive"),
             std::string::npos)
-      << error_of({"--config", ini, "--optim.name=muon", "--parallel.zero_stage=1"});
+      << error_of({"--config", ini, "--optim.muon_lr=0"});
   EXPECT_NE(error_of({"--config", ini, "--optim.muon_momentum=1"}).find("optim.muon_momentum"), std::string::npos);
   EXPECT_NE(error_of({"--config", "/nonexistent/x.ini"}).find("/nonexistent/x.ini"), std::string::npos);
   // A directory opens as an empty stream: it would train the defaults unasked.

@@ -1,0 +1,156 @@
+#include "optim/muon_owners.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include "src/base/errors.h"
+
+namespace gpt2::optim {
+double newton_schulz_flops(int64_t rows, int64_t cols, int steps) {
+  const auto m = static_cast<double>(std::min(rows, cols)), n = static_cast<double>(std::max(rows, cols));
+  return steps * (4 * m * m * n + 2 * m * m * m);
+}
+
+std::vector<int> balance_muon_owners(const std::vector<MuonMatrix>& matrices, int world, int steps) {
+  GPT2_ASSERT(world >= 1, "balance_muon_owners: no ranks");
+  std::vector<size_t> by_cost(matrices.size());
+  std::iota(by_cost.begin(), by_cost.end(), size_t{0});
+  auto cost = [&](size_t k) { return newton_schulz_flops(matrices[k].rows, matrices[k].cols, steps); };
+  std::stable_sort(by_cost.begin(), by_cost.end(), [&](size_t a, size_t b) { return cost(a) > cost(b); });
+  std::vector<double> load(static_cast<size_t>(world), 0.0);
+  std::vector<int> owners(matrices.size(), 0);
+  for (size_t k : by_cost) {
+    const auto least = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    owners[k] = static_cast<int>(least);
+    load[least] += cost(k);
+  }
+  return owners;
+}
+
+MuonOwners::MuonOwners(std::vector<MuonMatrix> matrices, std::vector<int> owners,
+                       const std::vector<std::vector<parallel::FlatRange>>& pieces, int rank)
+    : matrices_(std::move(matrices)), owners_(std::move(owners)), world_(static_cast<int>(pieces.size())) {
+  GPT2_ASSERT(owners_.size() == matrices_.size(), "MuonOwners: one owner per matrix");
+  GPT2_ASSERT(rank >= 0 && rank < world_, "MuonOwners: rank outside the group");
+  sends_.resize(static_cast<size_t>(world_));
+  receives_.resize(static_cast<size_t>(world_));
+  std::vector<size_t> owned_count(static_cast<size_t>(world_), 0);
+  for (size_t k = 0; k < matrices_.size(); ++k) {
+    const int o = owners_[k];
+    GPT2_ASSERT(o >= 0 && o < world_, "MuonOwners: owner outside the group");
+    const size_t owned_index = owned_count[static_cast<size_t>(o)]++;
+    if (o == rank) {
+      owned_.push_back(k);
+      owned_numel_ += matrices_[k].numel();
+    }
+    const int64_t begin = matrices_[k].offset, end = begin + matrices_[k].numel();
+    for (int h = 0; h < world_; ++h) {
+      if (h != rank && o != rank) continue;
+      int64_t local = 0;  // shard coordinate of the piece's first element on rank h
+      for (const parallel::FlatRange& p : pieces[static_cast<size_t>(h)]) {
+        const int64_t lo = std::max(begin, p.begin), hi = std::min(end, p.end);
+        if (lo < hi) {
+          const Segment s{local + lo - p.begin, lo - begin, hi - lo, owned_index};
+          if (h == rank) {
+            sends_[static_cast<size_t>(o)].push_back(s);
+            held_.push_back({s.shard_at, s.shard_at + s.len});
+          }
+          if (o == rank) receives_[static_cast<size_t>(h)].push_back(s);
+        }
+        local += p.size();
+      }
+    }
+  }
+}
+
+namespace {
+
+using Segments = std::vector<std::vector<MuonOwners::Segment>>;
+
+std::vector<int64_t> lengths(const Segments& by_rank) {
+  std::vector<int64_t> out;
+  for (const auto& segs : by_rank) {
+    int64_t n = 0;
+    for (const auto& s : segs) n += s.len;
+    out.push_back(n);
+  }
+  return out;
+}
+
+// The values of each rank's segments end to end, read from the shard (`owned` empty) or from the
+// owned matrices.
+torch::Tensor pack(const Segments& by_rank, const torch::Tensor& shard, const std::vector<torch::Tensor>& owned,
+                   const torch::Tensor& like) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& segs : by_rank) {
+    for (const auto& s : segs) {
+      parts.push_back(owned.empty() ? shard.narrow(0, s.shard_at, s.len)
+                                    : owned[s.owned_index].view({-1}).narrow(0, s.matrix_at, s.len));
+    }
+  }
+  return parts.empty() ? at::empty({0}, like.options()) : at::cat(parts);
+}
+
+// The reverse of pack: `values` (each rank's segments end to end) into the shard or the owned matrices.
+void unpack(const Segments& by_rank, const torch::Tensor& values, torch::Tensor shard,
+            const std::vector<torch::Tensor>& owned) {
+  int64_t at = 0;
+  for (const auto& segs : by_rank) {
+    for (const auto& s : segs) {
+      auto from = values.narrow(0, at, s.len);
+      if (owned.empty()) {
+        shard.narrow(0, s.shard_at, s.len).copy_(from);
+      } else {
+        owned[s.owned_index].view({-1}).narrow(0, s.matrix_at, s.len).copy_(from);
+      }
+      at += s.len;
+    }
+  }
+}
+
+void check_owned(const std::vector<torch::Tensor>& owned, size_t expected, const torch::Tensor& shard) {
+  GPT2_ASSERT(owned.size() == expected, "MuonOwners: one tensor per owned matrix");
+  for (const auto& t : owned) {
+    GPT2_ASSERT(t.is_contiguous() && t.scalar_type() == shard.scalar_type(),
+                "MuonOwners: owned matrices are contiguous and of the shard's dtype");
+  }
+}
+
+}  // namespace
+
+void MuonOwners::to_owners(parallel::Communicator& comm, const torch::Tensor& shard,
+                           const std::vector<torch::Tensor>& owned) const {
+  check_owned(owned, owned_.size(), shard);
+  if (world_ == 1) {  // this rank holds and owns everything
+    for (const Segment& s : sends_[0]) {
+      owned[s.owned_index].view({-1}).narrow(0, s.matrix_at, s.len).copy_(shard.narrow(0, s.shard_at, s.len));
+    }
+    return;
+  }
+  const torch::Tensor out = pack(sends_, shard, {}, shard);
+  const auto recv_counts = lengths(receives_);
+  auto in = at::empty({std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0})}, shard.options());
+  comm.all_to_all(in, recv_counts, out, lengths(sends_))->wait();
+  unpack(receives_, in, torch::Tensor(), owned);
+}
+
+void MuonOwners::to_holders(parallel::Communicator& comm, const std::vector<torch::Tensor>& owned,
+                            torch::Tensor shard) const {
+  check_owned(owned, owned_.size(), shard);
+  if (world_ == 1) {
+    for (const Segment& s : sends_[0]) {
+      shard.narrow(0, s.shard_at, s.len).copy_(owned[s.owned_index].view({-1}).narrow(0, s.matrix_at, s.len));
+    }
+    return;
+  }
+  const torch::Tensor out = pack(receives_, torch::Tensor(), owned, shard);
+  const auto recv_counts = lengths(sends_);
+  auto in = at::empty({std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0})}, shard.options());
+  comm.all_to_all(in, recv_counts, out, lengths(receives_))->wait();
+  unpack(sends_, in, shard, {});
+}
+
+}  // namespace gpt2::optim
