@@ -46,14 +46,13 @@ MuonOwners::MuonOwners(std::vector<MuonMatrix> matrices, std::vector<int> owners
       owned_.push_back(k);
       owned_numel_ += matrices_[k].numel();
     }
-    const int64_t begin = matrices_[k].offset, end = begin + matrices_[k].numel();
+    const parallel::FlatRange matrix{matrices_[k].offset, matrices_[k].offset + matrices_[k].numel()};
     for (int h = 0; h < world_; ++h) {
       if (h != rank && o != rank) continue;
       int64_t local = 0;  // shard coordinate of the piece's first element on rank h
       for (const parallel::FlatRange& p : pieces[static_cast<size_t>(h)]) {
-        const int64_t lo = std::max(begin, p.begin), hi = std::min(end, p.end);
-        if (lo < hi) {
-          const Segment s{local + lo - p.begin, lo - begin, hi - lo, owned_index};
+        if (const parallel::FlatRange r = p.intersect(matrix); !r.empty()) {
+          const Segment s{local + r.begin - p.begin, r.begin - matrix.begin, r.size(), owned_index};
           if (h == rank) {
             sends_[static_cast<size_t>(o)].push_back(s);
             held_.push_back({s.shard_at, s.shard_at + s.len});

@@ -79,11 +79,10 @@ ShardedOptimizer::ShardedOptimizer(const std::vector<torch::Tensor>& params, con
   int64_t local = 0;
   for (const auto& piece : shard_.pieces) {
     for (int i : layout.order) {
-      const int64_t lo = std::max(piece.begin, layout.offset[i]);
-      const int64_t hi = std::min(piece.end, layout.offset[i] + layout.numel[i]);
+      const parallel::FlatRange r = piece.intersect(layout.range_of(i));
       // GPT-2: decay matmuls and embeddings only. Muon's matrices are no span of AdamW's.
-      if (lo < hi && !by_muon[i]) {
-        shard_.spans.push_back({local + lo - piece.begin, local + hi - piece.begin, params[i].dim() >= 2});
+      if (!r.empty() && !by_muon[i]) {
+        shard_.spans.push_back({local + r.begin - piece.begin, local + r.end - piece.begin, params[i].dim() >= 2});
       }
     }
     local += piece.size();

@@ -89,6 +89,8 @@ class ShardedOptimizer {
   void load_state(const ShardState& state);
   bool moments_8bit() const { return options_.adamw.moments_8bit; }
   bool muon() const { return muon_ != nullptr; }
+  // Muon's matrices and which of them this rank owns (Note [Muon's owners]); null without Muon.
+  const MuonOwners* muon_owners() const { return muon_.get(); }
   // Where 8-bit moments are in the flat space (built for fp32 moments too: checkpoints convert).
   const MomentLayout& moment_layout() const { return moment_layout_; }
   // This rank's shard of the gradient (what clipping and loss-scale unscaling act on; when the

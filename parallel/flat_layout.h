@@ -21,6 +21,11 @@ namespace gpt2::parallel {
 struct FlatRange {
   int64_t begin = 0, end = 0;
   int64_t size() const { return end - begin; }
+  bool empty() const { return end <= begin; }
+  // The part of this range inside `other` (empty() when they do not overlap).
+  FlatRange intersect(const FlatRange& other) const {
+    return {begin > other.begin ? begin : other.begin, end < other.end ? end : other.end};
+  }
 };
 
 struct FlatLayout {
@@ -42,6 +47,8 @@ struct FlatLayout {
   static int64_t interleave_block(int world_size, int64_t interleave_elements);
 
   bool interleaved() const { return !blocks.empty(); }
+  // Where parameter i lies in the flat space.
+  FlatRange range_of(int i) const { return {offset[i], offset[i] + numel[i]}; }
   int64_t shard_size() const { return padded / world_size; }
   // The contiguous partition's range of `rank`.
   FlatRange contiguous_shard(int rank) const { return {rank * shard_size(), (rank + 1) * shard_size()}; }

@@ -180,8 +180,8 @@ void GradBuckets::take_into_staging(int param, const at::Tensor& grad) {
   const int64_t offset = layout_.offset[param], numel = layout_.numel[param];
   for (int b : bucket_of_[param]) {
     const Bucket& bucket = buckets_[b];
-    const int64_t lo = std::max(bucket.begin, offset), hi = std::min(bucket.end, offset + numel);
-    staging_for(b).in.narrow(0, lo - bucket.begin, hi - lo).copy_(g.narrow(0, lo - offset, hi - lo));
+    const parallel::FlatRange r = parallel::FlatRange{bucket.begin, bucket.end}.intersect({offset, offset + numel});
+    staging_for(b).in.narrow(0, r.begin - bucket.begin, r.size()).copy_(g.narrow(0, r.begin - offset, r.size()));
   }
   fresh_[param] = 0;
 }
@@ -263,9 +263,8 @@ void GradBuckets::zero_missing_in(int bucket) {
   Staging& s = staging_for(bucket);
   for (int i : b.params) {
     if (!fresh_[i]) continue;
-    const int64_t lo = std::max(b.begin, layout_.offset[i]);
-    const int64_t hi = std::min(b.end, layout_.offset[i] + layout_.numel[i]);
-    s.in.narrow(0, lo - b.begin, hi - lo).zero_();
+    const parallel::FlatRange r = parallel::FlatRange{b.begin, b.end}.intersect(layout_.range_of(i));
+    s.in.narrow(0, r.begin - b.begin, r.size()).zero_();
   }
 }
 

@@ -362,9 +362,11 @@ void log_parallel_setup(const Config& cfg, const parallel::RankEnv& env, const p
             " gradient buckets of <= ", cfg.parallel.bucket_mb, " MiB, ZeRO stage ", cfg.parallel.zero_stage,
             ", parameters ", c10::toString(precision.compute), ", gradients ", c10::toString(precision.grads),
             log::format(" (%.1f MiB on this rank)", buckets.bytes() / 1048576.0));
-  if (!options.muon_params.empty()) {
-    log::info("optimizer: Muon for ", options.muon_params.size(), " weight matrices (lr ", cfg.optim.muon_lr,
-              ", momentum ", cfg.optim.muon_momentum, "), AdamW for the other parameters (lr ", cfg.train.lr, ")");
+  if (const optim::MuonOwners* muon = optimizer.muon_owners()) {
+    log::info("optimizer: Muon for ", muon->matrices().size(), " weight matrices (lr ", cfg.optim.muon_lr,
+              ", momentum ", cfg.optim.muon_momentum, "), AdamW for the other parameters (lr ", cfg.train.lr,
+              "); this rank owns ", muon->owned().size(), " of the matrices, ", muon->owned_numel(), " parameters",
+              options.sharded && env.world_size() > 1 ? " (owners balanced by Newton-Schulz FLOPs)" : "");
   }
   log::info(
       log::format("optimizer state: %.1f MiB on the device, %.1f MiB in host memory%s, on this rank "

@@ -90,8 +90,9 @@ TEST(DataParallel, MuonSameAsOneRank) {
 // owner updates it from the gradient the shards hold, which is ZeRO 0's to the bit (Note
 // [Partition-free arithmetic]), through the same Newton-Schulz, and sends it back; so the runs
 // equal ZeRO 0's bit for bit, as AdamW's do (one micro-step: Note [ZeRO 2 with accumulation]). In
-// fp32 with fp32 AdamW moments beside Muon, and in bf16 with 8-bit ones. Width 64, so that the
-// 8-bit moments quantize.
+// fp32 with fp32 AdamW moments beside Muon, in bf16 with 8-bit ones, and in fp16 (ZeRO 1/2), whose
+// loss scale (always on for fp16) unscales the shards before the owners read them. Width 64, so
+// that the 8-bit moments quantize.
 TEST(DataParallel, MuonUnderZero1And2AndOffloadMatchesZero0) {
   SharedTokenFile file;
   const parallel::RankEnv world(MPI_COMM_WORLD);
@@ -100,14 +101,15 @@ TEST(DataParallel, MuonUnderZero1And2AndOffloadMatchesZero0) {
   cfg.model.n_embd = 64;
   cfg.optim.name = optim::UpdateRule::kMuon;
   cfg.parallel.offload_threads = 2;
-  for (const char* mode : {"fp32", "bf16 + 8-bit moments"}) {
-    const bool bf16 = std::string(mode) != "fp32";
-    cfg.precision.dtype = bf16 ? DtypeChoice::kBf16 : DtypeChoice::kFp32;
+  for (const char* mode : {"fp32", "bf16 + 8-bit moments", "fp16"}) {
+    const bool bf16 = std::string(mode) == "bf16 + 8-bit moments", fp16 = std::string(mode) == "fp16";
+    cfg.precision.dtype = bf16 ? DtypeChoice::kBf16 : fp16 ? DtypeChoice::kFp16 : DtypeChoice::kFp32;
     cfg.memory.optimizer_moments = bf16 ? optim::MomentFormat::k8bit : optim::MomentFormat::kFp32;
     cfg.parallel.zero_stage = 0;
     cfg.parallel.offload = Offload::kNone;
     TrainResult zero0 = train(cfg, world);
     for (const auto& [stage, offload] : {std::pair{1, "none"}, {2, "none"}, {1, "optimizer"}, {2, "optimizer"}}) {
+      if (fp16 && std::string(offload) != "none") continue;
       auto c = cfg;
       c.parallel.zero_stage = stage;
       c.parallel.offload = parse_choice<Offload>("parallel.offload", offload);
