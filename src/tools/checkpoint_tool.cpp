@@ -182,6 +182,9 @@ std::string inspect_text(const CheckpointManifest& m) {
   line("ZeRO stage", str(m.zero_stage));
   line("offload", m.offload.empty() ? "none" : m.offload);
   line("dtype", m.dtype);
+  line("optimizer", m.optimizer == optim::UpdateRule::kMuon
+                        ? "muon (the blocks' matrices; shards hold muon_momentum), adamw for the rest"
+                        : choice_name(m.optimizer));
   line("optimizer moments", m.optimizer_moments == optim::MomentFormat::k8bit
                                 ? "8bit (block-wise, " + str(optim::kQuantBlock) +
                                       " values per absmax; fp32 for tensors under " + str(optim::kMinQuantNumel) +

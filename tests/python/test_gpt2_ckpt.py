@@ -305,9 +305,11 @@ with tempfile.TemporaryDirectory() as tmp:
     # ---- ZeRO 2's interleaved shards (Note [Interleaved shards]): each shard is several flat ranges,
     # its datasets end to end over them (format_version 2, `ranges`). Reassembled here from the
     # ranges alone, the masters equal consolidate's model; ranges that overlap are named damage.
+    # The run uses Muon, whose matrices are updated by their owner ranks (Note [Muon's owners]): the
+    # owners' masters and momenta must be in the shards' ranges all the same.
     root_zero2 = os.path.join(tmp, "ckpt_zero2")
     argsz = [a for a in args if not a.startswith(("--checkpoint.dir", "--parallel.zero_stage"))] + \
-        [f"--checkpoint.dir={root_zero2}", "--parallel.zero_stage=2", "--parallel.bucket_mb=0.01"]
+        [f"--checkpoint.dir={root_zero2}", "--parallel.zero_stage=2", "--parallel.bucket_mb=0.01", "--optim.name=muon"]
     p = subprocess.run(mpi + [TRAIN] + argsz, capture_output=True, text=True, errors="replace", timeout=300, cwd=SRC)
     dz = os.path.join(root_zero2, "step_0000005")
     check(p.returncode == 0 and os.path.isdir(dz), f"2 ranks train 5 steps with ZeRO 2 (rc={p.returncode})")
@@ -322,14 +324,20 @@ with tempfile.TemporaryDirectory() as tmp:
     check(rc == 0 and "OK" in out, f"verify passes (rc={rc})")
     rc, out = ckpt(["inspect", dz])
     check(rc == 0 and "ranges from" in out, f"inspect says how many ranges each shard holds (rc={rc})")
+    check(rc == 0 and "optimizer: muon" in out, "and that the run used Muon")
     flatz = np.full(mz["flat_padded"], np.nan, dtype=np.float32)
+    momentum = np.full(mz["flat_padded"], np.nan, dtype=np.float32)
     for s in mz["shards"]:
         with h5py.File(os.path.join(dz, s["file"]), "r") as f:
-            master, at = f["master"][...], 0
+            master, mom, at = f["master"][...], f["muon_momentum"][...], 0
             check(len(master) == sum(e - b for b, e in s["ranges"]), f"{s['file']}: master covers its ranges")
             for b, e in s["ranges"]:
                 flatz[b:e] = master[at:at + e - b]
+                momentum[b:e] = mom[at:at + e - b]
                 at += e - b
+    is_muon = lambda p: p["name"].startswith("transformer.h.") and len(p["shape"]) == 2
+    check(all(np.any(momentum[p["offset"]:p["offset"] + p["numel"]] != 0) == is_muon(p) for p in mz["params"]),
+          "muon_momentum is nonzero in every block matrix and zero in every other parameter")
     consz = os.path.join(tmp, "full2.h5")
     rc, out = ckpt(["consolidate", dz, "--out", consz])
     check(rc == 0, f"consolidate of the ZeRO 2 checkpoint (rc={rc})")
