@@ -24,6 +24,17 @@ for name, n in (("train", 20_000_000), ("val", 1_000_000)):
 PY
 }
 
+# bench_as_hosts: $out/as_host.sh, which runs build-gpu/bin/gpt2-train as if each MPI rank were
+# another host (NCCL_HOSTID), so several ranks share one GPU over NCCL's socket transport (Note
+# [Ranks as hosts] in tests/parallel/gpu_parallel_test.cpp); exports the NCCL settings it needs.
+bench_as_hosts() {
+  printf '#!/usr/bin/env bash\nexport NCCL_HOSTID="bench-host-${OMPI_COMM_WORLD_RANK:-0}"\nexec %s "$@"\n' \
+    "$PWD/build-gpu/bin/gpt2-train" >"$out/as_host.sh"
+  chmod +x "$out/as_host.sh"
+  export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo
+  export NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
+}
+
 # bench_summary NAME METRICS.jsonl: mean tokens/s and ms/step over logged steps after step 0.
 bench_summary() {
   python3 - "$1" "$2" <<'PY'

@@ -4,7 +4,9 @@
 # same shapes, same call; about 520 s on an H200 once built, inside the device tool's 600 s per call. Extra
 # rows and steps, each opt-in: CHECKS=1 runs the kernel checks first (tests/kernels on the GPU, also
 # in tests/run_gpu_suite.sh), UNFUSED=1 adds ours with LibTorch's ops, UNTUNED=1 ours with ATen's
-# GEMMs (train.gemm_tuning off), KEEP_GELU=1 at 1558m ours with memory.recompute_gelu off. Then a profile of
+# GEMMs (train.gemm_tuning off), KEEP_GELU=1 at 1558m ours with memory.recompute_gelu off, MUON=1 ours
+# with optim.name = muon at each size and, at 124m, AdamW and Muon on 3 ranks sharing the GPU under
+# ZeRO 1 (ranks posing as hosts, bench_as_hosts; issue 42's step-cost rows). Then a profile of
 # ours for 124m (top kernels); and the 2-GPU scaling of ours when the machine has two GPUs. Prints
 # a table at the end.
 #   source .device-deps/gpu-env.sh && SIZES=124m bash bench/speed.sh
@@ -61,9 +63,22 @@ for size in $sizes; do
   [ "${UNFUSED:-0}" = 1 ] && ours "${size}_unfused" "$size" "$B" 30 --train.fused_kernels=false
   [ "${UNTUNED:-0}" = 1 ] && ours "${size}_untuned_gemms" "$size" "$B" 30 --train.gemm_tuning=false
   [ "$size" = 1558m ] && [ "${KEEP_GELU:-0}" = 1 ] && ours "${size}_keep_gelu_output" "$size" "$B" 30 --memory.recompute_gelu=false
+  [ "${MUON:-0}" = 1 ] && ours "${size}_muon" "$size" "$B" 30 --optim.name=muon
   peer "torch eager $size" --size "$S" --B "$B" --steps 20
   peer "torch.compile $size" --size "$S" --B "$B" --steps 20 --compile
 done
+
+if [ "${MUON:-0}" = 1 ] && [[ " $sizes " == *" 124m "* ]]; then
+  bench_as_hosts
+  for opt in adamw muon; do  # 3 ranks on the GPU, ZeRO 1, B=32 each
+    GPT2_BIN="$out/as_host.sh" launch/train.sh -np 3 --config configs/gpt2-124m.ini --data.train="$out/tok/train.h5" \
+      --data.val=none --train.micro_batch=32 --train.batch_tokens=98304 --train.max_steps=30 --train.warmup_steps=5 \
+      --train.sample_tokens=0 --log.every=5 --log.metrics="$out/np3_zero1_$opt.jsonl" --checkpoint.resume=none \
+      --parallel.zero_stage=1 --parallel.backend=nccl --optim.name=$opt >"$out/np3_zero1_$opt.log" 2>&1 \
+      || tail -5 "$out/np3_zero1_$opt.log"
+    bench_summary "124m 3 ranks ZeRO 1 $opt" "$out/np3_zero1_$opt.jsonl" | tee -a "$table"
+  done
+fi
 
 if [[ " $sizes " == *" 124m "* ]]; then
   echo "== profile of ours, 124m (fused loss)"

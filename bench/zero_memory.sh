@@ -10,12 +10,8 @@ source bench/common.sh
 [ -x build-gpu/bin/gpt2-train ] || bench_build || exit 1
 [ -f "$out/tok/train.h5" ] || bench_data
 # Each rank names itself another host before NCCL starts (NCCL_HOSTID), then runs gpt2-train.
+bench_as_hosts
 wrapper="$out/as_host.sh"
-printf '#!/usr/bin/env bash\nexport NCCL_HOSTID="zero-memory-host-${OMPI_COMM_WORLD_RANK:-0}"\nexec %s "$@"\n' \
-  "$PWD/build-gpu/bin/gpt2-train" >"$wrapper"
-chmod +x "$wrapper"
-export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo
-export NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
 for size in "${@:-124m 1558m}"; do
   micro=$([ "$size" = 124m ] && echo 8 || echo 1)
   for np in 2 4; do for z in 0 1 2; do
