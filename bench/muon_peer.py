@@ -9,9 +9,23 @@ multiples of seq_len (another order than gpt2-train's sampler, the same distribu
 are gpt2-train's: the first eval_steps x micro_batch windows of the val file.
 Writes JSON lines {"step", "loss", "ms_per_step"} and {"step", "val_loss"} to --metrics.
 """
-import argparse, json, math, os, time
+import argparse, json, math, os, struct, time
 import h5py, numpy as np, torch, torch.nn as nn, torch.nn.functional as F
-from safetensors.torch import save_file
+
+
+def save_safetensors(tensors, path):
+    """fp32 tensors as a .safetensors file (8-byte header length, JSON header, data), written here so
+    that the GPU machine needs no safetensors package."""
+    header, blobs, at = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, t in tensors.items():
+        b = t.numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [at, at + len(b)]}
+        blobs.append(b); at += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h))); f.write(h)
+        for b in blobs: f.write(b)
 
 
 class Block(nn.Module):
@@ -87,7 +101,7 @@ def main():
     dev = torch.device(a.device)
     model = GPT(a.n_layer, a.n_embd, a.n_head, 50257, a.block_size).to(dev)
     os.makedirs(a.init_out, exist_ok=True)
-    save_file(model.hf_state_dict(), os.path.join(a.init_out, "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(model.hf_state_dict(), os.path.join(a.init_out, "model.safetensors"))
     with open(os.path.join(a.init_out, "config.json"), "w") as f:
         json.dump({"model_type": "gpt2", "n_layer": a.n_layer, "n_head": a.n_head, "n_embd": a.n_embd,
                    "vocab_size": 50257, "n_positions": a.block_size, "n_ctx": a.block_size,
