@@ -79,35 +79,12 @@ std::vector<int64_t> lengths(const Segments& by_rank) {
   return out;
 }
 
-// The values of each rank's segments end to end, read from the shard (`owned` empty) or from the
-// owned matrices.
-torch::Tensor pack(const Segments& by_rank, const torch::Tensor& shard, const std::vector<torch::Tensor>& owned,
-                   const torch::Tensor& like) {
-  std::vector<torch::Tensor> parts;
-  for (const auto& segs : by_rank) {
-    for (const auto& s : segs) {
-      parts.push_back(owned.empty() ? shard.narrow(0, s.shard_at, s.len)
-                                    : owned[s.owned_index].view({-1}).narrow(0, s.matrix_at, s.len));
-    }
-  }
-  return parts.empty() ? at::empty({0}, like.options()) : at::cat(parts);
-}
-
-// The reverse of pack: `values` (each rank's segments end to end) into the shard or the owned matrices.
-void unpack(const Segments& by_rank, const torch::Tensor& values, torch::Tensor shard,
-            const std::vector<torch::Tensor>& owned) {
-  int64_t at = 0;
-  for (const auto& segs : by_rank) {
-    for (const auto& s : segs) {
-      auto from = values.narrow(0, at, s.len);
-      if (owned.empty()) {
-        shard.narrow(0, s.shard_at, s.len).copy_(from);
-      } else {
-        owned[s.owned_index].view({-1}).narrow(0, s.matrix_at, s.len).copy_(from);
-      }
-      at += s.len;
-    }
-  }
+// Where a segment's values are on one side of a move: its run of the shard, or of its owned matrix.
+enum class Side { kShard, kOwned };
+torch::Tensor run_of(const MuonOwners::Segment& s, Side side, const torch::Tensor& shard,
+                     const std::vector<torch::Tensor>& owned) {
+  return side == Side::kShard ? shard.narrow(0, s.shard_at, s.len)
+                              : owned[s.owned_index].view({-1}).narrow(0, s.matrix_at, s.len);
 }
 
 void check_owned(const std::vector<torch::Tensor>& owned, size_t expected, const torch::Tensor& shard) {
@@ -120,36 +97,40 @@ void check_owned(const std::vector<torch::Tensor>& owned, size_t expected, const
 
 }  // namespace
 
+// Packs `out`'s runs on side `from` end to end, exchanges them (one rank: they are what it
+// receives), and unpacks what arrives into `in`'s runs on the other side.
+void MuonOwners::move(parallel::Communicator& comm, const Segments& out, const Segments& in, bool to_owned,
+                      torch::Tensor shard, const std::vector<torch::Tensor>& owned) const {
+  check_owned(owned, owned_.size(), shard);
+  const Side from = to_owned ? Side::kShard : Side::kOwned, to = to_owned ? Side::kOwned : Side::kShard;
+  std::vector<torch::Tensor> runs;
+  for (const auto& segs : out) {
+    for (const Segment& s : segs) runs.push_back(run_of(s, from, shard, owned));
+  }
+  torch::Tensor sent = runs.empty() ? at::empty({0}, shard.options()) : at::cat(runs);
+  torch::Tensor received = sent;
+  if (world_ > 1) {
+    const auto recv_counts = lengths(in);
+    received = at::empty({std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0})}, shard.options());
+    comm.all_to_all(received, recv_counts, sent, lengths(out))->wait();
+  }
+  int64_t at = 0;
+  for (const auto& segs : in) {
+    for (const Segment& s : segs) {
+      run_of(s, to, shard, owned).copy_(received.narrow(0, at, s.len));
+      at += s.len;
+    }
+  }
+}
+
 void MuonOwners::to_owners(parallel::Communicator& comm, const torch::Tensor& shard,
                            const std::vector<torch::Tensor>& owned) const {
-  check_owned(owned, owned_.size(), shard);
-  if (world_ == 1) {  // this rank holds and owns everything
-    for (const Segment& s : sends_[0]) {
-      owned[s.owned_index].view({-1}).narrow(0, s.matrix_at, s.len).copy_(shard.narrow(0, s.shard_at, s.len));
-    }
-    return;
-  }
-  const torch::Tensor out = pack(sends_, shard, {}, shard);
-  const auto recv_counts = lengths(receives_);
-  auto in = at::empty({std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0})}, shard.options());
-  comm.all_to_all(in, recv_counts, out, lengths(sends_))->wait();
-  unpack(receives_, in, torch::Tensor(), owned);
+  move(comm, sends_, receives_, /*to_owned=*/true, shard, owned);
 }
 
 void MuonOwners::to_holders(parallel::Communicator& comm, const std::vector<torch::Tensor>& owned,
                             torch::Tensor shard) const {
-  check_owned(owned, owned_.size(), shard);
-  if (world_ == 1) {
-    for (const Segment& s : sends_[0]) {
-      shard.narrow(0, s.shard_at, s.len).copy_(owned[s.owned_index].view({-1}).narrow(0, s.matrix_at, s.len));
-    }
-    return;
-  }
-  const torch::Tensor out = pack(receives_, torch::Tensor(), owned, shard);
-  const auto recv_counts = lengths(sends_);
-  auto in = at::empty({std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0})}, shard.options());
-  comm.all_to_all(in, recv_counts, out, lengths(receives_))->wait();
-  unpack(sends_, in, shard, {});
+  move(comm, receives_, sends_, /*to_owned=*/false, shard, owned);
 }
 
 }  // namespace gpt2::optim

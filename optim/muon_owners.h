@@ -54,7 +54,7 @@ class MuonOwners {
   const std::vector<parallel::FlatRange>& held() const { return held_; }
 
   // Collective: every rank's `shard` (its pieces end to end) into the owners' matrices: owned[j] is
-  // a contiguous tensor of owned()[j]'s elements, of shard's dtype. One rank (ZeRO 0): local copies,
+  // a contiguous tensor of owned()[j]'s elements, of shard's dtype. One rank (ZeRO 0): a local copy,
   // `comm` unused.
   void to_owners(parallel::Communicator& comm, const torch::Tensor& shard,
                  const std::vector<torch::Tensor>& owned) const;
@@ -79,6 +79,9 @@ class MuonOwners {
   // sends_[q]: what this rank holds of rank q's matrices; receives_[p]: what rank p holds of this
   // rank's matrices. Both in one order (matrix, then flat position), so a pair agrees.
   std::vector<std::vector<Segment>> sends_, receives_;
+  void move(parallel::Communicator& comm, const std::vector<std::vector<Segment>>& out,
+            const std::vector<std::vector<Segment>>& in, bool to_owned, torch::Tensor shard,
+            const std::vector<torch::Tensor>& owned) const;
 };
 
 }  // namespace gpt2::optim

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "optim/moment_layout.h"
+#include "optim/update_rule.h"
 #include "parallel/flat_layout.h"
 
 namespace gpt2::optim {
@@ -49,6 +50,8 @@ struct ShardState {
   torch::Tensor exp_avg_codes, exp_avg_sq_codes, exp_avg_absmax, exp_avg_sq_absmax;  // 8-bit only
   int64_t adam_step = 0;
   MomentBuffers moment_buffers() const;  // 8-bit: pointers into the tensors above (CPU)
+  // The update rule that wrote it: Muon where it holds Muon's momentum.
+  UpdateRule update_rule() const { return muon_momentum.defined() ? UpdateRule::kMuon : UpdateRule::kAdamW; }
 };
 // The states of consecutive pieces as one (each tensor end to end; adam_step the first's).
 ShardState concat_states(const std::vector<ShardState>& parts);

@@ -158,7 +158,7 @@ std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::Fl
     m.offload = settings_.offload;
     m.dtype = settings_.dtype;
     m.optimizer_moments = optimizer.moments_8bit() ? optim::MomentFormat::k8bit : optim::MomentFormat::kFp32;
-    m.optimizer = snap->state.muon_momentum.defined() ? optim::UpdateRule::kMuon : optim::UpdateRule::kAdamW;
+    m.optimizer = snap->state.update_rule();
     m.flat_total = layout.total;
     m.flat_padded = layout.padded;
     for (size_t i = 0; i < named.size(); ++i) {
@@ -239,8 +239,7 @@ void CheckpointWriter::write_shard(Snapshot& snap, const std::string& shard_path
     const optim::ShardState& s = snap.state;
     // The datasets of docs/DESIGN.md "Checkpoint layout as built", from manifest.h's table.
     for (const ShardDataset& d :
-         shard_datasets(s.moments_8bit ? optim::MomentFormat::k8bit : optim::MomentFormat::kFp32,
-                        s.muon_momentum.defined() ? optim::UpdateRule::kMuon : optim::UpdateRule::kAdamW)) {
+         shard_datasets(s.moments_8bit ? optim::MomentFormat::k8bit : optim::MomentFormat::kFp32, s.update_rule())) {
       const torch::Tensor t = (s.*d.state).contiguous();
       if (d.is_uint8) {
         h5::write_bytes(file.get(), d.name, t.data_ptr<uint8_t>(), t.numel());
