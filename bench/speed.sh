@@ -6,7 +6,8 @@
 # in tests/run_gpu_suite.sh), UNFUSED=1 adds ours with LibTorch's ops, UNTUNED=1 ours with ATen's
 # GEMMs (train.gemm_tuning off), KEEP_GELU=1 at 1558m ours with memory.recompute_gelu off, MUON=1 ours
 # with optim.name = muon at each size and, at 124m, AdamW and Muon on 3 ranks sharing the GPU under
-# ZeRO 1 (ranks posing as hosts, bench_as_hosts; issue 42's step-cost rows). Then a profile of
+# ZeRO 1 (ranks posing as hosts, bench_as_hosts; issue 42's step-cost rows). PEERS=0 leaves out the
+# PyTorch peers (rows that compare ours with ours need none). Then a profile of
 # ours for 124m (top kernels); and the 2-GPU scaling of ours when the machine has two GPUs. Prints
 # a table at the end.
 #   source .device-deps/gpu-env.sh && SIZES=124m bash bench/speed.sh
@@ -64,8 +65,10 @@ for size in $sizes; do
   [ "${UNTUNED:-0}" = 1 ] && ours "${size}_untuned_gemms" "$size" "$B" 30 --train.gemm_tuning=false
   [ "$size" = 1558m ] && [ "${KEEP_GELU:-0}" = 1 ] && ours "${size}_keep_gelu_output" "$size" "$B" 30 --memory.recompute_gelu=false
   [ "${MUON:-0}" = 1 ] && ours "${size}_muon" "$size" "$B" 30 --optim.name=muon
-  peer "torch eager $size" --size "$S" --B "$B" --steps 20
-  peer "torch.compile $size" --size "$S" --B "$B" --steps 20 --compile
+  if [ "${PEERS:-1}" = 1 ]; then
+    peer "torch eager $size" --size "$S" --B "$B" --steps 20
+    peer "torch.compile $size" --size "$S" --B "$B" --steps 20 --compile
+  fi
 done
 
 if [ "${MUON:-0}" = 1 ] && [[ " $sizes " == *" 124m "* ]]; then

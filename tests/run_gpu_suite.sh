@@ -4,12 +4,13 @@
 # summary: each test's result and the numbers the tests measured ([ measured ] lines).
 #   source .device-deps/gpu-env.sh && bash tests/run_gpu_suite.sh      (logs under $OUT, or /tmp/out)
 # FORTUNES_DIR points the 124m check at the corpus where the fortunes package is not installed.
-# GPU_SUITE_FILTER (a ctest -R regex) runs part of it, when a session's device time is short.
+# GPU_SUITE_FILTER (a ctest -R regex) runs part of it, GPU_SUITE_EXCLUDE (-E) leaves part out, when
+# a session's device time is short.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/common.sh  # bench_build: build-gpu, Release, the machine's LibTorch; $out
 bench_build || exit 1
-ctest --test-dir build-gpu -L gpu ${GPU_SUITE_FILTER:+-R "$GPU_SUITE_FILTER"} -V -j "${GPU_SUITE_JOBS:-3}" --timeout 900 \
+ctest --test-dir build-gpu -L gpu ${GPU_SUITE_FILTER:+-R "$GPU_SUITE_FILTER"} ${GPU_SUITE_EXCLUDE:+-E "$GPU_SUITE_EXCLUDE"} -V -j "${GPU_SUITE_JOBS:-3}" --timeout 900 \
   >"$out/gpu-suite.log" 2>&1
 status=$?
 {

@@ -2,7 +2,7 @@
 // LAPACK's SVD (f the quintic applied 5 times) and against the polar factor U Vᵀ, and one and two
 // Muon steps against the update spelled out in fp64. The orthogonalisation runs in fp64 here
 // (compute = kDouble), so the bounds are Note [Newton–Schulz]'s rounding bound at u = 2^-53; the
-// fp32 and bf16 runs are the same code in another dtype (their GPU comparison is a gpu test).
+// bf16 iterations are held to their own rounding, one at a time (Note [bf16 Newton–Schulz bound]).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -11,6 +11,7 @@
 
 #include "optim/muon.h"
 #include "optim/newton_schulz.h"
+#include "tests/optim/newton_schulz_rounding.h"
 
 namespace gpt2::optim {
 namespace {
@@ -85,6 +86,15 @@ TEST(NewtonSchulz, IsTheQuinticAppliedToTheSingularValues) {
   for (double x : {0.01, 0.1, 0.5, 1.0}) {
     EXPECT_NEAR(newton_schulz_map(x), quintic5(x), 5 * std::pow(3.4445, 5) * 4 * kU64) << x;
   }
+}
+
+// bf16 Newton–Schulz on the CPU (compute = bf16; the GPU's default, checked on its shapes by
+// muon_gpu_test.cpp): each iteration within its rounding bound of the exact iteration of the last
+// iterate (Note [bf16 Newton–Schulz bound]).
+TEST(NewtonSchulz, Bf16IterationsAreWithinTheirRoundingBound) {
+  torch::manual_seed(5);
+  for (auto [rows, cols] : {std::pair{64, 192}, {192, 64}, {96, 96}})
+    test::expect_iterations_within_rounding(torch::randn({rows, cols}).to(torch::kBFloat16), torch::kBFloat16);
 }
 
 // One step, spelled out in fp64 for a 48 x 96 matrix (scale 1) and a 96 x 48 one (scale √2):

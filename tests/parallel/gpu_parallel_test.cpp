@@ -177,6 +177,19 @@ TEST(GpuMpiBackend, Bf16VariantsMatchZero0AndOneRank) {
   test::expect_variants_match(gpu_config(file.path(), "bf16"), test::kBf16Tolerances);
 }
 
+// optim.name = muon on the GPU, bf16 (Newton–Schulz in bf16 through the GEMMs): ZeRO 1/2 and
+// offload give ZeRO 0's bits, as on the CPU (each owner runs the same Newton–Schulz on the same
+// gradient, Note [Muon's owners]); recomputation and one rank within the bf16 bounds above, the
+// same flipped roundings carried on.
+TEST(GpuMpiBackend, Bf16MuonVariantsMatchZero0AndOneRank) {
+  SKIP_WITHOUT_GPU();
+  if (world_size() < 2) GTEST_SKIP() << "runs under mpiexec -n 3";
+  SharedTokenFile file;
+  auto cfg = gpu_config(file.path(), "bf16");
+  cfg.optim.name = optim::UpdateRule::kMuon;
+  test::expect_variants_match(cfg, test::kBf16Tolerances);
+}
+
 TEST(GpuMpiBackend, Fp16OverflowSkipsTheStepOnEveryRank) {
   SKIP_WITHOUT_GPU();
   if (world_size() < 2) GTEST_SKIP() << "runs under mpiexec -n 3";
@@ -262,6 +275,10 @@ TEST(GpuNcclAsHosts, VariantsMatchZero0AndOneRank) {
   auto bf16 = gpu_config(file.path(), "bf16");
   bf16.parallel.backend = parallel::Backend::kNccl;
   test::expect_variants_match(bf16, test::kBf16Tolerances, 1, test::kBf16Tolerances.one_rank);
+  // Muon's owners collect gradients and return parameters through NCCL's grouped send/recv.
+  auto muon = bf16;
+  muon.optim.name = optim::UpdateRule::kMuon;
+  test::expect_variants_match(muon, test::kBf16Tolerances, 1, test::kBf16Tolerances.one_rank);
 }
 
 // A ZeRO 2 checkpoint written over NCCL's socket transport on all ranks, resumed at step 10 on
