@@ -69,7 +69,18 @@ endif()
 if(GPT2_WITH_NCCL)
   add_compile_definitions(GPT2_WITH_NCCL=1)
 endif()
-message(STATUS "gpt2-dist: CUDA=${GPT2_WITH_CUDA} NCCL=${GPT2_WITH_NCCL} (${NCCL_LIBRARY})")
+# ONNX export (src/deploy) when Debian's libonnx-dev is there; without it gpt2-ckpt export-onnx
+# says so. (pip LibTorch keeps its protobuf hidden and its ONNX classes in onnx_torch::, so the
+# system's libprotobuf and libonnx link beside it.)
+set(GPT2_WITH_ONNX OFF)
+find_package(Protobuf QUIET)
+if(Protobuf_FOUND)
+  find_package(ONNX CONFIG QUIET)
+  if(ONNX_FOUND)
+    set(GPT2_WITH_ONNX ON)
+  endif()
+endif()
+message(STATUS "gpt2-dist: CUDA=${GPT2_WITH_CUDA} NCCL=${GPT2_WITH_NCCL} (${NCCL_LIBRARY}) ONNX=${GPT2_WITH_ONNX}")
 
 # Python with the test references (transformers, tiktoken, h5py) lives in .venv.
 set(GPT2_PYTHON "${PROJECT_SOURCE_DIR}/.venv/bin/python" CACHE FILEPATH "Python with the test references")

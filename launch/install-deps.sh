@@ -2,7 +2,8 @@
 # Installs what gpt2-dist needs to build and test on Debian 12 (idempotent; safe to re-run):
 #   - Debian packages: compilers, CMake, Ninja, Open MPI, HDF5, Boost.Program_options, spdlog, nlohmann-json,
 #     GoogleTest, the `fortunes` corpus the quickstart trains on, and clang + libFuzzer (the
-#     fuzz_smoke test, tests/fuzz/run.sh), clang-format (the `format` test), jq + gnuplot for launch/plot.sh.
+#     fuzz_smoke test, tests/fuzz/run.sh), clang-format (the `format` test), jq + gnuplot for launch/plot.sh,
+#     libonnx-dev + libprotobuf-dev (gpt2-ckpt export-onnx).
 #   - .venv/ (project-local, git-ignored): torch==2.11.0 (LibTorch for CMake, the GPU machine's
 #     version) and the Python references the tests compare against.
 # Skips any step whose result is already there. Set GPT2_SKIP_APT=1 to leave the system alone.
@@ -14,8 +15,8 @@ TORCH_VERSION=2.11.0
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config git
   libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools libboost-program-options-dev
   libspdlog-dev libfmt-dev nlohmann-json3-dev libboost-dev libgtest-dev libgmock-dev fortunes fortunes-min python3-venv
-  clang libclang-rt-14-dev clang-format slurmctld slurmd slurm-client munge jq gnuplot-nox)
-PY_PACKAGES=("torch==${TORCH_VERSION}" numpy transformers tiktoken h5py safetensors tensorboard openai)
+  clang libclang-rt-14-dev clang-format slurmctld slurmd slurm-client munge jq gnuplot-nox libonnx-dev libprotobuf-dev)
+PY_PACKAGES=("torch==${TORCH_VERSION}" numpy transformers tiktoken h5py safetensors tensorboard openai onnx onnxruntime)
 
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 

@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "data/bpe_tokenizer.h"
 #include "optim/moment_layout.h"
 #include "src/base/files.h"
 #include "src/base/json.h"
@@ -24,6 +25,7 @@
 #include "src/io/model_file.h"
 #include "src/io/model_weights.h"
 #include "src/io/resume.h"
+#include "src/onnx/onnx_export.h"
 #include "src/tools/command_line.h"
 
 namespace gpt2::ckpt {
@@ -35,8 +37,10 @@ constexpr char kUsage[] =
     "       gpt2-ckpt consolidate PATH --out FILE\n"
     "       gpt2-ckpt export-hf PATH --out DIR\n"
     "       gpt2-ckpt import-hf HF_DIR --out FILE\n"
+    "       gpt2-ckpt export-onnx PATH --out DIR [--dtype fp32|fp16] [--tokenizer_dir DIR]\n"
     "PATH is a checkpoint directory (it holds manifest.json) or a checkpoint root (checkpoint.dir:\n"
-    "the newest complete step_* directory under it is used); export-hf also takes a model FILE.\n"
+    "the newest complete step_* directory under it is used); export-hf also takes a model FILE,\n"
+    "export-onnx a model FILE or a Hugging Face directory.\n"
     "Runs without MPI.\n"
     "\n"
     "  inspect      step, world size, ZeRO stage, dtype, optimizer moments (fp32 | 8bit), parameter\n"
@@ -53,6 +57,9 @@ constexpr char kUsage[] =
     "               GPT2LMHeadModel.from_pretrained(DIR) loads\n"
     "  import-hf    reads a Hugging Face GPT-2 directory (config.json + model.safetensors) and\n"
     "               writes a model FILE (fine-tune it with --train.init_from=FILE)\n"
+    "  export-onnx  writes DIR/model.onnx (input_ids -> logits), DIR/model_with_past.onnx (with\n"
+    "               past and present keys/values, for decoding), their weights DIR/model.onnx.data\n"
+    "               and the tokenizer files: ONNX opset 17, checked by onnx::checker\n"
     "\n"
     "Exit status: 0 good, 1 damaged checkpoint (each problem printed, naming the file),\n"
     "2 usage error or PATH is not a checkpoint.\n";
@@ -310,7 +317,7 @@ int verify_root(const std::string& root_dir, std::ostream& out) {
 }
 
 // gpt2-ckpt's commands, parsed once (src/base/choices.h).
-enum class Command { kInspect, kVerify, kConsolidate, kExportHf, kImportHf };
+enum class Command { kInspect, kVerify, kConsolidate, kExportHf, kImportHf, kExportOnnx };
 
 }  // namespace gpt2::ckpt
 
@@ -318,11 +325,12 @@ namespace gpt2 {
 template <>
 struct ChoiceNames<ckpt::Command> {
   using C = ckpt::Command;
-  static constexpr std::array<std::pair<C, const char*>, 5> names{{{C::kInspect, "inspect"},
+  static constexpr std::array<std::pair<C, const char*>, 6> names{{{C::kInspect, "inspect"},
                                                                    {C::kVerify, "verify"},
                                                                    {C::kConsolidate, "consolidate"},
                                                                    {C::kExportHf, "export-hf"},
-                                                                   {C::kImportHf, "import-hf"}}};
+                                                                   {C::kImportHf, "import-hf"},
+                                                                   {C::kExportOnnx, "export-onnx"}}};
 };
 }  // namespace gpt2
 
@@ -333,6 +341,7 @@ struct ToolArgs {
   Command command = Command::kInspect;
   std::string path, out_file;
   bool as_json = false;
+  std::string dtype = "fp32", tokenizer_dir;  // export-onnx
 };
 
 // nullopt when --help was given (printed to `out`).
@@ -342,7 +351,11 @@ std::optional<ToolArgs> parse_tool_args(const std::vector<std::string>& args, st
   po::options_description options("options");
   options.add_options()("help,h", "this help")("json", po::bool_switch(&a.as_json),
                                                "inspect: print the manifest as JSON")(
-      "out", po::value(&a.out_file), "consolidate, import-hf: the model FILE to write; export-hf: the DIR");
+      "out", po::value(&a.out_file),
+      "consolidate, import-hf: the model FILE to write; export-hf, export-onnx: the DIR")(
+      "dtype", po::value(&a.dtype), "export-onnx: the weights' dtype, fp32 or fp16 (default fp32)")(
+      "tokenizer_dir", po::value(&a.tokenizer_dir),
+      "export-onnx: encoder.json + vocab.bpe to put beside the graphs (default: data/tokenizer/gpt2)");
   po::options_description hidden;
   std::string word;
   std::vector<std::string> paths;
@@ -364,7 +377,10 @@ std::optional<ToolArgs> parse_tool_args(const std::vector<std::string>& args, st
   const bool writes = a.command != Command::kInspect && a.command != Command::kVerify;
   if (a.as_json && a.command != Command::kInspect) throw usage_error(word + ": --json is an option of inspect only");
   if (vm.count("out") && !writes)
-    throw usage_error(word + ": --out is an option of consolidate, export-hf and import-hf");
+    throw usage_error(word + ": --out is an option of consolidate, export-hf, import-hf and export-onnx");
+  for (const char* key : {"dtype", "tokenizer_dir"})
+    if (vm.count(key) && a.command != Command::kExportOnnx)
+      throw usage_error(word + ": --" + key + " is an option of export-onnx only");
   if (vm.count("out") && a.out_file.empty()) throw usage_error(word + ": --out needs a path");
   if (paths.empty()) throw usage_error(word + ": missing PATH (a checkpoint directory or a checkpoint root)");
   if (paths.size() > 1) {
@@ -373,9 +389,43 @@ std::optional<ToolArgs> parse_tool_args(const std::vector<std::string>& args, st
   a.path = paths[0];
   if (a.path.empty()) throw usage_error(word + ": PATH is empty");
   if (writes && a.out_file.empty()) {
-    throw usage_error(word + ": missing --out " + (a.command == Command::kExportHf ? "DIR" : "FILE"));
+    const bool dir = a.command == Command::kExportHf || a.command == Command::kExportOnnx;
+    throw usage_error(word + ": missing --out " + (dir ? "DIR" : "FILE"));
   }
   return a;
+}
+
+// export-onnx: the model's parameters handed to onnx_export.h as raw weights (projections
+// transposed to (in, out)), then the tokenizer files copied beside the graphs.
+void export_onnx(GPT2& model, const std::string& dir, const ToolArgs& a) {
+  const DtypeChoice dtype = parse_choice<DtypeChoice>("--dtype", a.dtype);
+  if (dtype != DtypeChoice::kFp32 && dtype != DtypeChoice::kFp16)
+    throw usage_error("export-onnx: --dtype " + a.dtype + ": the graphs hold fp32 or fp16 weights");
+  if (!onnx_export::onnx_export_available())
+    throw UserError(
+        "export-onnx: this gpt2-ckpt was built without ONNX (libonnx-dev was not found when CMake "
+        "configured it; launch/install-deps.sh installs it)");
+  const std::string tokenizer = a.tokenizer_dir.empty() ? data::find_default_tokenizer_dir() : a.tokenizer_dir;
+  for (const char* f : {"encoder.json", "vocab.bpe"})
+    if (!files::is_regular_file(files::join(tokenizer, f)))
+      throw UserError("export-onnx: no " + std::string(f) + " in the tokenizer directory " + tokenizer);
+  const GPT2Config& cfg = model->config();
+  onnx_export::GraphShape shape{cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, dtype == DtypeChoice::kFp16};
+  std::vector<torch::Tensor> keep;
+  std::vector<onnx_export::Weight> weights;
+  at::NoGradGuard no_grad;
+  for (const auto& p : model->named_parameters()) {
+    torch::Tensor t = p.value().to(torch::kCPU, dtype == DtypeChoice::kFp16 ? torch::kHalf : torch::kFloat);
+    if (t.dim() == 2 && p.key().find(".c_") != std::string::npos) t = t.t();  // c_attn, c_proj, c_fc
+    keep.push_back(t.contiguous());
+    weights.push_back(
+        {p.key(), keep.back().sizes().vec(), keep.back().data_ptr(), static_cast<int64_t>(keep.back().nbytes())});
+  }
+  onnx_export::write_onnx(dir, shape, weights);
+  for (const char* f : {"encoder.json", "vocab.bpe", "LICENSE"}) {
+    const std::string from = files::join(tokenizer, f);
+    if (files::is_regular_file(from)) files::write_file_durably(files::join(dir, f), files::read_file(from));
+  }
 }
 
 int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -389,12 +439,14 @@ int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostre
     const std::string& out_file = parsed->out_file;
     const bool as_json = parsed->as_json;
 
-    if (command == Command::kImportHf || command == Command::kExportHf) {
+    if (command == Command::kImportHf || command == Command::kExportHf || command == Command::kExportOnnx) {
       // Weights go through the model (model_weights.h). A checkpoint is verified as `verify` does
       // (exit 1 when damaged), so loading it need not check its files' CRCs a second time.
       std::string from = path;
       bool verified = false;
-      if (command == Command::kExportHf && !files::is_regular_file(path)) {
+      const bool checkpoint_or_hf = !files::is_regular_file(path);
+      const bool hf_dir = checkpoint_or_hf && files::is_regular_file(files::join(path, "config.json"));
+      if ((command == Command::kExportHf || (command == Command::kExportOnnx && !hf_dir)) && checkpoint_or_hf) {
         from = resolve_checkpoint(path);
         auto problems = verify_checkpoint(read_manifest(from));
         if (!problems.empty()) throw Damaged(std::move(problems));
@@ -409,6 +461,8 @@ int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostre
       load_weights(model, source);
       if (command == Command::kImportHf) {
         save_model_file(model, out_file, source.step, path);
+      } else if (command == Command::kExportOnnx) {
+        export_onnx(model, out_file, *parsed);
       } else {
         save_hf_weights(model, out_file);
       }

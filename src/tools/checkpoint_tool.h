@@ -1,7 +1,8 @@
 #pragma once
 // gpt2-ckpt's logic, without MPI (the tool never calls MPI_Init): find a checkpoint, describe it,
 // verify it deeply, consolidate its sharded fp32 masters into one model file (model_file.h),
-// and move weights to and from Hugging Face directories (export-hf, import-hf).
+// move weights to and from Hugging Face directories (export-hf, import-hf), and export ONNX graphs
+// (export-onnx, src/deploy/onnx_export.h).
 // Layout: docs/DESIGN.md "Checkpoint layout as built"; manifest reading: src/io/manifest.h.
 // Exit codes (src/base/errors.h): kExitOk; kExitFailure when the checkpoint is damaged (every
 // problem printed, one per line, naming the file); kExitUsage for usage errors, a path that is

@@ -8,7 +8,7 @@ import os, re, shutil, sys, tempfile
 
 # Lowest first. Folders of one rank (data, parallel, src/kernels) may not include each other.
 LAYERS = [("src/base", 0), ("data", 1), ("parallel", 1), ("src/kernels", 1), ("optim", 2),
-          ("src/model", 3), ("src/io", 4), ("src/train", 5), ("src/serve", 5),
+          ("src/model", 3), ("src/io", 4), ("src/onnx", 4), ("src/train", 5), ("src/serve", 5),
           ("src/tools", 6)]
 SOURCES = (".h", ".cpp", ".cu", ".cuh", ".inc")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
