@@ -27,10 +27,10 @@ endfunction()
 
 # The CPU arithmetic of a step must give the same bits whatever instruction set ATen and our CPU
 # kernels pick (Note [Partition-free arithmetic], optim/grad_norm.h). A test added with ISA_VARIANTS
-# also runs as NAME_isa_default (baseline x86-64: ATEN_CPU_CAPABILITY=default and
-# GPT2_CPU_ADAMW_ISA=baseline) and, on a CPU with AVX-512, as NAME_isa_avx2 (ATen and our kernels
+# also runs as NAME_isa_default (baseline x86-64: ATEN_CPU_CAPABILITY=default, GPT2_CPU_ADAMW_ISA
+# and GPT2_CPU_INT8_ISA=baseline) and, on a CPU with AVX-512, as NAME_isa_avx2 (ATen and our kernels
 # capped at AVX2); the plain run uses the CPU's best. Labelled `isa` as well.
-set(GPT2_ISA_VARIANTS "default|ATEN_CPU_CAPABILITY=default|GPT2_CPU_ADAMW_ISA=baseline")  # name|environment
+set(GPT2_ISA_VARIANTS "default|ATEN_CPU_CAPABILITY=default|GPT2_CPU_ADAMW_ISA=baseline|GPT2_CPU_INT8_ISA=baseline")  # name|environment
 if(EXISTS /proc/cpuinfo)
   file(STRINGS /proc/cpuinfo _gpt2_avx512 REGEX "^flags.* avx512f" LIMIT_COUNT 1)
   if(_gpt2_avx512)

@@ -47,6 +47,15 @@ struct ChoiceNames<DeviceChoice> {
       {{DeviceChoice::kAuto, "auto"}, {DeviceChoice::kCpu, "cpu"}, {DeviceChoice::kCuda, "cuda"}}};
 };
 
+// Weights for inference (--quant): as they are, or the blocks' projections in int8
+// (src/kernels/int8_linear.h).
+enum class QuantChoice { kNone, kInt8 };
+template <>
+struct ChoiceNames<QuantChoice> {
+  static constexpr std::array<std::pair<QuantChoice, const char*>, 2> names{
+      {{QuantChoice::kNone, "none"}, {QuantChoice::kInt8, "int8"}}};
+};
+
 // The floating-point type of parameters and activations (precision.dtype, --dtype); auto is
 // resolved by whoever reads it (Note [bf16 on CPU] for training).
 enum class DtypeChoice { kAuto, kBf16, kFp16, kFp32 };

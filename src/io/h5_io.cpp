@@ -42,6 +42,10 @@ void write_bytes(hid_t loc, const std::string& name, const uint8_t* data, hsize_
   write_dataset(loc, name, H5T_NATIVE_UINT8, H5T_NATIVE_UINT8, data, {n});
 }
 
+void write_i8(hid_t loc, const std::string& name, const int8_t* data, const std::vector<hsize_t>& dims) {
+  write_dataset(loc, name, H5T_STD_I8LE, H5T_NATIVE_INT8, data, dims);
+}
+
 namespace {
 
 void read_range(hid_t file, const char* name, hid_t mem_type, int64_t from, int64_t n, void* out,

@@ -3,7 +3,7 @@
 // creating a file, writing datasets without modification times (so equal contents give equal
 // bytes and CRCs), and reading a range of a 1-D fp32 dataset. Errors are gpt2::UserError naming
 // the file, or gpt2::Error from H5_CHECK for calls that should not fail.
-// defines: gpt2::h5::{create_h5, write_f32, write_bytes, read_f32_range, read_u8_range, read_bytes,
+// defines: gpt2::h5::{create_h5, write_f32, write_bytes, write_i8, read_f32_range, read_u8_range, read_bytes,
 // read_int_attr_or_throw}
 #include <cstdint>
 #include <string>
@@ -20,6 +20,8 @@ H5Id create_h5(const std::string& path);
 // (product(dims) values) and created without a modification time.
 void write_f32(hid_t loc, const std::string& name, const float* data, const std::vector<hsize_t>& dims);
 void write_bytes(hid_t loc, const std::string& name, const uint8_t* data, hsize_t n);
+// An int8 dataset of shape `dims` (int8 model files' weights, model_file.h).
+void write_i8(hid_t loc, const std::string& name, const int8_t* data, const std::vector<hsize_t>& dims);
 
 // Elements [from, from + n) of the 1-D fp32 dataset `name` into out (n floats); UserError naming
 // `path` when it is missing, not 1-D, or shorter than the range.

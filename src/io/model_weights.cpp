@@ -77,6 +77,7 @@ WeightsSource find_weights(const std::string& path) {
     const ModelFileInfo info = ModelFile(path).info();
     s.config = info.config;
     s.step = info.step;
+    s.int8_group = info.int8_group;
   } else if (is_hf_dir(path)) {
     s.kind = WeightsSource::Kind::hf_dir;
     s.path = path;
@@ -126,7 +127,8 @@ GPT2 load_model(const std::string& path) {
   return model;
 }
 
-InferenceModel load_model_to_run(const std::string& path, DeviceChoice device, DtypeChoice dtype, bool auto_trained) {
+InferenceModel load_model_to_run(const std::string& path, DeviceChoice device, DtypeChoice dtype, bool auto_trained,
+                                 QuantChoice quant, int64_t quant_group) {
   const bool have_cuda = torch::cuda::is_available();
   if (device == DeviceChoice::kCuda && !have_cuda) throw UserError("--device = cuda: no CUDA device is visible");
   InferenceModel m;
@@ -138,8 +140,25 @@ InferenceModel load_model_to_run(const std::string& path, DeviceChoice device, D
             : m.device.is_cuda()                            ? DtypeChoice::kBf16
                                                             : DtypeChoice::kFp32;
   m.model = GPT2(m.source.config);
-  load_weights(m.model, m.source);
-  m.model->to(m.device, kernels::scalar_type_of(m.dtype));
+  const auto scalar = kernels::scalar_type_of(m.dtype);
+  if (m.source.int8_group >= 0) {  // int8 on disk: the int8 datasets go straight into the device's
+    m.model->to(m.device, scalar);
+    m.model->empty_int8(m.source.int8_group);
+    load_weights(m.model, m.source);
+    m.int8_group = m.source.int8_group;
+  } else {
+    load_weights(m.model, m.source);
+    m.model->to(m.device, scalar);
+    if (quant == QuantChoice::kInt8) {
+      const int64_t c = m.source.config.n_embd;
+      if (quant_group < 0 || (quant_group > 0 && c % quant_group != 0)) {
+        throw UserError("--quant_group = " + std::to_string(quant_group) +
+                        ": must divide n_embd = " + std::to_string(c) + " (0: one scale a row)");
+      }
+      m.model->quantize_int8(quant_group);
+      m.int8_group = quant_group;
+    }
+  }
   m.model->eval();
   return m;
 }

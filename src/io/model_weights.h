@@ -23,6 +23,7 @@ struct WeightsSource {
   int64_t step = 0;                                // training steps behind the weights (0 for Hugging Face)
   DtypeChoice trained_dtype = DtypeChoice::kAuto;  // a checkpoint's precision.dtype; auto (unknown) for the others
   bool files_verified = false;                     // a checkpoint whose files the caller has CRC-checked already
+  int64_t int8_group = -1;                         // an int8 model file's quant_group; -1: fp32 weights
   std::string describe() const;                    // "checkpoint runs/ckpt/step_0000100 (step 100)" etc.
 };
 
@@ -37,17 +38,22 @@ void load_weights(GPT2& model, const WeightsSource& source);
 // find_weights + a GPT2 of that config (CPU, fp32) + load_weights.
 GPT2 load_model(const std::string& path);
 
-// A model loaded to run (gpt2-generate, gpt2-eval): on `device` (auto: CUDA when there is one), in
-// `dtype` (auto: bf16 on CUDA, fp32 on CPU; with `auto_trained`, a checkpoint's own training dtype,
-// so gpt2-eval measures what the trainer measured); in eval mode. gpt2::UserError naming --device
-// when CUDA is asked for and none is visible.
+// A model loaded to run (gpt2-generate, gpt2-eval, gpt2-serve): on `device` (auto: CUDA when there
+// is one), in `dtype` (auto: bf16 on CUDA, fp32 on CPU; with `auto_trained`, a checkpoint's own
+// training dtype, so gpt2-eval measures what the trainer measured); in eval mode. `quant` int8
+// quantizes the blocks' projections on the device (GPT2::quantize_int8, scales per `quant_group`
+// columns, 0: a row); an int8 model file is read as int8 whatever `quant` says. gpt2::UserError
+// naming --device when CUDA is asked for and none is visible, and --quant_group when it does not
+// divide the projections' rows.
 struct InferenceModel {
   GPT2 model{nullptr};
   WeightsSource source;
   torch::Device device{torch::kCPU};
   DtypeChoice dtype = DtypeChoice::kFp32;  // resolved
+  int64_t int8_group = -1;                 // the model's int8 group (GPT2::quantized); -1: none
 };
 InferenceModel load_model_to_run(const std::string& path, DeviceChoice device, DtypeChoice dtype,
-                                 bool auto_trained = false);
+                                 bool auto_trained = false, QuantChoice quant = QuantChoice::kNone,
+                                 int64_t quant_group = 0);
 
 }  // namespace gpt2

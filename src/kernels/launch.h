@@ -90,4 +90,10 @@ struct SlotAttentionArgs {
 bool slot_attention_supported(int64_t head_size);
 cudaError_t launch_slot_attention(Dtype dtype, const SlotAttentionArgs& args, void* y, cudaStream_t stream);
 
+// Weight-only int8 rows (int8_linear.h): y[r, j] = sum_g scale[j, g] sum_{i in g} q[j, i] x[r, i]
+// (+ bias[j]) for r < rows (<= 16), j < n; x, bias, y in `dtype`, fp32 sums; k % 16 == 0 and
+// (k / groups) % 16 == 0, else cudaErrorInvalidValue.
+cudaError_t launch_int8_gemv(Dtype dtype, const void* x, const int8_t* q, const float* scale, const void* bias, void* y,
+                             int64_t rows, int64_t n, int64_t k, int64_t groups, cudaStream_t stream);
+
 }  // namespace gpt2::kernels

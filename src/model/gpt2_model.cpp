@@ -38,7 +38,10 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // as matmul and then `+= bias`, a broadcast add in an unvectorised kernel per projection (6.8 ms of
 // a 72 ms gpt2-124m step on an H200), while at::linear folds the bias into the GEMM. On CUDA (when
 // asked) the bias gradient comes from src/kernels/linear.h.
-torch::Tensor project(const torch::nn::Linear& layer, const torch::Tensor& x, bool fused) {
+// With int8 weights (GPT2Impl::quantize_int8) the layer's own weight is empty: int8_linear.
+torch::Tensor project(const torch::nn::Linear& layer, const torch::Tensor& x, bool fused,
+                      const std::optional<kernels::Int8Weight>& int8 = std::nullopt) {
+  if (int8) return kernels::int8_linear(x.contiguous(), *int8, layer->bias);
   if (fused && kernels::linear_applies(x, layer->weight, layer->bias)) {
     return kernels::linear(x, layer->weight, layer->bias);
   }
@@ -128,10 +131,10 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const KVS
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   const int64_t hs = C / n_head_;
   // One fused matmul for q, k and v; the splits below are views, no copies.
-  auto qkv = project(c_attn, x, fused_kernels).split(C, /*dim=*/2);  // 3 x (B, T, C)
-  auto q = qkv[0].view({B, T, n_head_, hs}).transpose(1, 2);         // (B, nh, T, hs)
-  auto k = qkv[1].view({B, T, n_head_, hs}).transpose(1, 2);         // (B, nh, T, hs)
-  auto v = qkv[2].view({B, T, n_head_, hs}).transpose(1, 2);         // (B, nh, T, hs)
+  auto qkv = project(c_attn, x, fused_kernels, c_attn_int8).split(C, /*dim=*/2);  // 3 x (B, T, C)
+  auto q = qkv[0].view({B, T, n_head_, hs}).transpose(1, 2);                      // (B, nh, T, hs)
+  auto k = qkv[1].view({B, T, n_head_, hs}).transpose(1, 2);                      // (B, nh, T, hs)
+  auto v = qkv[2].view({B, T, n_head_, hs}).transpose(1, 2);                      // (B, nh, T, hs)
   bool causal = true;
   std::optional<at::Tensor> mask;
   if (slot != nullptr && slot->rows_at.defined()) {
@@ -144,7 +147,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const KVS
     if (fused_kernels && slot_attention &&
         kernels::slot_attention_applies(q, slot->keys, slot->values, slot->rows_at)) {
       const auto y = kernels::slot_attention(q, slot->keys, slot->values, slot->rows_at);  // (B, nh, 1, hs)
-      return project(c_proj, y.view({B, T, C}), fused_kernels);  // T = 1: (B, nh, 1, hs) is (B, 1, C) in memory
+      return project(c_proj, y.view({B, T, C}), fused_kernels,
+                     c_proj_int8);  // T = 1: (B, nh, 1, hs) is (B, 1, C) in memory
     }
     const int64_t L = slot->mask.size(3);
     k = slot->keys.narrow(2, 0, L);  // (B, nh, L, hs)
@@ -166,7 +170,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const KVS
   // kernels on GPU; the strided q/k/v (last dim contiguous) are accepted without a copy.
   auto y = torch::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, causal);  // (B, nh, T, hs)
   y = y.transpose(1, 2).contiguous().view({B, T, C});                                      // (B, T, C)
-  return project(c_proj, y, fused_kernels);
+  return project(c_proj, y, fused_kernels, c_proj_int8);
 }
 
 MLPImpl::MLPImpl(const GPT2Config& cfg) {
@@ -176,10 +180,11 @@ MLPImpl::MLPImpl(const GPT2Config& cfg) {
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   // HF "gelu_new" is the tanh approximation.
-  if (fused_kernels && kernels::mlp_applies(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias)) {
+  if (!c_fc_int8 && fused_kernels && kernels::mlp_applies(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias)) {
     return kernels::mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias, keep_gelu_output);  // (B, T, C)
   }
-  return project(c_proj, torch::gelu(project(c_fc, x, false), "tanh"), false);  // (B, T, 4C) -> (B, T, C)
+  const auto h = torch::gelu(project(c_fc, x, false, c_fc_int8), "tanh");  // (B, T, 4C)
+  return project(c_proj, h, false, c_proj_int8);                           // (B, T, C)
 }
 
 BlockImpl::BlockImpl(const GPT2Config& cfg) {
@@ -431,6 +436,47 @@ void GPT2Impl::set_slot_attention(bool on) {
 }
 
 bool GPT2Impl::slot_attention_on() const { return fused_kernels_ && slot_attention_; }
+
+void GPT2Impl::quantize_int8(int64_t group) { to_int8(group, /*values=*/true); }
+
+void GPT2Impl::empty_int8(int64_t group) { to_int8(group, /*values=*/false); }
+
+void GPT2Impl::to_int8(int64_t group, bool values) {
+  GPT2_ASSERT(!quantized_, "GPT2::quantize_int8: the model is int8 already");
+  at::NoGradGuard no_grad;
+  auto convert = [&](torch::nn::Linear& layer, std::optional<kernels::Int8Weight>& out) {
+    const at::Tensor& w = layer->weight;
+    if (values) {
+      out = kernels::quantize_int8(w, group);
+    } else {
+      const int64_t groups = group == 0 ? 1 : w.size(1) / group;
+      out = kernels::Int8Weight{at::zeros(w.sizes(), w.options().dtype(at::kChar)),
+                                at::ones({w.size(0), groups}, w.options().dtype(at::kFloat))};
+    }
+    layer->weight.set_data(at::empty({0}, w.options()));  // frees the weight
+  };
+  for (auto& block : transformer_->blocks) {
+    convert(block->attn->c_attn, block->attn->c_attn_int8);
+    convert(block->attn->c_proj, block->attn->c_proj_int8);
+    convert(block->mlp->c_fc, block->mlp->c_fc_int8);
+    convert(block->mlp->c_proj, block->mlp->c_proj_int8);
+  }
+  quantized_ = true;
+}
+
+std::vector<std::pair<std::string, kernels::Int8Weight*>> GPT2Impl::int8_weights() {
+  std::vector<std::pair<std::string, kernels::Int8Weight*>> out;
+  if (!quantized_) return out;
+  for (size_t i = 0; i < transformer_->blocks.size(); ++i) {
+    auto& b = transformer_->blocks[i];
+    const std::string p = "transformer.h." + std::to_string(i);
+    out.push_back({p + ".attn.c_attn.weight", &*b->attn->c_attn_int8});
+    out.push_back({p + ".attn.c_proj.weight", &*b->attn->c_proj_int8});
+    out.push_back({p + ".mlp.c_fc.weight", &*b->mlp->c_fc_int8});
+    out.push_back({p + ".mlp.c_proj.weight", &*b->mlp->c_proj_int8});
+  }
+  return out;
+}
 
 void GPT2Impl::set_recompute_gelu(bool on) {
   for (auto& block : transformer_->blocks) block->mlp->keep_gelu_output = !on;

@@ -8,9 +8,12 @@
 #include <torch/nn.h>
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "src/kernels/int8_linear.h"
 #include "src/model/model_config.h"
 
 namespace gpt2 {
@@ -78,7 +81,9 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
   torch::nn::Linear c_attn{nullptr};  // C -> 3C (q, k, v concatenated along the output)
   torch::nn::Linear c_proj{nullptr};  // C -> C, residual projection
-  bool fused_kernels = true;          // CUDA: projections through src/kernels/linear.h
+  // Set by GPT2Impl::quantize_int8: these replace the Linears' weights (emptied then).
+  std::optional<kernels::Int8Weight> c_attn_int8, c_proj_int8;
+  bool fused_kernels = true;  // CUDA: projections through src/kernels/linear.h
   // Slot decoding through kernels::slot_attention (with fused_kernels; GPT2Impl::set_slot_attention).
   bool slot_attention = true;
 
@@ -92,10 +97,11 @@ class MLPImpl : public torch::nn::Module {
   explicit MLPImpl(const GPT2Config& cfg);
   torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
 
-  torch::nn::Linear c_fc{nullptr};    // C -> 4C
-  torch::nn::Linear c_proj{nullptr};  // 4C -> C, residual projection
-  bool fused_kernels = true;          // CUDA: c_fc + GELU and c_proj through src/kernels/linear.h
-  bool keep_gelu_output = true;       // fused: false recomputes it in backward (kernels::mlp)
+  torch::nn::Linear c_fc{nullptr};                            // C -> 4C
+  torch::nn::Linear c_proj{nullptr};                          // 4C -> C, residual projection
+  std::optional<kernels::Int8Weight> c_fc_int8, c_proj_int8;  // as the attention's
+  bool fused_kernels = true;     // CUDA: c_fc + GELU and c_proj through src/kernels/linear.h
+  bool keep_gelu_output = true;  // fused: false recomputes it in backward (kernels::mlp)
 };
 TORCH_MODULE(MLP);
 
@@ -196,6 +202,20 @@ class GPT2Impl : public torch::nn::Module {
   // and gradients are the same as without. Throws std::invalid_argument for every_k < 0.
   void set_recompute_every(int64_t every_k);
 
+  // Weight-only int8 (kernels/int8_linear.h, Note [int8 weights]) for the blocks' projections
+  // (c_attn, c_proj, c_fc): each weight quantized on its device (group 0: one scale a row, else
+  // scales per `group` columns) and its parameter emptied, so the model holds int8 weights only and
+  // runs forward only (generation, evaluation, serving). Embeddings, LayerNorms, biases and the tied
+  // head stay as they are. Quantizing twice is a gpt2::Error.
+  void quantize_int8(int64_t group = 0);
+  // The same shape with zero weights and unit scales, on the model's device: what an int8 model
+  // file's datasets are read into (model_file.h).
+  void empty_int8(int64_t group);
+  // The int8 weights under their parameter names ("transformer.h.0.attn.c_attn.weight"), in
+  // registration order; empty before quantize_int8. Pointers into the model (model files fill them).
+  std::vector<std::pair<std::string, kernels::Int8Weight*>> int8_weights();
+  bool quantized() const { return quantized_; }
+
   // GPT-2 init: Linear/Embedding weights N(0, 0.02); residual projections (attn.c_proj, mlp.c_proj)
   // N(0, 0.02/sqrt(2*n_layer)); biases 0; LayerNorm weight 1, bias 0; padded wte rows 0.
   // Draws from a private CPU generator seeded with `seed` (fp32, then copied to each parameter's
@@ -224,6 +244,8 @@ class GPT2Impl : public torch::nn::Module {
   // The head and the mean cross-entropy, h (B, T, C), targets (B, T): the one place that chooses
   // between the chunked node, the fused-kernel node and logits + cross_entropy.
   torch::Tensor head_loss(const torch::Tensor& h, const torch::Tensor& targets);
+  // quantize_int8 (values) and empty_int8 (zeros).
+  void to_int8(int64_t group, bool values);
 
   GPT2Config cfg_;
   Transformer transformer_{nullptr};
@@ -231,6 +253,7 @@ class GPT2Impl : public torch::nn::Module {
   bool chunked_loss_ = false;    // see set_chunked_loss
   bool fused_kernels_ = true;    // see set_fused_kernels
   bool slot_attention_ = true;   // see set_slot_attention
+  bool quantized_ = false;       // see quantize_int8
 };
 TORCH_MODULE(GPT2);
 

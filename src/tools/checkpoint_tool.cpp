@@ -38,9 +38,10 @@ constexpr char kUsage[] =
     "       gpt2-ckpt export-hf PATH --out DIR\n"
     "       gpt2-ckpt import-hf HF_DIR --out FILE\n"
     "       gpt2-ckpt export-onnx PATH --out DIR [--dtype fp32|fp16] [--tokenizer_dir DIR]\n"
+    "       gpt2-ckpt quantize PATH --out FILE [--group N]\n"
     "PATH is a checkpoint directory (it holds manifest.json) or a checkpoint root (checkpoint.dir:\n"
     "the newest complete step_* directory under it is used); export-hf also takes a model FILE,\n"
-    "export-onnx a model FILE or a Hugging Face directory.\n"
+    "export-onnx and quantize a model FILE or a Hugging Face directory.\n"
     "Runs without MPI.\n"
     "\n"
     "  inspect      step, world size, ZeRO stage, dtype, optimizer moments (fp32 | 8bit), parameter\n"
@@ -60,6 +61,9 @@ constexpr char kUsage[] =
     "  export-onnx  writes DIR/model.onnx (input_ids -> logits), DIR/model_with_past.onnx (with\n"
     "               past and present keys/values, for decoding), their weights DIR/model.onnx.data\n"
     "               and the tokenizer files: ONNX opset 17, checked by onnx::checker\n"
+    "  quantize     writes a model FILE whose blocks' projections are int8 (one scale a row, or\n"
+    "               one per N columns with --group N): what gpt2-generate, gpt2-eval and gpt2-serve\n"
+    "               read as int8 (--quant int8 quantizes the same way when they load)\n"
     "\n"
     "Exit status: 0 good, 1 damaged checkpoint (each problem printed, naming the file),\n"
     "2 usage error or PATH is not a checkpoint.\n";
@@ -317,7 +321,7 @@ int verify_root(const std::string& root_dir, std::ostream& out) {
 }
 
 // gpt2-ckpt's commands, parsed once (src/base/choices.h).
-enum class Command { kInspect, kVerify, kConsolidate, kExportHf, kImportHf, kExportOnnx };
+enum class Command { kInspect, kVerify, kConsolidate, kExportHf, kImportHf, kExportOnnx, kQuantize };
 
 }  // namespace gpt2::ckpt
 
@@ -325,12 +329,13 @@ namespace gpt2 {
 template <>
 struct ChoiceNames<ckpt::Command> {
   using C = ckpt::Command;
-  static constexpr std::array<std::pair<C, const char*>, 6> names{{{C::kInspect, "inspect"},
+  static constexpr std::array<std::pair<C, const char*>, 7> names{{{C::kInspect, "inspect"},
                                                                    {C::kVerify, "verify"},
                                                                    {C::kConsolidate, "consolidate"},
                                                                    {C::kExportHf, "export-hf"},
                                                                    {C::kImportHf, "import-hf"},
-                                                                   {C::kExportOnnx, "export-onnx"}}};
+                                                                   {C::kExportOnnx, "export-onnx"},
+                                                                   {C::kQuantize, "quantize"}}};
 };
 }  // namespace gpt2
 
@@ -342,6 +347,7 @@ struct ToolArgs {
   std::string path, out_file;
   bool as_json = false;
   std::string dtype = "fp32", tokenizer_dir;  // export-onnx
+  int64_t group = 0;                          // quantize
 };
 
 // nullopt when --help was given (printed to `out`).
@@ -355,7 +361,8 @@ std::optional<ToolArgs> parse_tool_args(const std::vector<std::string>& args, st
       "consolidate, import-hf: the model FILE to write; export-hf, export-onnx: the DIR")(
       "dtype", po::value(&a.dtype), "export-onnx: the weights' dtype, fp32 or fp16 (default fp32)")(
       "tokenizer_dir", po::value(&a.tokenizer_dir),
-      "export-onnx: encoder.json + vocab.bpe to put beside the graphs (default: data/tokenizer/gpt2)");
+      "export-onnx: encoder.json + vocab.bpe to put beside the graphs (default: data/tokenizer/gpt2)")(
+      "group", po::value(&a.group), "quantize: one scale per N columns of a weight (default 0: one scale a row)");
   po::options_description hidden;
   std::string word;
   std::vector<std::string> paths;
@@ -381,6 +388,8 @@ std::optional<ToolArgs> parse_tool_args(const std::vector<std::string>& args, st
   for (const char* key : {"dtype", "tokenizer_dir"})
     if (vm.count(key) && a.command != Command::kExportOnnx)
       throw usage_error(word + ": --" + key + " is an option of export-onnx only");
+  if (vm.count("group") && a.command != Command::kQuantize)
+    throw usage_error(word + ": --group is an option of quantize only");
   if (vm.count("out") && a.out_file.empty()) throw usage_error(word + ": --out needs a path");
   if (paths.empty()) throw usage_error(word + ": missing PATH (a checkpoint directory or a checkpoint root)");
   if (paths.size() > 1) {
@@ -439,14 +448,16 @@ int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostre
     const std::string& out_file = parsed->out_file;
     const bool as_json = parsed->as_json;
 
-    if (command == Command::kImportHf || command == Command::kExportHf || command == Command::kExportOnnx) {
+    if (command == Command::kImportHf || command == Command::kExportHf || command == Command::kExportOnnx ||
+        command == Command::kQuantize) {
       // Weights go through the model (model_weights.h). A checkpoint is verified as `verify` does
       // (exit 1 when damaged), so loading it need not check its files' CRCs a second time.
       std::string from = path;
       bool verified = false;
       const bool checkpoint_or_hf = !files::is_regular_file(path);
       const bool hf_dir = checkpoint_or_hf && files::is_regular_file(files::join(path, "config.json"));
-      if ((command == Command::kExportHf || (command == Command::kExportOnnx && !hf_dir)) && checkpoint_or_hf) {
+      const bool any_source = command == Command::kExportOnnx || command == Command::kQuantize;
+      if ((command == Command::kExportHf || (any_source && !hf_dir)) && checkpoint_or_hf) {
         from = resolve_checkpoint(path);
         auto problems = verify_checkpoint(read_manifest(from));
         if (!problems.empty()) throw Damaged(std::move(problems));
@@ -459,15 +470,23 @@ int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostre
       }
       GPT2 model(source.config);
       load_weights(model, source);
+      const int64_t parameters = model->num_parameters();
       if (command == Command::kImportHf) {
         save_model_file(model, out_file, source.step, path);
       } else if (command == Command::kExportOnnx) {
         export_onnx(model, out_file, *parsed);
+      } else if (command == Command::kQuantize) {
+        if (parsed->group < 0 || (parsed->group > 0 && source.config.n_embd % parsed->group != 0)) {
+          throw usage_error("quantize: --group " + std::to_string(parsed->group) +
+                            " must divide n_embd = " + std::to_string(source.config.n_embd) + " (0: one scale a row)");
+        }
+        model->quantize_int8(parsed->group);
+        save_model_file(model, out_file, source.step, path);
       } else {
         save_hf_weights(model, out_file);
       }
-      out << "wrote " << out_file << ": " << model->num_parameters() << " parameters from " << source.describe()
-          << "\n";
+      out << "wrote " << out_file << ": " << parameters << " parameters"
+          << (model->quantized() ? " (the blocks' projections int8)" : "") << " from " << source.describe() << "\n";
       return kExitOk;
     }
     if (command == Command::kVerify && files::is_directory(path) &&

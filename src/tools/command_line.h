@@ -23,6 +23,20 @@ boost::program_options::typed_value<std::string>* choice_value(const char* name,
   return choice_option(std::string("--") + name, field);
 }
 
+// --quant and --quant_group, the same in gpt2-generate, gpt2-eval and gpt2-serve
+// (load_model_to_run in src/io/model_weights.h).
+struct QuantOptions {
+  QuantChoice quant = QuantChoice::kNone;
+  int64_t group = 0;
+};
+inline void add_quant_options(boost::program_options::options_description& options, QuantOptions* q) {
+  options.add_options()("quant", choice_value("quant", &q->quant),
+                        "none | int8: the blocks' projections as int8 weights, dequantized as they are read "
+                        "(an int8 model file from gpt2-ckpt quantize runs as int8 in any case)")(
+      "quant_group", boost::program_options::value(&q->group)->default_value(0),
+      "int8: one scale per this many columns of a weight (0: one scale a row)");
+}
+
 // Parses `args` (the arguments after the program name) into `vm` against `options` (those listed
 // by --help) and `hidden` (positional-only). Returns false when --help was given: usage and options
 // are printed to `out`, the caller exits 0.

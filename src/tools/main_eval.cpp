@@ -34,6 +34,7 @@ struct Options {
   std::string model, data;
   gpt2::DeviceChoice device = gpt2::DeviceChoice::kAuto;
   gpt2::DtypeChoice dtype = gpt2::DtypeChoice::kAuto;
+  gpt2::tools::QuantOptions quant;
   int64_t seq_len = 0, batch = 8, windows = 0;  // seq_len 0 = the model's block_size; windows 0 = all
 };
 
@@ -55,6 +56,7 @@ std::optional<Options> parse_options(int argc, char** argv) {
       "device", gpt2::tools::choice_value("device", &o.device), "auto | cpu | cuda")(
       "dtype", gpt2::tools::choice_value("dtype", &o.dtype),
       "auto (a checkpoint's training dtype; else bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16");
+  gpt2::tools::add_quant_options(named, &o.quant);
   po::positional_options_description positional;
   positional.add("model", 1);
   po::variables_map vm;
@@ -72,7 +74,8 @@ int run(int argc, char** argv, const gpt2::parallel::RankEnv& env) {
   if (!parsed) return gpt2::kExitOk;
   const Options& o = *parsed;
 
-  gpt2::InferenceModel loaded = gpt2::load_model_to_run(o.model, o.device, o.dtype, /*auto_trained=*/true);
+  gpt2::InferenceModel loaded =
+      gpt2::load_model_to_run(o.model, o.device, o.dtype, /*auto_trained=*/true, o.quant.quant, o.quant.group);
   const gpt2::GPT2Config& config = loaded.source.config;
   const int64_t T = o.seq_len > 0 ? o.seq_len : config.block_size;
   if (T > config.block_size) {

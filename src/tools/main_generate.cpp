@@ -37,6 +37,7 @@ struct Options {
   gpt2::SamplingOptions sampling;
   gpt2::DeviceChoice device = gpt2::DeviceChoice::kAuto;
   gpt2::DtypeChoice dtype = gpt2::DtypeChoice::kAuto;
+  gpt2::tools::QuantOptions quant;
   std::string tokenizer_dir;
   bool ids = false, ignore_eot = false;
 };
@@ -72,6 +73,7 @@ std::optional<Options> parse_options(int argc, char** argv) {
       "ids", po::bool_switch(&o.ids), "prompts and output are token ids separated by spaces (no tokenizer)")(
       "no_kv_cache", "recompute the whole context for every token (slow; the reference)")(
       "ignore_eot", po::bool_switch(&o.ignore_eot), "keep sampling after <|endoftext|>");
+  gpt2::tools::add_quant_options(named, &o.quant);
   po::positional_options_description positional;
   positional.add("model", 1);
   po::variables_map vm;
@@ -128,7 +130,8 @@ int run(int argc, char** argv) {
   if (!parsed) return gpt2::kExitOk;
   Options o = *parsed;
 
-  gpt2::InferenceModel loaded = gpt2::load_model_to_run(o.model, o.device, o.dtype);
+  gpt2::InferenceModel loaded =
+      gpt2::load_model_to_run(o.model, o.device, o.dtype, false, o.quant.quant, o.quant.group);
   gpt2::GPT2& model = loaded.model;
   const gpt2::WeightsSource& source = loaded.source;
   const torch::Device device = loaded.device;

@@ -39,6 +39,7 @@ struct Options {
   std::string model, tokenizer_dir, model_name;
   gpt2::DeviceChoice device = gpt2::DeviceChoice::kAuto;
   gpt2::DtypeChoice dtype = gpt2::DtypeChoice::kAuto;
+  gpt2::tools::QuantOptions quant;
   serve::ServerOptions server;
   serve::SchedulerOptions scheduler;
   int64_t max_prompts = 64;
@@ -98,6 +99,7 @@ std::optional<Options> parse_options(int argc, char** argv) {
       "io_threads", po::value(&s.io_threads)->default_value(s.io_threads), "threads serving connections")(
       "max_connections", po::value(&s.max_connections)->default_value(s.max_connections),
       "open connections; more get 503 (the descriptor limit is raised to allow them)");
+  gpt2::tools::add_quant_options(named, &o.quant);
   po::positional_options_description positional;
   positional.add("model", 1);
   po::variables_map vm;
@@ -148,7 +150,8 @@ int run(int argc, char** argv) {
   const Options& o = *parsed;
   raise_descriptor_limit(o.server.max_connections);
 
-  gpt2::InferenceModel loaded = gpt2::load_model_to_run(o.model, o.device, o.dtype);
+  gpt2::InferenceModel loaded =
+      gpt2::load_model_to_run(o.model, o.device, o.dtype, false, o.quant.quant, o.quant.group);
   const auto tokenizer = gpt2::data::Gpt2Tokenizer::load(
       o.tokenizer_dir.empty() ? gpt2::data::find_default_tokenizer_dir() : o.tokenizer_dir);
   const gpt2::GPT2Config& cfg = loaded.source.config;
