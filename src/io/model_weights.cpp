@@ -127,6 +127,13 @@ GPT2 load_model(const std::string& path) {
   return model;
 }
 
+void check_int8_group(const GPT2Config& config, int64_t group, const std::string& option) {
+  if (group < 0 || (group > 0 && config.n_embd % group != 0)) {
+    throw UserError(option + " = " + std::to_string(group) + ": must divide n_embd = " + std::to_string(config.n_embd) +
+                    " (0: one scale a row)");
+  }
+}
+
 InferenceModel load_model_to_run(const std::string& path, DeviceChoice device, DtypeChoice dtype, bool auto_trained,
                                  QuantChoice quant, int64_t quant_group) {
   const bool have_cuda = torch::cuda::is_available();
@@ -150,11 +157,7 @@ InferenceModel load_model_to_run(const std::string& path, DeviceChoice device, D
     load_weights(m.model, m.source);
     m.model->to(m.device, scalar);
     if (quant == QuantChoice::kInt8) {
-      const int64_t c = m.source.config.n_embd;
-      if (quant_group < 0 || (quant_group > 0 && c % quant_group != 0)) {
-        throw UserError("--quant_group = " + std::to_string(quant_group) +
-                        ": must divide n_embd = " + std::to_string(c) + " (0: one scale a row)");
-      }
+      check_int8_group(m.source.config, quant_group, "--quant_group");
       m.model->quantize_int8(quant_group);
       m.int8_group = quant_group;
     }

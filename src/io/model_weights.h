@@ -38,6 +38,10 @@ void load_weights(GPT2& model, const WeightsSource& source);
 // find_weights + a GPT2 of that config (CPU, fp32) + load_weights.
 GPT2 load_model(const std::string& path);
 
+// An int8 group size for `config` (GPT2::quantize_int8): 0 (a scale a row) or a divisor of n_embd,
+// which then divides every projection's row; else a gpt2::UserError naming `option` and the value.
+void check_int8_group(const GPT2Config& config, int64_t group, const std::string& option);
+
 // A model loaded to run (gpt2-generate, gpt2-eval, gpt2-serve): on `device` (auto: CUDA when there
 // is one), in `dtype` (auto: bf16 on CUDA, fp32 on CPU; with `auto_trained`, a checkpoint's own
 // training dtype, so gpt2-eval measures what the trainer measured); in eval mode. `quant` int8

@@ -476,9 +476,10 @@ int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostre
       } else if (command == Command::kExportOnnx) {
         export_onnx(model, out_file, *parsed);
       } else if (command == Command::kQuantize) {
-        if (parsed->group < 0 || (parsed->group > 0 && source.config.n_embd % parsed->group != 0)) {
-          throw usage_error("quantize: --group " + std::to_string(parsed->group) +
-                            " must divide n_embd = " + std::to_string(source.config.n_embd) + " (0: one scale a row)");
+        try {
+          check_int8_group(source.config, parsed->group, "--group");
+        } catch (const UserError& e) {
+          throw usage_error(std::string("quantize: ") + e.what());
         }
         model->quantize_int8(parsed->group);
         save_model_file(model, out_file, source.step, path);
