@@ -4,9 +4,11 @@ torch.optim.AdamW on the rest, with gpt2-train's hyperparameters, LR schedule (o
 gradient clipping and evaluation, on our token files (read with h5py).
 
 It first writes its initial weights as a Hugging Face directory (--init_out), which gpt2-train starts
-from (train.init_from), so both runs begin from the same weights. Training windows are drawn at random
-multiples of seq_len (another order than gpt2-train's sampler, the same distribution); the val windows
-are gpt2-train's: the first eval_steps x micro_batch windows of the val file.
+from (train.init_from), so both runs begin from the same weights. Training windows are gpt2-train's,
+in its order (WindowOrder re-derives data/batch_sampler's seeded per-epoch permutation): several
+passes over a small text make the order matter, since drawing windows with replacement leaves about a
+third of them unseen each pass. The val windows are gpt2-train's too: the first eval_steps x micro_batch windows of the val file, wrapping around it as
+gpt2-train does when it holds fewer.
 Writes JSON lines {"step", "loss", "ms_per_step"} and {"step", "val_loss"} to --metrics.
 """
 import argparse, json, math, os, struct, time
@@ -74,6 +76,38 @@ class GPT(nn.Module):
         return {k: v.detach().float().contiguous().cpu() for k, v in out.items()}
 
 
+M64 = (1 << 64) - 1
+
+
+def mix64(x):  # splitmix64's finalizer, as data/batch_sampler.cpp
+    x = (x + 0x9E3779B97F4A7C15) & M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M64
+    return x ^ (x >> 31)
+
+
+class WindowOrder:
+    """gpt2-train's window order (data/batch_sampler.h): global sample g reads window
+    permute(g % W) of epoch g / W, a 4-round Feistel network over 2h bits keyed by (seed, epoch),
+    cycle-walked into [0, W)."""
+
+    def __init__(s, windows, seed):
+        s.windows, s.seed = windows, seed
+        bits = 2
+        while (1 << bits) < windows: bits += 1
+        s.half = (bits + 1) // 2
+
+    def window(s, g):
+        key = mix64(s.seed ^ mix64(g // s.windows + 1))
+        mask, x = (1 << s.half) - 1, g % s.windows
+        while True:
+            left, right = x >> s.half, x & mask
+            for r in range(4):
+                left, right = right, left ^ (mix64(key ^ ((r * 0x632BE59BD9B4E019) & M64) ^ right) & mask)
+            x = (left << s.half) | right
+            if x < s.windows: return x
+
+
 def lr_at(step, a):  # optim/lr_schedule.cpp
     if step < a.warmup: return a.lr * (step + 1) / a.warmup
     if step >= a.steps: return a.min_lr
@@ -121,7 +155,8 @@ def main():
     T, mb = a.seq_len, a.micro_batch
     accum = a.batch_tokens // (mb * T)
     windows = (train.shape[0] - 1) // T
-    rng = np.random.default_rng(a.seed)
+    val_windows = (val.shape[0] - 1) // T
+    order = WindowOrder(windows, a.seed)  # gpt2-train's sampler seed is train.seed, 1337 in the configs
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.dtype == "bf16")
 
     def batch(tokens, starts):
@@ -133,7 +168,7 @@ def main():
         model.eval(); total = 0.0
         with torch.no_grad(), autocast:
             for e in range(a.eval_steps):
-                total += model(*batch(val, [(e * mb + r) * T for r in range(mb)])).item()
+                total += model(*batch(val, [(e * mb + r) % val_windows * T for r in range(mb)])).item()
         model.train()
         return total / a.eval_steps
 
@@ -142,9 +177,10 @@ def main():
             if a.eval_every > 0 and step % a.eval_every == 0:
                 out.write(json.dumps({"step": step, "val_loss": evaluate()}) + "\n")
             loss_sum, t0 = 0.0, time.perf_counter()
-            for _ in range(accum):
+            for m in range(accum):
+                first = (step * accum + m) * mb  # global sample index of row 0 (one rank)
                 with autocast:
-                    loss = model(*batch(train, rng.integers(0, windows, mb) * T)) / accum
+                    loss = model(*batch(train, [order.window(first + r) * T for r in range(mb)])) / accum
                 loss.backward(); loss_sum += loss.item()
             torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
             scale = lr_at(step, a) / a.lr

@@ -12,8 +12,9 @@
 # Usage: bash bench/time_to_loss.sh SIZE [RUN ...]   (SIZE 124m | 350m | tiny; RUNs default: all;
 # `summary` alone re-prints the table from $OUT/ttl-SIZE). Several calls may split the runs: each
 # run's metrics stay in $OUT/ttl-SIZE.
-# Env: STEPS (400), BATCH_TOKENS (32768: about 3 passes over the 4M-token text in 400 steps), MICRO (32;
-# the peer's too: the eval windows are the first EVAL_STEPS x MICRO), SEQ (1024), EVAL_EVERY (25), EVAL_STEPS (8),
+# Env: STEPS (400), BATCH_TOKENS (32768: about 3 passes over the 5M-token text in 400 steps), MICRO (32;
+# the peer's too: the eval windows are the first EVAL_STEPS x MICRO), SEQ (1024), EVAL_EVERY (25),
+# EVAL_STEPS (2: 64 windows, within the val file's 68; more wrap around it, as gpt2-train does),
 # MUON_LR (0.02), ADAMW_LR (6e-4: the AdamW rate of Muon runs), CORPUS (.device-deps/corpus: pydocs/
 # and fortunes/ text), GPT2_BIN (build-gpu/bin), DEVICE (cuda). On the GPU machine source
 # .device-deps/gpu-env.sh first. SIZE tiny is configs/tiny.ini's model on the CPU, for a smoke run.
@@ -22,7 +23,7 @@ size="${1:?usage: time_to_loss.sh 124m|350m|tiny [RUN ...]}"; shift
 out="${OUT:-/tmp/out}/ttl-$size"; mkdir -p "$out"
 bin="${GPT2_BIN:-build-gpu/bin}"
 steps="${STEPS:-400}" micro="${MICRO:-32}" seq="${SEQ:-1024}" batch_tokens="${BATCH_TOKENS:-32768}"
-eval_every="${EVAL_EVERY:-25}" eval_steps="${EVAL_STEPS:-8}" device="${DEVICE:-cuda}"
+eval_every="${EVAL_EVERY:-25}" eval_steps="${EVAL_STEPS:-2}" device="${DEVICE:-cuda}"
 config="configs/gpt2-$size.ini"
 case "$size" in
   124m) dims="--n_layer 12 --n_head 12 --n_embd 768" ;;

@@ -92,6 +92,7 @@ class ResidentAdamW : public ShardUpdate {
   }
   int64_t device_bytes() const override { return bytes_of(master_) + bytes_of(grad32_) + moments_.bytes(); }
   int64_t host_bytes() const override { return 0; }
+  torch::Tensor device_masters() const override { return master_; }
   ShardState state(int64_t begin, int64_t end) const override {
     return state_of(master_.defined() ? master_ : shard_.params, shard_, begin, end, moments_);
   }

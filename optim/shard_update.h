@@ -73,6 +73,10 @@ class ShardUpdate {
   // Bytes of the update's buffers on the parameters' device and in host memory.
   virtual int64_t device_bytes() const = 0;
   virtual int64_t host_bytes() const = 0;
+  // The fp32 masters of the whole shard (shard coordinates) where the update keeps them on the
+  // parameters' device, else undefined (fp32 parameters are their own; offload keeps them on the
+  // host). step() writes only the spans' elements, so an owner may keep other elements' masters there.
+  virtual torch::Tensor device_masters() const { return {}; }
   // The master weights and moments of the flat range [begin, end) inside one piece of the shard
   // (adam_step is the owner's), and back: load_state takes the whole shard's (its pieces end to end)
   // and leaves the parameters to the owner.

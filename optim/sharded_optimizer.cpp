@@ -119,11 +119,18 @@ void ShardedOptimizer::set_up_muon(const std::vector<torch::Tensor>& params, con
   auto owners = balance_muon_owners(matrices, world, options_.muon.ns.steps);
   muon_ = std::make_unique<MuonOwners>(matrices, std::move(owners), pieces, sharded_ ? comm_.rank() : 0);
 
-  // fp32 parameters are their own masters, unless offload writes the shard back whole from host
-  // masters (stale over Muon's matrices) before Muon's step reads them.
+  // Masters: fp32 parameters are their own, unless offload writes the shard back whole from host
+  // masters (stale over Muon's matrices) before Muon's step reads them. Unsharded, 16-bit
+  // parameters take the update's device masters (shard coordinates are flat ones there, and
+  // AdamW's step leaves Muon's elements alone); sharded, an owner's matrices lie in other ranks'
+  // shards, so it keeps masters of its own.
   const bool fp32_params = param_flat_.scalar_type() == at::kFloat && !options_.offload;
+  const torch::Tensor shared_masters = sharded_ ? torch::Tensor() : update_->device_masters();
+  muon_rounds_params_ = !fp32_params;
   muon_momentum_buffer_ = at::zeros({muon_->owned_numel()}, param_flat_.options().dtype(at::kFloat));
-  if (!fp32_params) muon_master_buffer_ = at::empty({muon_->owned_numel()}, param_flat_.options().dtype(at::kFloat));
+  if (!fp32_params && !shared_masters.defined()) {
+    muon_master_buffer_ = at::empty({muon_->owned_numel()}, param_flat_.options().dtype(at::kFloat));
+  }
   int64_t pos = 0;
   for (size_t k : muon_->owned()) {
     const MuonMatrix& m = muon_->matrices()[k];
@@ -131,6 +138,8 @@ void ShardedOptimizer::set_up_muon(const std::vector<torch::Tensor>& params, con
     muon_momentum_.push_back(muon_momentum_buffer_.narrow(0, pos, m.numel()).view({m.rows, m.cols}));
     if (fp32_params) {
       muon_masters_.push_back(muon_params_.back());
+    } else if (shared_masters.defined()) {
+      muon_masters_.push_back(shared_masters.narrow(0, m.offset, m.numel()).view({m.rows, m.cols}));
     } else {
       muon_masters_.push_back(muon_master_buffer_.narrow(0, pos, m.numel()).view({m.rows, m.cols}));
       muon_masters_.back().copy_(muon_params_.back());
@@ -139,14 +148,18 @@ void ShardedOptimizer::set_up_muon(const std::vector<torch::Tensor>& params, con
   }
 }
 
+int64_t ShardedOptimizer::muon_state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto* t : {&muon_momentum_buffer_, &muon_master_buffer_}) bytes += t->defined() ? t->nbytes() : 0;
+  return bytes;
+}
+
 ShardedOptimizer::~ShardedOptimizer() = default;
 
 int64_t ShardedOptimizer::state_bytes() const {
   // A one-piece shard's parameters are a view of the model's; an interleaved one's a copy.
   const int64_t own_params = blocks_.empty() ? 0 : static_cast<int64_t>(shard_.params.nbytes());
-  int64_t muon = 0;
-  for (const auto* t : {&muon_momentum_buffer_, &muon_master_buffer_}) muon += t->defined() ? t->nbytes() : 0;
-  return own_params + muon + update_->device_bytes();
+  return own_params + muon_state_bytes() + update_->device_bytes();
 }
 
 torch::Tensor ShardedOptimizer::clip_grad_norm(double max_norm) {
@@ -202,7 +215,7 @@ void ShardedOptimizer::muon_step(double lr, const torch::Tensor& clip_coef) {
     torch::Tensor grad = grads[j].view(muon_masters_[j].sizes()).to(at::kFloat);
     if (clip_coef.defined()) grad = grad * clip_coef;
     optim::muon_step(muon_masters_[j], grad, muon_momentum_[j], lr, options_.muon);
-    if (muon_master_buffer_.defined()) muon_params_[j].copy_(muon_masters_[j]);  // rounded
+    if (muon_rounds_params_) muon_params_[j].copy_(muon_masters_[j]);  // rounded
   }
   if (sharded_) muon_->to_holders(comm_, flat_views(muon_params_), shard_.params);
 }
@@ -287,7 +300,7 @@ void ShardedOptimizer::load_state(const ShardState& s) {
   muon_->to_owners(comm_,
                    s.muon_momentum.defined() ? s.muon_momentum.to(options) : at::zeros({shard_.numel()}, options),
                    flat_views(muon_momentum_));
-  if (muon_master_buffer_.defined()) {
+  if (muon_rounds_params_) {
     for (size_t j = 0; j < muon_params_.size(); ++j) muon_params_[j].copy_(muon_masters_[j]);
   }
 }

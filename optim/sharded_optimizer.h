@@ -74,6 +74,9 @@ class ShardedOptimizer {
   // parameter staging buffers).
   int64_t state_bytes() const;
   int64_t host_state_bytes() const { return update_->host_bytes(); }
+  // Of state_bytes(), what Muon keeps beside AdamW's update: its owned matrices' fp32 momentum, and
+  // their fp32 masters where it cannot share the update's (sharded, or offloaded).
+  int64_t muon_state_bytes() const;
   // The flat ranges this rank's state covers, in the order state() holds them.
   const std::vector<parallel::FlatRange>& pieces() const { return shard_.pieces; }
   int64_t shard_numel() const { return shard_.numel(); }
@@ -114,6 +117,7 @@ class ShardedOptimizer {
   // fp32 master (a view of the parameters when they are fp32) and its parameters ([rows, cols]).
   std::unique_ptr<MuonOwners> muon_;
   torch::Tensor muon_momentum_buffer_, muon_master_buffer_;  // owned matrices end to end, fp32
+  bool muon_rounds_params_ = false;                          // the masters are not the parameters: round them into them
   std::vector<torch::Tensor> muon_momentum_, muon_masters_, muon_params_;
   void set_up_muon(const std::vector<torch::Tensor>& params, const parallel::FlatLayout& layout,
                    const std::vector<char>& by_muon);

@@ -29,7 +29,8 @@ constexpr double kGiB = 1073741824.0;
 // fp32 copy of fp16 gradients. Offload keeps masters, moments and a gradient and a parameter copy
 // in pinned host memory instead (optim::offload_host_bytes). fp32 moments cover the parameters
 // AdamW updates only: the fullest shard's. Muon (optim.name) adds an fp32 momentum, and fp32 masters
-// for 16-bit or offloaded parameters, of the blocks' matrices a rank owns (all of them at ZeRO 0),
+// for offloaded or sharded 16-bit parameters (unsharded ones share AdamW's), of the blocks'
+// matrices a rank owns (all of them at ZeRO 0),
 // and takes those matrices from AdamW's moments; as owners hold different shares under ZeRO 1/2,
 // the estimate takes the mean there, a floor for the rank that holds the most. Activations count only what
 // backward certainly keeps per block for B x T tokens of width C, whichever kernels run: without
@@ -110,8 +111,9 @@ MemoryEstimate estimate_memory(const Config& cfg, int world, at::ScalarType comp
     e.optimizer_device = own_params + moments + (compute != at::kFloat ? 4 * n : 0) +
                          (grads != at::kFloat && grads != at::kBFloat16 ? 4 * n : 0);
   }
-  if (muon > 0) {  // fp32 momentum, and fp32 masters for 16-bit or offloaded parameters, of the owned matrices
-    const bool own_masters = compute != at::kFloat || cfg.parallel.offload == Offload::kOptimizer;
+  if (muon > 0) {  // fp32 momentum, and fp32 masters of the owned matrices where AdamW's are not shared
+    const bool sharded = cfg.parallel.zero_stage >= 1 && world > 1;
+    const bool own_masters = cfg.parallel.offload == Offload::kOptimizer || (compute != at::kFloat && sharded);
     e.optimizer_device += muon / owners * (own_masters ? 8 : 4);
   }
 

@@ -363,10 +363,15 @@ void log_parallel_setup(const Config& cfg, const parallel::RankEnv& env, const p
             ", parameters ", c10::toString(precision.compute), ", gradients ", c10::toString(precision.grads),
             log::format(" (%.1f MiB on this rank)", buckets.bytes() / 1048576.0));
   if (const optim::MuonOwners* muon = optimizer.muon_owners()) {
-    log::info("optimizer: Muon for ", muon->matrices().size(), " weight matrices (lr ", cfg.optim.muon_lr,
-              ", momentum ", cfg.optim.muon_momentum, "), AdamW for the other parameters (lr ", cfg.train.lr,
-              "); this rank owns ", muon->owned().size(), " of the matrices, ", muon->owned_numel(), " parameters",
-              options.sharded && env.world_size() > 1 ? " (owners balanced by Newton-Schulz FLOPs)" : "");
+    log::info(
+        "optimizer: Muon for ", muon->matrices().size(), " weight matrices (lr ", cfg.optim.muon_lr, ", momentum ",
+        cfg.optim.muon_momentum, "), AdamW for the other parameters (lr ", cfg.train.lr, "); this rank owns ",
+        muon->owned().size(), " of the matrices, ", muon->owned_numel(), " parameters",
+        options.sharded && env.world_size() > 1 ? " (owners balanced by Newton-Schulz FLOPs)" : "",
+        log::format(
+            "; Muon's state %.1f MiB, %.0f bytes a parameter (AdamW's moments: 8)",
+            optimizer.muon_state_bytes() / 1048576.0,
+            muon->owned_numel() > 0 ? static_cast<double>(optimizer.muon_state_bytes()) / muon->owned_numel() : 0.0));
   }
   log::info(
       log::format("optimizer state: %.1f MiB on the device, %.1f MiB in host memory%s, on this rank "

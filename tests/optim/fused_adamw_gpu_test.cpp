@@ -172,9 +172,11 @@ void expect_sharded_matches(torch::ScalarType dtype, torch::ScalarType grad_dtyp
   ShardedOptimizer cpu(cpu_params, layout, cpu_grads, one, options);
   const bool compare_cpu = grad_dtype == torch::kFloat;
   ASSERT_TRUE(gpu_adamw_updates(cuda, /*offload=*/false));
-  // Two moments, fp32 masters for low-precision parameters, an fp32 gradient copy for fp16 ones
-  // (fp32 and bf16 are read as they are), and the block list.
-  const int64_t want_bytes = n * (8 + (dtype != torch::kFloat ? 4 : 0) + (grad_dtype == torch::kHalf ? 4 : 0));
+  // Two moments per parameter element (packed: none for the padding), fp32 masters for
+  // low-precision parameters and an fp32 gradient copy for fp16 ones (fp32 and bf16 are read as
+  // they are) over the shard, and the block list.
+  const int64_t want_bytes =
+      layout.total * 8 + n * ((dtype != torch::kFloat ? 4 : 0) + (grad_dtype == torch::kHalf ? 4 : 0));
   EXPECT_GE(gpu.state_bytes(), want_bytes);
   EXPECT_LT(gpu.state_bytes(), want_bytes + n / 8);
 

@@ -221,7 +221,7 @@ TEST(DataParallel, MemoryEstimateIsTheStateTheRunHolds) {
     }
   }
   // Muon (optim.name): its matrices leave AdamW's fp32 moments (8 bytes a parameter) for an fp32
-  // momentum (4), plus fp32 masters for bf16 parameters, held by their owners. The estimate is a
+  // momentum (4), plus fp32 masters for sharded bf16 parameters, held by their owners. The estimate is a
   // floor (under ZeRO 1/2 the mean share, and AdamW's packed moments lose under kMomentAlign
   // elements at each gap a matrix leaves, dense_fp32_blocks).
   cfg.memory.optimizer_moments = optim::MomentFormat::kFp32;
@@ -237,15 +237,16 @@ TEST(DataParallel, MemoryEstimateIsTheStateTheRunHolds) {
       const TrainResult muon = train(cfg, world);
       const MemoryEstimate e = estimate_memory(cfg, world.world_size(), compute, at::kFloat);
       EXPECT_LE(e.optimizer_device, world.all_reduce_max(static_cast<int>(muon.optimizer_state_bytes)));
-      if (stage != 0 || compute != at::kFloat) continue;
-      // ZeRO 0, fp32 parameters (their own masters): 4 bytes a Muon parameter, not AdamW's 8.
+      if (stage != 0) continue;
+      // ZeRO 0: 4 bytes a Muon parameter, not AdamW's 8 (fp32 parameters are their own masters,
+      // bf16 ones' masters are AdamW's, shared).
       cfg.optim.name = optim::UpdateRule::kAdamW;
       const TrainResult adamw = train(cfg, world);
       const double saved = static_cast<double>(adamw.optimizer_state_bytes - muon.optimizer_state_bytes);
       EXPECT_GE(saved, 4 * muon_params - 8.0 * optim::kMomentAlign * gaps);
       EXPECT_LE(saved, 4 * muon_params);
       if (world.is_main()) {
-        std::printf("[ measured ] Muon's matrices: %.3f bytes of optimizer state a parameter (AdamW: 8)\n",
+        std::printf("[ measured ] Muon's matrices, %s: %.3f bytes of optimizer state a parameter (AdamW: 8)\n", dtype,
                     8 - saved / muon_params);
       }
     }
