@@ -10,6 +10,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "optim/newton_schulz.h"
 
@@ -25,7 +26,12 @@ struct MuonOptions {
 // √max(1, rows / cols): the scale of a rows x cols matrix's orthogonalised update.
 double muon_lr_scale(int64_t rows, int64_t cols);
 
-// One step on one matrix, in place on `param` and `momentum`.
+// One step on a stack of same-shape matrices (Note [Muon's owners]), in place on `params` (k
+// matrices [rows, cols]) and `momentum` [k, rows, cols]; grads [k, rows, cols]. The stack is
+// orthogonalised as one (newton_schulz on a stack).
+void muon_step(const std::vector<torch::Tensor>& params, const torch::Tensor& grads, torch::Tensor momentum, double lr,
+               const MuonOptions& options, at::ScalarType compute = at::ScalarType::Undefined);
+// One step on one matrix: a stack of one.
 void muon_step(torch::Tensor param, const torch::Tensor& grad, torch::Tensor momentum, double lr,
                const MuonOptions& options, at::ScalarType compute = at::ScalarType::Undefined);
 

@@ -14,20 +14,54 @@ double newton_schulz_flops(int64_t rows, int64_t cols, int steps) {
   return steps * (4 * m * m * n + 2 * m * m * m);
 }
 
-std::vector<int> balance_muon_owners(const std::vector<MuonMatrix>& matrices, int world, int steps) {
-  GPT2_ASSERT(world >= 1, "balance_muon_owners: no ranks");
-  std::vector<size_t> by_cost(matrices.size());
-  std::iota(by_cost.begin(), by_cost.end(), size_t{0});
-  auto cost = [&](size_t k) { return newton_schulz_flops(matrices[k].rows, matrices[k].cols, steps); };
-  std::stable_sort(by_cost.begin(), by_cost.end(), [&](size_t a, size_t b) { return cost(a) > cost(b); });
-  std::vector<double> load(static_cast<size_t>(world), 0.0);
-  std::vector<int> owners(matrices.size(), 0);
-  for (size_t k : by_cost) {
-    const auto least = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    owners[k] = static_cast<int>(least);
-    load[least] += cost(k);
+std::vector<MuonStack> muon_stacks(const std::vector<MuonMatrix>& matrices, size_t max_stack) {
+  GPT2_ASSERT(max_stack >= 1, "muon_stacks: a stack holds at least one matrix");
+  std::vector<std::pair<int64_t, int64_t>> shapes;  // in order of first appearance
+  std::vector<MuonStack> by_shape;
+  for (size_t k = 0; k < matrices.size(); ++k) {
+    const std::pair<int64_t, int64_t> shape{matrices[k].rows, matrices[k].cols};
+    const auto at = static_cast<size_t>(std::find(shapes.begin(), shapes.end(), shape) - shapes.begin());
+    if (at == shapes.size()) {
+      shapes.push_back(shape);
+      by_shape.emplace_back();
+    }
+    by_shape[at].push_back(k);
   }
+  std::vector<MuonStack> stacks;
+  for (const MuonStack& same : by_shape) {
+    for (size_t i = 0; i < same.size(); i += max_stack) {
+      stacks.emplace_back(same.begin() + static_cast<std::ptrdiff_t>(i),
+                          same.begin() + static_cast<std::ptrdiff_t>(std::min(same.size(), i + max_stack)));
+    }
+  }
+  return stacks;
+}
+
+std::vector<int> balance_muon_owners(const std::vector<MuonMatrix>& matrices, const std::vector<MuonStack>& stacks,
+                                     int world, int steps) {
+  GPT2_ASSERT(world >= 1, "balance_muon_owners: no ranks");
+  std::vector<double> cost(stacks.size(), 0.0);
+  for (size_t s = 0; s < stacks.size(); ++s) {
+    for (size_t k : stacks[s]) cost[s] += newton_schulz_flops(matrices[k].rows, matrices[k].cols, steps);
+  }
+  std::vector<size_t> by_cost(stacks.size());
+  std::iota(by_cost.begin(), by_cost.end(), size_t{0});
+  std::stable_sort(by_cost.begin(), by_cost.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+  std::vector<double> load(static_cast<size_t>(world), 0.0);
+  std::vector<int> owners(matrices.size(), -1);
+  for (size_t s : by_cost) {
+    const auto least = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    for (size_t k : stacks[s]) owners[k] = static_cast<int>(least);
+    load[least] += cost[s];
+  }
+  GPT2_ASSERT(std::find(owners.begin(), owners.end(), -1) == owners.end(), "balance_muon_owners: a matrix in no stack");
   return owners;
+}
+
+std::vector<int> balance_muon_owners(const std::vector<MuonMatrix>& matrices, int world, int steps) {
+  std::vector<MuonStack> alone;
+  for (size_t k = 0; k < matrices.size(); ++k) alone.push_back({k});
+  return balance_muon_owners(matrices, alone, world, steps);
 }
 
 MuonOwners::MuonOwners(std::vector<MuonMatrix> matrices, std::vector<int> owners,

@@ -18,7 +18,8 @@
 //    §3.5); each iteration does three products, and an error in X is amplified by at most
 //    max |p'| ≤ a per iteration over the singular values it meets, so after s steps the error is
 //    below 3 s a^s γ_k in norm (u = 2⁻²⁴ in fp32, 2⁻⁸ in bf16, 2⁻⁵³ in fp64).
-// On CUDA the iterations run in bf16, as torch.optim.Muon's do, through src/kernels' GEMMs; on the
+// On CUDA the iterations run in bf16, as torch.optim.Muon's do, through src/kernels' GEMMs (a
+// matrix) or ATen's batched GEMM (a stack, what the optimizer runs); on the
 // CPU in fp32 (LibTorch's bf16 products are a portable loop on CPUs without AVX-512 BF16, Note
 // [bf16 on CPU]), or in the dtype asked for.
 #include <torch/types.h>
@@ -33,8 +34,9 @@ struct NewtonSchulz {
   double eps = 1e-7;
 };
 
-// The orthogonalised 2-D `g` (any float dtype), computed in `compute` (Undefined: bf16 on CUDA, fp32
-// on the CPU), returned in g's dtype.
+// The orthogonalised 2-D `g` (any float dtype), or each matrix of a stack g [k, rows, cols] (each
+// normalised by its own norm; one batched product per product), computed in `compute` (Undefined:
+// bf16 on CUDA, fp32 on the CPU), returned in g's dtype.
 torch::Tensor newton_schulz(const torch::Tensor& g, const NewtonSchulz& ns = {},
                             at::ScalarType compute = at::ScalarType::Undefined);
 

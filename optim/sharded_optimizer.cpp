@@ -116,7 +116,8 @@ void ShardedOptimizer::set_up_muon(const std::vector<torch::Tensor>& params, con
   const int world = sharded_ ? comm_.world_size() : 1;
   std::vector<std::vector<parallel::FlatRange>> pieces;
   for (int r = 0; r < world; ++r) pieces.push_back(sharded_ ? layout.pieces(r) : shard_.pieces);
-  auto owners = balance_muon_owners(matrices, world, options_.muon.ns.steps);
+  const std::vector<MuonStack> stacks = muon_stacks(matrices);
+  auto owners = balance_muon_owners(matrices, stacks, world, options_.muon.ns.steps);
   muon_ = std::make_unique<MuonOwners>(matrices, std::move(owners), pieces, sharded_ ? comm_.rank() : 0);
 
   // Masters: fp32 parameters are their own, unless offload writes the shard back whole from host
@@ -131,11 +132,27 @@ void ShardedOptimizer::set_up_muon(const std::vector<torch::Tensor>& params, con
   if (!fp32_params && !shared_masters.defined()) {
     muon_master_buffer_ = at::empty({muon_->owned_numel()}, param_flat_.options().dtype(at::kFloat));
   }
+  // Each owned stack's momentum is one [k, rows, cols] tensor; muon_momentum_[j] its matrix's slice.
+  std::vector<size_t> owned_index(matrices.size(), matrices.size());
+  for (size_t j = 0; j < muon_->owned().size(); ++j) owned_index[muon_->owned()[j]] = j;
+  muon_momentum_.resize(muon_->owned().size());
+  int64_t at = 0;
+  for (const MuonStack& stack : stacks) {
+    if (owned_index[stack.front()] == matrices.size()) continue;  // another rank's (whole stacks have one owner)
+    const MuonMatrix& m = matrices[stack.front()];
+    const auto k = static_cast<int64_t>(stack.size());
+    OwnedStack owned{{}, muon_momentum_buffer_.narrow(0, at, k * m.numel()).view({k, m.rows, m.cols})};
+    for (size_t i = 0; i < stack.size(); ++i) {
+      owned.owned.push_back(owned_index[stack[i]]);
+      muon_momentum_[owned.owned.back()] = owned.momentum[static_cast<int64_t>(i)];
+    }
+    muon_stacks_.push_back(std::move(owned));
+    at += k * m.numel();
+  }
   int64_t pos = 0;
   for (size_t k : muon_->owned()) {
     const MuonMatrix& m = muon_->matrices()[k];
     muon_params_.push_back(param_flat_.narrow(0, m.offset, m.numel()).view({m.rows, m.cols}));
-    muon_momentum_.push_back(muon_momentum_buffer_.narrow(0, pos, m.numel()).view({m.rows, m.cols}));
     if (fp32_params) {
       muon_masters_.push_back(muon_params_.back());
     } else if (shared_masters.defined()) {
@@ -211,11 +228,18 @@ void ShardedOptimizer::muon_step(double lr, const torch::Tensor& clip_coef) {
                              : shard_.grads.narrow(0, m.offset, m.numel()));
   }
   if (sharded_) muon_->to_owners(comm_, shard_.grads, grads);
-  for (size_t j = 0; j < grads.size(); ++j) {
-    torch::Tensor grad = grads[j].view(muon_masters_[j].sizes()).to(at::kFloat);
+  for (const OwnedStack& stack : muon_stacks_) {  // Note [Muon's owners]: one batched update a stack
+    std::vector<torch::Tensor> stack_grads, masters;
+    for (size_t j : stack.owned) {
+      stack_grads.push_back(grads[j].view(muon_masters_[j].sizes()));
+      masters.push_back(muon_masters_[j]);
+    }
+    torch::Tensor grad = at::stack(stack_grads).to(at::kFloat);
     if (clip_coef.defined()) grad = grad * clip_coef;
-    optim::muon_step(muon_masters_[j], grad, muon_momentum_[j], lr, options_.muon);
-    if (muon_rounds_params_) muon_params_[j].copy_(muon_masters_[j]);  // rounded
+    optim::muon_step(masters, grad, stack.momentum, lr, options_.muon);
+    if (muon_rounds_params_) {
+      for (size_t j : stack.owned) muon_params_[j].copy_(muon_masters_[j]);  // rounded
+    }
   }
   if (sharded_) muon_->to_holders(comm_, flat_views(muon_params_), shard_.params);
 }

@@ -116,8 +116,14 @@ class ShardedOptimizer {
   // Muon (Note [Muon's owners]): who owns which matrix, and per owned matrix its momentum, its
   // fp32 master (a view of the parameters when they are fp32) and its parameters ([rows, cols]).
   std::unique_ptr<MuonOwners> muon_;
-  torch::Tensor muon_momentum_buffer_, muon_master_buffer_;  // owned matrices end to end, fp32
-  bool muon_rounds_params_ = false;                          // the masters are not the parameters: round them into them
+  // The momentum buffer holds the owned stacks end to end, the master buffer the owned matrices.
+  torch::Tensor muon_momentum_buffer_, muon_master_buffer_;  // fp32
+  struct OwnedStack {
+    std::vector<size_t> owned;  // its matrices, as indices into muon_->owned()
+    torch::Tensor momentum;     // [k, rows, cols]
+  };
+  std::vector<OwnedStack> muon_stacks_;
+  bool muon_rounds_params_ = false;  // the masters are not the parameters: round them into them
   std::vector<torch::Tensor> muon_momentum_, muon_masters_, muon_params_;
   void set_up_muon(const std::vector<torch::Tensor>& params, const parallel::FlatLayout& layout,
                    const std::vector<char>& by_muon);

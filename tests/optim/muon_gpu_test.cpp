@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "optim/muon.h"
+#include "optim/muon_owners.h"
 #include "optim/newton_schulz.h"
 #include "src/kernels/gemm.h"
 #include "tests/optim/newton_schulz_rounding.h"
@@ -60,13 +61,21 @@ TEST(NewtonSchulzGpu, Bf16IterationsAreWithinTheirRoundingBound) {
       test::expect_iterations_within_rounding(g, torch::kBFloat16);
     }
   }
+  // As the sharded optimizer runs them: first of a stack of kMuonStack (one batched GEMM a product).
+  for (auto [rows, cols] : {std::pair{2304, 768}, {768, 3072}}) {
+    const auto g = torch::randn({rows, cols}, torch::kCUDA).to(torch::kBFloat16);
+    const auto others = torch::randn({int64_t{kMuonStack} - 1, rows, cols}, torch::kCUDA).to(torch::kBFloat16);
+    const auto stack = torch::cat({g.unsqueeze(0), others});
+    EXPECT_TRUE(torch::equal(newton_schulz(stack), newton_schulz(stack))) << "a stack is not deterministic on the GPU";
+    test::expect_iterations_within_rounding(g, torch::kBFloat16, others);
+  }
 }
 
 // Two Muon steps on fp32 parameters and momentum with bf16 gradients, as the sharded optimizer
 // runs them. Momentum m ← m + 0.05 (g − m) (lerp: three fp32 roundings over |m| + |g|, so
 // 4 u₃₂ (|m| + |g|) bounds it); the parameter p ← p (1 − lr wd) − lr s NS(u) with NS(u) the GPU's
 // orthogonalisation of the same u (computed here by the same operations, so the same bits): three
-// roundings, 4 u₃₂ (|p| + lr s |NS(u)|).
+// roundings, 4 u₃₂ (|p| + lr s |NS(u)|). muon_step runs a stack of one, and so does NS(u) here.
 TEST(MuonGpu, StepIsTheUpdateOfItsOrthogonalisationInFp32) {
   SKIP_WITHOUT_GPU();
   torch::manual_seed(7);
@@ -87,7 +96,7 @@ TEST(MuonGpu, StepIsTheUpdateOfItsOrthogonalisationInFp32) {
       const auto want_m = m0 + (1 - mu) * (gd - m0);
       EXPECT_TRUE(((m.to(torch::kDouble) - want_m).abs() <= 4 * kU32 * (m0.abs() + gd.abs())).all().item<bool>());
       const auto g32 = g.to(torch::kFloat);
-      const auto ortho = newton_schulz(g32.lerp(m, mu)).to(torch::kDouble);
+      const auto ortho = newton_schulz(g32.lerp(m, mu).unsqueeze(0))[0].to(torch::kDouble);  // muon_step's stack of one
       const auto want_p = p0 * (1 - lr * wd) - lr * scale * ortho;
       const auto bound = 4 * kU32 * (p0.abs() + lr * scale * ortho.abs());
       EXPECT_TRUE(((p.to(torch::kDouble) - want_p).abs() <= bound).all().item<bool>()) << "step " << step;

@@ -33,6 +33,24 @@ TEST(MuonOwners, LargestFirstToTheLeastLoadedRank) {
   EXPECT_EQ(balance_muon_owners(block, 1, 5), (std::vector<int>{0, 0, 0, 0}));
 }
 
+// Three blocks at C = 8 in flat order (qkv proj fc fc2, three times), stacks of at most 2: each
+// shape's matrices in flat order, cut into runs, the shapes as they first appear. Whole stacks go
+// to owners, largest first (per step: fc and fc2 pairs 36 C³, qkv pair 28, fc and fc2 alone 18, qkv
+// alone 14, proj pair 12, proj alone 6): on 2 ranks r0 takes fc pair, qkv pair, qkv alone, proj
+// alone; r1 fc2 pair, fc alone, fc2 alone, proj pair; 84 C³ each.
+TEST(MuonOwners, StacksAreRunsOfOneShapeOwnedWhole) {
+  const int64_t c = 8;
+  std::vector<MuonMatrix> matrices;
+  for (int b = 0; b < 3; ++b) {
+    for (auto [rows, cols] : {std::pair{3 * c, c}, {c, c}, {4 * c, c}, {c, 4 * c}}) matrices.push_back({0, rows, cols});
+  }
+  const auto stacks = muon_stacks(matrices, 2);
+  EXPECT_EQ(stacks, (std::vector<MuonStack>{{0, 4}, {8}, {1, 5}, {9}, {2, 6}, {10}, {3, 7}, {11}}));
+  EXPECT_EQ(balance_muon_owners(matrices, stacks, 2, 5), (std::vector<int>{0, 1, 0, 1, 0, 1, 0, 1, 0, 0, 1, 1}));
+  EXPECT_EQ(muon_stacks(matrices, kMuonStack).size(), 4u);  // 3 of each shape fit one stack
+  EXPECT_EQ(muon_stacks(matrices, 1).size(), matrices.size());
+}
+
 TEST(MuonOwners, MovesCarryEveryElementToItsOwnerAndBack) {
   auto comm = parallel::make_mpi_communicator(MPI_COMM_WORLD, 120);
   const int rank = comm->rank(), world = comm->world_size();

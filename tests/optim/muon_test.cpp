@@ -95,6 +95,39 @@ TEST(NewtonSchulz, Bf16IterationsAreWithinTheirRoundingBound) {
   torch::manual_seed(5);
   for (auto [rows, cols] : {std::pair{64, 192}, {192, 64}, {96, 96}})
     test::expect_iterations_within_rounding(torch::randn({rows, cols}).to(torch::kBFloat16), torch::kBFloat16);
+  // First of a stack of three (the sharded optimizer's batched path), beside matrices 100 times
+  // larger and smaller, which a norm shared over the stack would show.
+  for (auto [rows, cols] : {std::pair{64, 192}, {192, 64}}) {
+    const auto others = torch::stack({torch::randn({rows, cols}) * 100, torch::randn({rows, cols}) / 100});
+    test::expect_iterations_within_rounding(torch::randn({rows, cols}).to(torch::kBFloat16), torch::kBFloat16,
+                                            others.to(torch::kBFloat16));
+  }
+}
+
+// A stack's step is each matrix's own step: in fp64 (compute kDouble) a stack of three updates each
+// matrix and momentum as muon_step on that matrix alone does, within twice the fp64 rounding bound
+// of Note [Newton–Schulz] (each side's distance from the exact step is below one bound).
+TEST(Muon, AStackStepsEachMatrixAsItsOwnStep) {
+  torch::manual_seed(6);
+  const int64_t rows = 40, cols = 72;
+  const double lr = 0.02;
+  MuonOptions o;
+  auto grads = torch::randn({3, rows, cols}, torch::kDouble);
+  grads[1] *= 1000;  // a shared norm would shrink the others' updates
+  auto momentum = torch::randn({3, rows, cols}, torch::kDouble) * 0.1;
+  std::vector<torch::Tensor> params, alone_params, alone_momenta;
+  for (int64_t j = 0; j < 3; ++j) {
+    params.push_back(torch::randn({rows, cols}, torch::kDouble));
+    alone_params.push_back(params.back().clone());
+    alone_momenta.push_back(momentum[j].clone());
+  }
+  muon_step(params, grads, momentum, lr, o, torch::kDouble);
+  const double bound = 2 * (lr * rounding_bound(cols, kU64) + 4 * kU64 * 10);
+  for (int64_t j = 0; j < 3; ++j) {
+    muon_step(alone_params[j], grads[j], alone_momenta[j], lr, o, torch::kDouble);
+    EXPECT_TRUE(torch::equal(momentum[j], alone_momenta[j])) << j;  // elementwise: the same operations
+    EXPECT_LE((params[j] - alone_params[j]).abs().max().item<double>(), bound) << j;
+  }
 }
 
 // One step, spelled out in fp64 for a 48 x 96 matrix (scale 1) and a 96 x 48 one (scale √2):

@@ -79,16 +79,21 @@ inline Bounded iteration(const Bounded& x, double b_coef = NewtonSchulz::kB, dou
   return plus(product(b, x), NewtonSchulz::kA, x);
 }
 
-// Every iterate of newton_schulz(g) in `compute` (bf16) within its bound, g a bf16 matrix.
-inline void expect_iterations_within_rounding(const torch::Tensor& g, at::ScalarType compute) {
-  const std::string what = std::to_string(g.size(0)) + " x " + std::to_string(g.size(1));
+// Every iterate of newton_schulz(g) in `compute` (bf16) within its bound, g a bf16 matrix. With
+// `stacked_with` (bf16 [k, rows, cols]) g is orthogonalised first of a stack with those matrices,
+// which must not change its bound: each matrix of a stack is its own.
+inline void expect_iterations_within_rounding(const torch::Tensor& g, at::ScalarType compute,
+                                              const torch::Tensor& stacked_with = {}) {
+  const std::string what = std::to_string(g.size(0)) + " x " + std::to_string(g.size(1)) +
+                           (stacked_with.defined() ? ", stack of " + std::to_string(stacked_with.size(0) + 1) : "");
   SCOPED_TRACE(what);
   ASSERT_EQ(g.scalar_type(), torch::kBFloat16);
   const bool tall = g.size(0) > g.size(1);
   auto iterate = [&](int steps) {  // X_steps in the iteration's orientation (wide), in fp64 on g's device
     NewtonSchulz ns;
     ns.steps = steps;
-    const auto x = newton_schulz(g, ns, compute);
+    const auto x = stacked_with.defined() ? newton_schulz(torch::cat({g.unsqueeze(0), stacked_with}), ns, compute)[0]
+                                          : newton_schulz(g, ns, compute);
     return (tall ? x.t() : x).to(torch::kDouble);
   };
   const double u = kBf16RoundingU;
