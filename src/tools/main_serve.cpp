@@ -170,10 +170,15 @@ int run(int argc, char** argv) {
   serve::Scheduler scheduler(loaded.model, tokenizer, o.scheduler, metrics);
   serve::Server server(o.server, scheduler, tokenizer, limits, metrics);
   const uint16_t port = server.listen();
+  const std::string weights = loaded.int8_group < 0 ? ""
+                              : loaded.int8_group == 0
+                                  ? " with int8 weights (a scale a row)"
+                                  : gpt2::log::format(" with int8 weights (a scale per %lld columns)",
+                                                      static_cast<long long>(loaded.int8_group));
   gpt2::log::info(
       "gpt2-serve: ", loaded.source.describe(), " as '", o.model_name, "', ", loaded.model->num_parameters() / 1e6,
-      "M parameters, ", loaded.device.str(), " ", gpt2::choice_name(loaded.dtype), ", context ", cfg.block_size,
-      ", max_batch ", o.scheduler.max_batch, ", max_queue ", o.scheduler.max_queue, ", attend_block ",
+      "M parameters, ", loaded.device.str(), " ", gpt2::choice_name(loaded.dtype), weights, ", context ",
+      cfg.block_size, ", max_batch ", o.scheduler.max_batch, ", max_queue ", o.scheduler.max_queue, ", attend_block ",
       o.scheduler.attend_block, ", prefill_batch ", o.scheduler.prefill_batch, ", slot_attention ",
       gpt2::choice_name(o.scheduler.slot_attention), scheduler.slot_attention_on() ? " (on)" : " (off)",
       ", cuda_graphs ", scheduler.cuda_graphs_on() ? "on" : "off", ", KV cache ", gpt2::log::format("%.0f", kv_mib),

@@ -6,7 +6,8 @@ the SSE framing byte for byte; bad requests (each its 4xx, or the connection dro
 server keeps serving; a client leaving mid-stream frees its slot; /metrics, /v1/models, /health.
 Guarded: an API key, a full queue (503), SIGTERM finishing the requests in flight and exiting 0.
 Load (label slow): 2000 requests from 64 clients, every one answered.
-Run one class: test_serve.py Serve | Guarded | Load.
+ServeInt8: --quant int8 serves gpt2-generate --quant int8's greedy ids.
+Run one class: test_serve.py Serve | ServeInt8 | Guarded | Load.
 """
 import http.client
 import json
@@ -169,6 +170,27 @@ class ServerTest(unittest.TestCase):
 
 
 PROMPTS = [[464], [464, 2068, 7586, 21831], [15496, 11, 616, 1438, 318, 1757, 290, 314, 588], [40, 716, 257]]
+
+
+class ServeInt8(ServerTest):
+    """gpt2-serve --quant int8: each prompt alone (batch 1, so the decode steps take the int8 kernel)
+    gives gpt2-generate --quant int8's greedy ids for that prompt alone; test_int8.py holds those to
+    transformers with the dequantized weights."""
+    server_args = ("--quant", "int8", "--quant_group", "32")
+
+    def test_greedy_equals_gpt2_generate_int8(self):
+        self.assertIn("with int8 weights (a scale per 32 columns)", self.server.output())
+        n = 16
+        for p in PROMPTS:
+            rc, out, err = generate(self.dir, "--quant", "int8", "--quant_group", "32", "--ids", "--temperature", "0",
+                                    "--max_new_tokens", str(n), "--ignore_eot", "--device", "cpu", "--dtype", "fp32",
+                                    "--prompt", " ".join(map(str, p)))
+            self.assertEqual(rc, 0, err)
+            want = ids_of(out)[0][len(p):]
+            status, body = self.server.complete({"prompt": p, "max_tokens": n, "temperature": 0, "ignore_eos": True,
+                                                 "return_token_ids": True})
+            self.assertEqual(status, 200, body)
+            self.assertEqual(body["choices"][0]["token_ids"], want, f"prompt {p}")
 
 
 class Serve(ServerTest):
