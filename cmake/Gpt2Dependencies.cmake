@@ -25,6 +25,11 @@ if(NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
 endif()
 find_package(Torch REQUIRED)
 message(STATUS "LibTorch ${Torch_VERSION} from ${Torch_DIR}")
+# OpenMP for the one file built with it (src/kernels/int8_gemv_cpu.h says why): LibTorch's own
+# libgomp, so the process has one OpenMP runtime and one set of threads. Without it that file runs
+# on the calling thread.
+find_library(GPT2_TORCH_GOMP NAMES libgomp.so.1 PATHS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH)
+find_package(OpenMP COMPONENTS CXX)
 
 # CUDA code builds when the LibTorch found has CUDA (torch::cuda in TORCH_LIBRARIES).
 set(GPT2_WITH_CUDA OFF)
