@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "src/base/errors.h"
 
@@ -22,14 +23,16 @@ void muon_step(const std::vector<torch::Tensor>& params, const torch::Tensor& gr
   const at::Tensor g = grads.to(momentum.scalar_type());
   momentum.lerp_(g, 1.0 - options.momentum);
   const at::Tensor update = options.nesterov ? g.lerp(momentum, options.momentum) : momentum;
-  const at::Tensor ortho = newton_schulz(update, options.ns, compute);
+  const at::Tensor ortho = newton_schulz(update, options.ns, compute).to(params.front().scalar_type());
+  std::vector<at::Tensor> rows;
   for (size_t j = 0; j < params.size(); ++j) {
-    torch::Tensor param = params[j];
-    GPT2_ASSERT(param.sizes() == ortho.sizes().slice(1), "muon_step: a parameter of another shape than its stack");
-    param.mul_(1.0 - lr * options.weight_decay);
-    param.add_(ortho[static_cast<int64_t>(j)].to(param.scalar_type()),
-               -lr * muon_lr_scale(param.size(0), param.size(1)));
+    GPT2_ASSERT(params[j].sizes() == ortho.sizes().slice(1) && params[j].scalar_type() == ortho.scalar_type(),
+                "muon_step: the parameters of a stack have its shape and one dtype");
+    rows.push_back(ortho[static_cast<int64_t>(j)]);
   }
+  // One multi-tensor kernel each over the stack (torch's _foreach ops), not two kernels a matrix.
+  at::_foreach_mul_(params, 1.0 - lr * options.weight_decay);
+  at::_foreach_add_(params, rows, -lr * muon_lr_scale(ortho.size(1), ortho.size(2)));
 }
 
 void muon_step(torch::Tensor param, const torch::Tensor& grad, torch::Tensor momentum, double lr,

@@ -237,8 +237,10 @@ void ShardedOptimizer::muon_step(double lr, const torch::Tensor& clip_coef) {
     torch::Tensor grad = at::stack(stack_grads).to(at::kFloat);
     if (clip_coef.defined()) grad = grad * clip_coef;
     optim::muon_step(masters, grad, stack.momentum, lr, options_.muon);
-    if (muon_rounds_params_) {
-      for (size_t j : stack.owned) muon_params_[j].copy_(muon_masters_[j]);  // rounded
+    if (muon_rounds_params_) {  // rounded, one multi-tensor copy a stack
+      std::vector<torch::Tensor> params;
+      for (size_t j : stack.owned) params.push_back(muon_params_[j]);
+      at::_foreach_copy_(params, masters);
     }
   }
   if (sharded_) muon_->to_holders(comm_, flat_views(muon_params_), shard_.params);
