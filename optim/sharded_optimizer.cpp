@@ -220,29 +220,31 @@ void ShardedOptimizer::step(double lr, const torch::Tensor& found_inf) {
 // is clipped here where the AdamW kernel clips as it reads (the shards were scaled in place
 // otherwise).
 void ShardedOptimizer::muon_step(double lr, const torch::Tensor& clip_coef) {
-  std::vector<torch::Tensor> grads;
-  for (size_t k : muon_->owned()) {
-    const MuonMatrix& m = muon_->matrices()[k];
-    // Unsharded, the flat gradient holds every matrix as it is.
-    grads.push_back(sharded_ ? at::empty({m.numel()}, shard_.grads.options())
-                             : shard_.grads.narrow(0, m.offset, m.numel()));
+  // Each owned stack's gradient as one [k, rows, cols] tensor. Sharded, the owners receive straight
+  // into it; unsharded, the flat gradient holds every matrix as it is, and the stack is a copy.
+  std::vector<torch::Tensor> grads(muon_->owned().size()), stack_grads;
+  for (const OwnedStack& stack : muon_stacks_) {
+    if (sharded_) {
+      stack_grads.push_back(at::empty(stack.momentum.sizes(), shard_.grads.options()));
+      for (size_t i = 0; i < stack.owned.size(); ++i) grads[stack.owned[i]] = stack_grads.back()[i].view({-1});
+    } else {
+      std::vector<torch::Tensor> views;
+      for (size_t j : stack.owned) {
+        const MuonMatrix& m = muon_->matrices()[muon_->owned()[j]];
+        views.push_back(shard_.grads.narrow(0, m.offset, m.numel()).view({m.rows, m.cols}));
+      }
+      stack_grads.push_back(at::stack(views));
+    }
   }
   if (sharded_) muon_->to_owners(comm_, shard_.grads, grads);
-  for (const OwnedStack& stack : muon_stacks_) {  // Note [Muon's owners]: one batched update a stack
-    std::vector<torch::Tensor> stack_grads, masters;
-    for (size_t j : stack.owned) {
-      stack_grads.push_back(grads[j].view(muon_masters_[j].sizes()));
-      masters.push_back(muon_masters_[j]);
-    }
-    torch::Tensor grad = at::stack(stack_grads).to(at::kFloat);
+  for (size_t s = 0; s < muon_stacks_.size(); ++s) {  // Note [Muon's owners]: one batched update a stack
+    std::vector<torch::Tensor> masters;
+    for (size_t j : muon_stacks_[s].owned) masters.push_back(muon_masters_[j]);
+    torch::Tensor grad = stack_grads[s].to(at::kFloat);
     if (clip_coef.defined()) grad = grad * clip_coef;
-    optim::muon_step(masters, grad, stack.momentum, lr, options_.muon);
-    if (muon_rounds_params_) {  // rounded, one multi-tensor copy a stack
-      std::vector<torch::Tensor> params;
-      for (size_t j : stack.owned) params.push_back(muon_params_[j]);
-      at::_foreach_copy_(params, masters);
-    }
+    optim::muon_step(masters, grad, muon_stacks_[s].momentum, lr, options_.muon);
   }
+  round_muon_masters_into_params();
   if (sharded_) muon_->to_holders(comm_, flat_views(muon_params_), shard_.params);
 }
 
@@ -326,9 +328,12 @@ void ShardedOptimizer::load_state(const ShardState& s) {
   muon_->to_owners(comm_,
                    s.muon_momentum.defined() ? s.muon_momentum.to(options) : at::zeros({shard_.numel()}, options),
                    flat_views(muon_momentum_));
-  if (muon_rounds_params_) {
-    for (size_t j = 0; j < muon_params_.size(); ++j) muon_params_[j].copy_(muon_masters_[j]);
-  }
+  round_muon_masters_into_params();
+}
+
+// 16-bit (or offloaded) parameters take their Muon masters, rounded: one multi-tensor copy.
+void ShardedOptimizer::round_muon_masters_into_params() {
+  if (muon_rounds_params_) at::_foreach_copy_(muon_params_, muon_masters_);
 }
 
 }  // namespace gpt2::optim

@@ -128,6 +128,7 @@ class ShardedOptimizer {
   void set_up_muon(const std::vector<torch::Tensor>& params, const parallel::FlatLayout& layout,
                    const std::vector<char>& by_muon);
   void muon_step(double lr, const torch::Tensor& clip_coef);
+  void round_muon_masters_into_params();
   // Sharded: the owners' masters and momenta in this rank's shard coordinates (fp32 on the device,
   // zero outside Muon's elements). Collective. Undefined without Muon or unsharded (this rank owns
   // everything then).
