@@ -6,9 +6,10 @@
 # in tests/run_gpu_suite.sh), UNFUSED=1 adds ours with LibTorch's ops, UNTUNED=1 ours with ATen's
 # GEMMs (train.gemm_tuning off), KEEP_GELU=1 at 1558m ours with memory.recompute_gelu off, MUON=1 ours
 # with optim.name = muon at each size and, at 124m, AdamW and Muon on 3 ranks sharing the GPU under
-# ZeRO 1 (ranks posing as hosts, bench_as_hosts; issue 42's step-cost rows); with MUON_ACCUM=N also
-# AdamW and Muon at N micro-batches an optimizer step (Newton-Schulz is paid once a step, so its
-# share falls with the batch: N=16 is GPT-2's 0.5M tokens at 124m). PEERS=0 leaves out the
+# ZeRO 1 (ranks posing as hosts, bench_as_hosts; issue 42's step-cost rows); with MUON_BATCH_TOKENS=N
+# also AdamW and Muon at N tokens an optimizer step, by accumulating micro-batches (Newton-Schulz is
+# paid once a step, so its share falls with the batch: 524288 is GPT-2's 0.5M tokens, 16 micro-batches
+# at 124m and 64 at 1558m; 6 steps each, the mean of the last three). PEERS=0 leaves out the
 # PyTorch peers (rows that compare ours with ours need none). Then a profile of
 # ours for 124m (top kernels); and the 2-GPU scaling of ours when the machine has two GPUs. Prints
 # a table at the end.
@@ -28,17 +29,18 @@ if [ "${CHECKS:-0}" = 1 ]; then
   ./build-gpu/tests/gpt2_kernel_tests >"$out/kernel_tests.log" 2>&1; grep -E "^\[ *(OK|FAILED|SKIPPED|PASSED) |Failure|Expected|Which is|rel_error" "$out/kernel_tests.log" | head -40
 fi
 
-# ours NAME SIZE B STEPS ARGS...: a run of gpt2-train, summarised into the table.
+# ours NAME SIZE B STEPS ARGS...: a run of gpt2-train, summarised into the table (the mean of the
+# logged steps from FROM_STEP on; ACCUM micro-batches a step).
 ours() {
   local name=$1 size=$2 B=$3 steps=$4 t0=$SECONDS; shift 4
   build-gpu/bin/gpt2-train --config "configs/gpt2-$size.ini" --data.train="$out/tok/train.h5" --data.val=none \
     --train.micro_batch="$B" --train.batch_tokens=$((B * 1024 * ${ACCUM:-1})) --train.max_steps="$steps" --train.warmup_steps=5 \
-    --train.sample_tokens=0 --log.every=5 --log.metrics="$out/$name.jsonl" --checkpoint.resume=none "$@" \
+    --train.sample_tokens=0 --log.every="${LOG_EVERY:-5}" --log.metrics="$out/$name.jsonl" --checkpoint.resume=none "$@" \
     >"$out/$name.log" 2>&1 || { tail -5 "$out/$name.log"; return; }
-  python3 - "$name" "$out/$name.jsonl" >>"$table" <<'PY'
+  python3 - "$name" "$out/$name.jsonl" "${FROM_STEP:-10}" >>"$table" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[2]) if '"loss"' in l]
-last = [r for r in rows if r["step"] >= 10] or rows[1:]
+last = [r for r in rows if r["step"] >= int(sys.argv[3])] or rows[1:]
 tok = sum(r["tokens_per_sec"] for r in last) / len(last); ms = sum(r["ms_per_step"] for r in last) / len(last)
 print(f"| {'ours ' + sys.argv[1]:<44} | {tok:10,.0f} | {ms:9.1f} | {rows[-1]['peak_mem_gib']:8.2f} | {100*rows[-1]['mfu']:5.1f}% |")
 PY
@@ -67,8 +69,11 @@ for size in $sizes; do
   [ "${UNTUNED:-0}" = 1 ] && ours "${size}_untuned_gemms" "$size" "$B" 30 --train.gemm_tuning=false
   [ "$size" = 1558m ] && [ "${KEEP_GELU:-0}" = 1 ] && ours "${size}_keep_gelu_output" "$size" "$B" 30 --memory.recompute_gelu=false
   [ "${MUON:-0}" = 1 ] && ours "${size}_muon" "$size" "$B" 30 --optim.name=muon
-  if [ "${MUON:-0}" = 1 ] && [ -n "${MUON_ACCUM:-}" ]; then
-    for opt in adamw muon; do ACCUM=$MUON_ACCUM ours "${size}_${opt}_accum$MUON_ACCUM" "$size" "$B" 15 --optim.name=$opt; done
+  if [ "${MUON:-0}" = 1 ] && [ -n "${MUON_BATCH_TOKENS:-}" ]; then
+    accum=$((MUON_BATCH_TOKENS / (B * 1024)))
+    for opt in adamw muon; do
+      ACCUM=$accum LOG_EVERY=1 FROM_STEP=3 ours "${size}_${opt}_${accum}_micro_batches" "$size" "$B" 6 --optim.name=$opt
+    done
   fi
   if [ "${PEERS:-1}" = 1 ]; then
     peer "torch eager $size" --size "$S" --B "$B" --steps 20

@@ -16,10 +16,22 @@
 # Env: STEPS (400), BATCH_TOKENS (32768: about 3 passes over the 5M-token text in 400 steps), MICRO (32;
 # the peer's too: the eval windows are the first EVAL_STEPS x MICRO), SEQ (1024), EVAL_EVERY (25),
 # EVAL_STEPS (2: 64 windows, within the val file's 68; more wrap around it, as gpt2-train does),
-# MUON_LR (0.02), ADAMW_LR (6e-4: the AdamW rate of Muon runs), CORPUS (.device-deps/corpus: pydocs/
-# and fortunes/ text), GPT2_BIN (build-gpu/bin), DEVICE (cuda). On the GPU machine source
-# .device-deps/gpu-env.sh first. SIZE tiny is configs/tiny.ini's model on the CPU, for a smoke run.
+# MUON_LR (0.02), ADAMW_LR (6e-4: the AdamW rate of Muon runs), CORPUS (.device-deps/corpus, which
+# `bash bench/time_to_loss.sh --prepare` makes on the CPU machine from the Debian packages
+# python3.11-doc and fortunes; fortunes' .u8 names are links to the same files and are copied as
+# files, so each fortune comes twice, as in every logged run: 4,917,256 train and 69,995 val tokens),
+# GPT2_BIN (build-gpu/bin), DEVICE (cuda). On the GPU machine source .device-deps/gpu-env.sh first.
+# SIZE tiny is configs/tiny.ini's model on the CPU, for a smoke run.
 set -uo pipefail
+if [ "${1:-}" = --prepare ]; then
+  corpus="${CORPUS:-.device-deps/corpus}"
+  for dir in /usr/share/doc/python3.11/html/_sources /usr/share/games/fortunes; do
+    [ -d "$dir" ] || { echo "time_to_loss.sh --prepare: $dir is missing (apt-get install python3.11-doc fortunes)" >&2; exit 2; }
+  done
+  rm -rf "$corpus" && mkdir -p "$corpus"
+  cp -r /usr/share/doc/python3.11/html/_sources "$corpus/pydocs" && cp -rL /usr/share/games/fortunes "$corpus/fortunes"
+  du -sh "$corpus"; exit 0
+fi
 size="${1:?usage: time_to_loss.sh 124m|350m|tiny [RUN ...]}"; shift
 out="${OUT:-/tmp/out}/ttl-$size"; mkdir -p "$out"
 bin="${GPT2_BIN:-build-gpu/bin}"
