@@ -47,7 +47,7 @@ struct ChoiceNames<DeviceChoice> {
       {{DeviceChoice::kAuto, "auto"}, {DeviceChoice::kCpu, "cpu"}, {DeviceChoice::kCuda, "cuda"}}};
 };
 
-// Weights for inference (--quant): as they are, or the blocks' projections in int8
+// Weights for inference (--quant): as they are, or the tied wte and the blocks' projections in int8
 // (src/kernels/int8_linear.h).
 enum class QuantChoice { kNone, kInt8 };
 template <>

@@ -63,7 +63,9 @@ void save_model_file(GPT2& model, const std::string& path, int64_t step, const s
     values.push_back(item.value().detach().to(torch::kCPU, torch::kFloat).contiguous());
   }
   files::write_durably(path, [&](const std::string& tmp) {
-    const kernels::Int8Weight* w = int8.empty() ? nullptr : int8.front().second;
+    // The group from mlp.c_proj (K = 4C, the longest rows): one scale there is one scale a row (0),
+    // while a group of n_embd gives wte's and c_attn's rows one scale too.
+    const kernels::Int8Weight* w = int8.empty() ? nullptr : int8.back().second;
     const int64_t group = w == nullptr ? -1 : w->scale.size(1) == 1 ? 0 : w->group();  // 0: a scale a row
     write_model_file(
         tmp, {model->config(), step, source, group}, names, shapes,
@@ -95,9 +97,18 @@ ModelFileInfo ModelFile::info() const {
     }
   }
   info.step = int_attr("step").value_or(0);
-  if (int_attr("format_version").value_or(kModelFileVersion) == kModelFileInt8Version) {
+  const int64_t version = int_attr("format_version").value_or(kModelFileVersion);
+  if (version == 2) {
+    throw UserError(path_ +
+                    ": an int8 model file of format_version 2 (its wte in fp32); int8 model files are now "
+                    "format_version 3 (wte int8 too): run gpt2-ckpt quantize on the fp32 model again");
+  }
+  if (version == kModelFileInt8Version) {
     info.int8_group = int_attr("quant_group").value_or(-1);
-    if (info.int8_group < 0) throw UserError(path_ + ": an int8 model file (format_version 2) without quant_group");
+    if (info.int8_group < 0) {
+      throw UserError(path_ + ": an int8 model file (format_version " + std::to_string(version) +
+                      ") without quant_group");
+    }
   }
   return info;
 }

@@ -8,10 +8,11 @@
 // block_size (int64); one fp32 dataset per parameter, named as GPT2::named_parameters() (HF names),
 // in our layout (Linear (out, in), wte with its padding rows). Datasets carry no modification
 // times, so the same weights give the same bytes.
-// format_version 2 (`gpt2-ckpt quantize`, GPT2::quantize_int8): the blocks' projections (c_attn,
-// c_proj, c_fc weights) are int8: instead of NAME, datasets NAME.int8 (N, K) int8 and NAME.scale
-// (N, G) fp32 (src/kernels/int8_linear.h), and root attributes quant = "int8" and quant_group (0:
-// one scale a row). Only inference reads it (load_model_to_run makes the model int8 first).
+// format_version 3 (`gpt2-ckpt quantize`, GPT2::quantize_int8): the tied wte and the blocks'
+// projections (c_attn, c_proj, c_fc weights) are int8: instead of NAME, datasets NAME.int8 (N, K)
+// int8 and NAME.scale (N, G) fp32 (src/kernels/int8_linear.h), and root attributes quant = "int8"
+// and quant_group (0: one scale a row). Only inference reads it (load_model_to_run makes the model
+// int8 first). Version 2 (wte in fp32) is refused with a message to quantize again.
 // defines: kModelFileFormat, ModelFileInfo, write_model_file, save_model_file, ModelFile, load_model_file
 #include <cstdint>
 #include <functional>
@@ -27,7 +28,7 @@ namespace gpt2 {
 
 inline constexpr char kModelFileFormat[] = "gpt2-model";
 inline constexpr int64_t kModelFileVersion = 1;
-inline constexpr int64_t kModelFileInt8Version = 2;
+inline constexpr int64_t kModelFileInt8Version = 3;
 
 // The root attributes besides format and format_version.
 struct ModelFileInfo {

@@ -45,7 +45,7 @@ void check_int8_group(const GPT2Config& config, int64_t group, const std::string
 // A model loaded to run (gpt2-generate, gpt2-eval, gpt2-serve): on `device` (auto: CUDA when there
 // is one), in `dtype` (auto: bf16 on CUDA, fp32 on CPU; with `auto_trained`, a checkpoint's own
 // training dtype, so gpt2-eval measures what the trainer measured); in eval mode. `quant` int8
-// quantizes the blocks' projections on the device (GPT2::quantize_int8, scales per `quant_group`
+// quantizes the tied wte and the blocks' projections on the device (GPT2::quantize_int8, scales per `quant_group`
 // columns, 0: a row); an int8 model file is read as int8 whatever `quant` says. gpt2::UserError
 // naming --device when CUDA is asked for and none is visible, and --quant_group when it does not
 // divide the projections' rows.

@@ -23,9 +23,10 @@ namespace gpt2::kernels {
 // Note [int8 weights]
 // Symmetric round-to-nearest int8 with a scale per row (or per group of a row), the scheme of
 // LLM.int8()'s weight half and of weight-only int8 in TensorRT-LLM: q = round(W / s), s = max|W| /
-// 127, so |W − q s| <= s / 2 = max|W| / 254 elementwise. Embeddings, LayerNorm and the tied head
-// stay in the model's dtype: they are a fifth of gpt2-124m's weights and the head's rows are read
-// one token at a time by the embedding as well. Zero groups get scale 1 (q = 0), not 0/0.
+// 127, so |W − q s| <= s / 2 = max|W| / 254 elementwise. The tied wte is int8 too, a scale per
+// token row (or group): it is 31% of gpt2-124m's weights, and at batch 1 its fp32 head product was
+// half of a CPU decode step's time; the embedding dequantizes the few rows it reads (int8_embedding).
+// wpe, LayerNorms and biases stay in the model's dtype. Zero groups get scale 1 (q = 0), not 0/0.
 
 Int8Weight quantize_int8(const torch::Tensor& w, int64_t group) {
   GPT2_ASSERT(w.dim() == 2 && at::isFloatingType(w.scalar_type()), "quantize_int8 takes a float matrix");
@@ -44,6 +45,14 @@ torch::Tensor dequantize_int8(const Int8Weight& w, at::ScalarType dtype) {
   const int64_t n = w.q.size(0), k = w.q.size(1), groups = w.scale.size(1);
   const auto compute = dtype == at::kDouble ? at::kDouble : at::kFloat;  // fp64: the exact products
   return w.q.to(compute).view({n, groups, k / groups}).mul(w.scale.to(compute).unsqueeze(2)).view({n, k}).to(dtype);
+}
+
+torch::Tensor int8_embedding(const torch::Tensor& ids, const Int8Weight& w, at::ScalarType dtype) {
+  at::NoGradGuard no_grad;
+  const at::Tensor flat = ids.reshape({-1});
+  std::vector<int64_t> out_shape = ids.sizes().vec();
+  out_shape.push_back(w.q.size(1));
+  return dequantize_int8({w.q.index_select(0, flat), w.scale.index_select(0, flat)}, dtype).view(out_shape);
 }
 
 namespace {

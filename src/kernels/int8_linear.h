@@ -32,6 +32,9 @@ Int8Weight quantize_int8(const torch::Tensor& w, int64_t group = 0);
 // q · scale in `dtype`, on q's device.
 torch::Tensor dequantize_int8(const Int8Weight& w, at::ScalarType dtype);
 torch::Tensor int8_linear(const torch::Tensor& x, const Int8Weight& w, const torch::Tensor& bias);
+// An int8 embedding table's rows: ids (any shape, int64) -> (..., K) in `dtype`, each row bitwise
+// the same row of dequantize_int8(w, dtype) (only the rows asked for are dequantized).
+torch::Tensor int8_embedding(const torch::Tensor& ids, const Int8Weight& w, at::ScalarType dtype);
 
 // Which CPU kernel int8_linear runs for few rows: "avx2" or "baseline" (for logs and tests).
 std::string int8_cpu_isa();

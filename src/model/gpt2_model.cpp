@@ -348,8 +348,10 @@ torch::Tensor GPT2Impl::hidden(const torch::Tensor& idx, KVCache* cache, const t
     std::tie(pos, mask) = cached_positions(*cache, idx.size(1), idx.options());  // forward_cached checked idx
   }
   auto& tr = *transformer_;
-  auto x = tr.wte(idx) + tr.wpe(pos);  // (B, T, C)
-  torch::Tensor pending;               // Note [Pending residual]: the stream is x + pending
+  const auto embedded =
+      wte_int8_ ? kernels::int8_embedding(idx, *wte_int8_, tr.wpe->weight.scalar_type()) : tr.wte(idx);
+  auto x = embedded + tr.wpe(pos);  // (B, T, C)
+  torch::Tensor pending;            // Note [Pending residual]: the stream is x + pending
   for (size_t i = 0; i < tr.blocks.size(); ++i) {
     std::shared_ptr<BlockImpl> block = tr.blocks[i].ptr();  // the lambda keeps it for the recompute
     if (cache != nullptr) {
@@ -369,20 +371,21 @@ torch::Tensor GPT2Impl::hidden(const torch::Tensor& idx, KVCache* cache, const t
 
 torch::Tensor GPT2Impl::head(const torch::Tensor& h) {
   // Full padded matrix for a GEMM-friendly N; padding columns are dropped by a free view.
-  auto logits = torch::nn::functional::linear(h, transformer_->wte->weight);  // (..., Vp)
-  return logits.narrow(-1, 0, cfg_.vocab_size);                               // (..., V) view
+  auto logits = wte_int8_ ? kernels::int8_linear(h.contiguous(), *wte_int8_, {})
+                          : torch::nn::functional::linear(h, transformer_->wte->weight);  // (..., Vp)
+  return logits.narrow(-1, 0, cfg_.vocab_size);                                           // (..., V) view
 }
 
 torch::Tensor GPT2Impl::head_loss(const torch::Tensor& h, const torch::Tensor& targets) {
   // Every path takes the targets (B, T) as they are, so a bad id is named by its (row, position)
   // (Note [Target check] in src/kernels/target_check.h).
   const auto& W = transformer_->wte->weight;  // (Vp, C), the tied head
-  if (chunked_loss_) {
+  if (chunked_loss_ && !wte_int8_) {
     // memory.chunked_loss: the head and the loss together, chunk by chunk (chunked_loss.h); the
     // logits of the whole batch never exist, in any precision.
     return chunked_cross_entropy(h.reshape({-1, h.size(-1)}), W, targets, cfg_.vocab_size, kIgnoreIndex);
   }
-  if (fused_kernels_ && (h.is_cpu() || (h.is_cuda() && kernels::have_cuda_kernels())) &&
+  if (fused_kernels_ && !wte_int8_ && (h.is_cpu() || (h.is_cuda() && kernels::have_cuda_kernels())) &&
       W.scalar_type() != torch::kDouble) {
     // The head and the loss as one node: the padded (B*T, Vp) logits are the only logits-sized
     // buffer, and the loss kernel turns them into their gradient (src/kernels/cross_entropy.h).
@@ -444,22 +447,22 @@ void GPT2Impl::empty_int8(int64_t group) { to_int8(group, /*values=*/false); }
 void GPT2Impl::to_int8(int64_t group, bool values) {
   GPT2_ASSERT(!quantized_, "GPT2::quantize_int8: the model is int8 already");
   at::NoGradGuard no_grad;
-  auto convert = [&](torch::nn::Linear& layer, std::optional<kernels::Int8Weight>& out) {
-    const at::Tensor& w = layer->weight;
+  auto convert = [&](torch::Tensor& weight, std::optional<kernels::Int8Weight>& out) {
     if (values) {
-      out = kernels::quantize_int8(w, group);
+      out = kernels::quantize_int8(weight, group);
     } else {
-      const int64_t groups = group == 0 ? 1 : w.size(1) / group;
-      out = kernels::Int8Weight{at::zeros(w.sizes(), w.options().dtype(at::kChar)),
-                                at::ones({w.size(0), groups}, w.options().dtype(at::kFloat))};
+      const int64_t groups = group == 0 ? 1 : weight.size(1) / group;
+      out = kernels::Int8Weight{at::zeros(weight.sizes(), weight.options().dtype(at::kChar)),
+                                at::ones({weight.size(0), groups}, weight.options().dtype(at::kFloat))};
     }
-    layer->weight.set_data(at::empty({0}, w.options()));  // frees the weight
+    weight.set_data(at::empty({0}, weight.options()));  // frees the weight
   };
+  convert(transformer_->wte->weight, wte_int8_);
   for (auto& block : transformer_->blocks) {
-    convert(block->attn->c_attn, block->attn->c_attn_int8);
-    convert(block->attn->c_proj, block->attn->c_proj_int8);
-    convert(block->mlp->c_fc, block->mlp->c_fc_int8);
-    convert(block->mlp->c_proj, block->mlp->c_proj_int8);
+    convert(block->attn->c_attn->weight, block->attn->c_attn_int8);
+    convert(block->attn->c_proj->weight, block->attn->c_proj_int8);
+    convert(block->mlp->c_fc->weight, block->mlp->c_fc_int8);
+    convert(block->mlp->c_proj->weight, block->mlp->c_proj_int8);
   }
   quantized_ = true;
 }
@@ -467,6 +470,7 @@ void GPT2Impl::to_int8(int64_t group, bool values) {
 std::vector<std::pair<std::string, kernels::Int8Weight*>> GPT2Impl::int8_weights() {
   std::vector<std::pair<std::string, kernels::Int8Weight*>> out;
   if (!quantized_) return out;
+  out.push_back({"transformer.wte.weight", &*wte_int8_});
   for (size_t i = 0; i < transformer_->blocks.size(); ++i) {
     auto& b = transformer_->blocks[i];
     const std::string p = "transformer.h." + std::to_string(i);

@@ -203,16 +203,18 @@ class GPT2Impl : public torch::nn::Module {
   void set_recompute_every(int64_t every_k);
 
   // Weight-only int8 (kernels/int8_linear.h, Note [int8 weights]) for the blocks' projections
-  // (c_attn, c_proj, c_fc): each weight quantized on its device (group 0: one scale a row, else
-  // scales per `group` columns) and its parameter emptied, so the model holds int8 weights only and
-  // runs forward only (generation, evaluation, serving). Embeddings, LayerNorms, biases and the tied
-  // head stay as they are. Quantizing twice is a gpt2::Error.
+  // (c_attn, c_proj, c_fc) and the tied wte: each weight quantized on its device (group 0: one
+  // scale a row, else scales per `group` columns) and its parameter emptied, so the model holds
+  // int8 weights only and runs forward only (generation, evaluation, serving). The embedding reads
+  // its rows dequantized (bitwise dequantize_int8's rows); the head is int8_linear. wpe,
+  // LayerNorms and biases stay as they are. Quantizing twice is a gpt2::Error.
   void quantize_int8(int64_t group = 0);
   // The same shape with zero weights and unit scales, on the model's device: what an int8 model
   // file's datasets are read into (model_file.h).
   void empty_int8(int64_t group);
-  // The int8 weights under their parameter names ("transformer.h.0.attn.c_attn.weight"), in
-  // registration order; empty before quantize_int8. Pointers into the model (model files fill them).
+  // The int8 weights under their parameter names ("transformer.wte.weight", then
+  // "transformer.h.0.attn.c_attn.weight", ...), in registration order; empty before quantize_int8. Pointers into the
+  // model (model files fill them).
   std::vector<std::pair<std::string, kernels::Int8Weight*>> int8_weights();
   bool quantized() const { return quantized_; }
 
@@ -249,11 +251,12 @@ class GPT2Impl : public torch::nn::Module {
 
   GPT2Config cfg_;
   Transformer transformer_{nullptr};
-  int64_t recompute_every_ = 0;  // see set_recompute_every
-  bool chunked_loss_ = false;    // see set_chunked_loss
-  bool fused_kernels_ = true;    // see set_fused_kernels
-  bool slot_attention_ = true;   // see set_slot_attention
-  bool quantized_ = false;       // see quantize_int8
+  int64_t recompute_every_ = 0;                  // see set_recompute_every
+  bool chunked_loss_ = false;                    // see set_chunked_loss
+  bool fused_kernels_ = true;                    // see set_fused_kernels
+  bool slot_attention_ = true;                   // see set_slot_attention
+  bool quantized_ = false;                       // see quantize_int8
+  std::optional<kernels::Int8Weight> wte_int8_;  // the tied wte once quantized (its parameter emptied)
 };
 TORCH_MODULE(GPT2);
 

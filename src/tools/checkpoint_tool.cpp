@@ -61,7 +61,7 @@ constexpr char kUsage[] =
     "  export-onnx  writes DIR/model.onnx (input_ids -> logits), DIR/model_with_past.onnx (with\n"
     "               past and present keys/values, for decoding), their weights DIR/model.onnx.data\n"
     "               and the tokenizer files: ONNX opset 17, checked by onnx::checker\n"
-    "  quantize     writes a model FILE whose blocks' projections are int8 (one scale a row, or\n"
+    "  quantize     writes a model FILE whose wte and blocks' projections are int8 (one scale a row, or\n"
     "               one per N columns with --group N): what gpt2-generate, gpt2-eval and gpt2-serve\n"
     "               read as int8 (--quant int8 quantizes the same way when they load)\n"
     "\n"
@@ -487,7 +487,8 @@ int run_tool(const std::vector<std::string>& args, std::ostream& out, std::ostre
         save_hf_weights(model, out_file);
       }
       out << "wrote " << out_file << ": " << parameters << " parameters"
-          << (model->quantized() ? " (the blocks' projections int8)" : "") << " from " << source.describe() << "\n";
+          << (model->quantized() ? " (wte and the blocks' projections int8)" : "") << " from " << source.describe()
+          << "\n";
       return kExitOk;
     }
     if (command == Command::kVerify && files::is_directory(path) &&

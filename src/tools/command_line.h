@@ -30,9 +30,10 @@ struct QuantOptions {
   int64_t group = 0;
 };
 inline void add_quant_options(boost::program_options::options_description& options, QuantOptions* q) {
-  options.add_options()("quant", choice_value("quant", &q->quant),
-                        "none | int8: the blocks' projections as int8 weights, dequantized as they are read "
-                        "(an int8 model file from gpt2-ckpt quantize runs as int8 in any case)")(
+  options.add_options()(
+      "quant", choice_value("quant", &q->quant),
+      "none | int8: the tied wte and the blocks' projections as int8 weights, dequantized as they are read "
+      "(an int8 model file from gpt2-ckpt quantize runs as int8 in any case)")(
       "quant_group", boost::program_options::value(&q->group)->default_value(0),
       "int8: one scale per this many columns of a weight (0: one scale a row)");
 }

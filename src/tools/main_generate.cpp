@@ -172,8 +172,13 @@ int run(int argc, char** argv) {
   };
 
   gpt2::validate_generation(source.config, prompts, o.sampling);  // before anything is printed
+  // Weights as held on the device: parameters (emptied where int8 replaced them) plus int8 codes and scales.
+  int64_t weight_bytes = 0;
+  for (const auto& p : model->parameters()) weight_bytes += static_cast<int64_t>(p.nbytes());
+  for (const auto& [name, w] : model->int8_weights()) weight_bytes += w->bytes();
   gpt2::log::info("gpt2-generate: ", source.describe(), ", ", model->num_parameters() / 1e6, "M parameters, ",
-                  device.str(), " ", dtype, ", ", prompts.size(), " prompt(s), ",
+                  device.str(), " ", dtype, ", weights ", gpt2::log::format("%.1f", weight_bytes / 1048576.0), " MiB, ",
+                  prompts.size(), " prompt(s), ",
                   o.sampling.kv_cache ? "KV cache" : "no KV cache (full recomputation)");
   // One prompt streams: its text, then every token as it comes (whole UTF-8 characters only).
   const bool stream = prompts.size() == 1;

@@ -128,11 +128,11 @@ TEST(Int8Linear, CudaDecodeKernelIsTheProductOfTheInt8Weights) {
   }
 }
 
-// The quantized model is the fp32 model with the dequantized weights: every projection reads its
-// int8 weight (a missed one would differ by the whole quantization error, ~1e-3 relative), and
-// the parameters it replaced are freed. The two runs differ in the order of their fp32 sums only:
-// Note [int8 kernel bound] per product, carried through 2 layers; 1e-4 relative sits well above
-// that (γ_256 = 1.5e-5 for the longest sum) and below a missed quantization.
+// The quantized model is the fp32 model with the dequantized weights: every projection, the
+// embedding and the tied head read their int8 weight (a missed one would differ by the whole quantization error, ~1e-3
+// relative), and the parameters it replaced are freed. The two runs differ in the order of their fp32 sums only: Note
+// [int8 kernel bound] per product, carried through 2 layers; 1e-4 relative sits well above that (γ_256 = 1.5e-5 for the
+// longest sum) and below a missed quantization.
 TEST(Int8Model, QuantizedModelIsTheModelOfItsDequantizedWeights) {
   const GPT2Config cfg{/*n_layer=*/2, /*n_head=*/4, /*n_embd=*/64, /*vocab_size=*/50257, /*block_size=*/32};
   GPT2 model(cfg), deq(cfg);
@@ -141,12 +141,14 @@ TEST(Int8Model, QuantizedModelIsTheModelOfItsDequantizedWeights) {
   model->quantize_int8();
   ASSERT_TRUE(model->quantized());
   const auto int8 = model->int8_weights();
-  ASSERT_EQ(int8.size(), 8u);
+  ASSERT_EQ(int8.size(), 9u);  // wte, then 4 projections a block
+  EXPECT_EQ(int8.front().first, "transformer.wte.weight");
   torch::NoGradGuard no_grad;
   auto params = deq->named_parameters();
   for (const auto& [name, w] : int8) params[name].copy_(dequantize_int8(*w, torch::kFloat));
   for (const auto& p : model->named_parameters()) {
-    if (p.key().find(".c_") != std::string::npos && p.key().find(".weight") != std::string::npos) {
+    if ((p.key().find(".c_") != std::string::npos && p.key().find(".weight") != std::string::npos) ||
+        p.key() == "transformer.wte.weight") {
       EXPECT_EQ(p.value().numel(), 0) << p.key();
     }
   }

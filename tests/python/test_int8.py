@@ -2,18 +2,19 @@
 (drives build/bin), against references written here with numpy and transformers.
 
 Checks:
-- the int8 model file (h5py): format_version 2, quant = int8, quant_group; for every block
-  projection NAME.int8 equals round-half-even(W / s) and NAME.scale equals max|W| / 127 per row (or
-  per group of 32 columns), computed here from the fp32 weights, with no fp32 NAME left; the other
-  parameters stay fp32 and equal;
+- the int8 model file (h5py): format_version 3, quant = int8, quant_group; for the tied wte (its
+  padding rows too) and every block projection NAME.int8 equals round-half-even(W / s) and
+  NAME.scale equals max|W| / 127 per row (or per group of 32 columns), computed here from the fp32
+  weights, with no fp32 NAME left; the other parameters stay fp32 and equal;
 - gpt2-eval's loss of the int8 file equals --quant int8 on the fp32 model (the same quantization),
   and both are within 1e-4 (relative) of transformers' loss with the dequantized weights put into
   the Hugging Face model: the same function of the same numbers in fp32, summed in other orders
   (the loss is a mean of log-softmaxes: its rounding is ~n u32 for n ~ 4C = 256 terms, 1.5e-5);
 - 24 greedy tokens of gpt2-generate --quant int8 (batch 1, so every projection takes the int8
   decode kernel) equal transformers' greedy decoding with the dequantized weights;
-- bad input: --quant int4, a --quant_group that does not divide n_embd, and an int8 file given
-  to export-hf exit 2 naming the option or the file.
+- bad input: --quant int4, a --quant_group that does not divide n_embd, an int8 file given to
+  export-hf, and a format_version 2 int8 file (wte in fp32, from before) exit 2 naming the option,
+  the file or the version.
 """
 import os
 import subprocess
@@ -35,6 +36,7 @@ GENERATE = os.path.join(BIN_DIR, "gpt2-generate")
 EVAL = os.path.join(BIN_DIR, "gpt2-eval")
 SRC = os.environ.get("GPT2_SOURCE_DIR", ".")
 PROJECTIONS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+INT8 = PROJECTIONS + ("transformer.wte.weight",)  # our names; the HF head is tied to wte
 
 
 def run(*args):
@@ -76,25 +78,26 @@ class Int8(unittest.TestCase):
         cls.tmp.cleanup()
 
     def dequantized_hf_model(self, group):
-        """The Hugging Face model with every block projection replaced by its int8 value (Conv1D: (in, out))."""
+        """The Hugging Face model with wte (so the tied head) and every block projection replaced by its
+        int8 value (Conv1D: (in, out); wte without our padding rows)."""
         m = random_hf_model(n_positions=128)
         with h5py.File(self.fp32) as f, torch.no_grad():
             for name, p in m.named_parameters():
-                if name.endswith(PROJECTIONS):
+                if name.endswith(INT8):
                     q, s = quantize_reference(f[name][()], group)
                     w = (q.astype(np.float32).reshape(q.shape[0], s.shape[1], -1) * s[:, :, None]).reshape(q.shape)
-                    p.copy_(torch.from_numpy(w.T.copy()))
+                    p.copy_(torch.from_numpy(w[:p.shape[0]].copy() if name.endswith("wte.weight") else w.T.copy()))
         return m.eval()
 
     def test_the_file_holds_the_schemes_int8_weights(self):
         for group, path in self.int8.items():
             with h5py.File(self.fp32) as ref, h5py.File(path) as f:
-                self.assertEqual(f.attrs["format_version"], 2)
+                self.assertEqual(f.attrs["format_version"], 3)
                 self.assertEqual(f.attrs["quant"], "int8")
                 self.assertEqual(f.attrs["quant_group"], group)
                 quantized = 0
                 for name in ref:
-                    if name.endswith(PROJECTIONS):
+                    if name.endswith(INT8):
                         self.assertNotIn(name, f)
                         q, s = quantize_reference(ref[name][()], group)
                         self.assertEqual(f[name + ".int8"].dtype, np.int8)
@@ -103,7 +106,7 @@ class Int8(unittest.TestCase):
                         quantized += 1
                     else:
                         np.testing.assert_array_equal(f[name][()], ref[name][()], err_msg=name)
-                self.assertEqual(quantized, 4 * 2)
+                self.assertEqual(quantized, 4 * 2 + 1)
 
     def test_eval_loss_is_the_dequantized_models(self):
         ids = np.random.RandomState(1).randint(0, 50257, size=4 * 64 + 1)
@@ -138,7 +141,17 @@ class Int8(unittest.TestCase):
         self.assertEqual(ids_of(out2)[0], got)
 
     def test_bad_input_is_named(self):
+        old = os.path.join(self.tmp.name, "int8_v2.h5")  # a file as format_version 2 wrote it: fp32 wte
+        with h5py.File(self.int8[0]) as f, h5py.File(self.fp32) as ref, h5py.File(old, "w") as g:
+            for key, value in f.attrs.items():
+                g.attrs[key] = value
+            g.attrs["format_version"] = 2
+            for name in f:
+                if not name.startswith("transformer.wte.weight"):
+                    g.create_dataset(name, data=f[name][()])
+            g.create_dataset("transformer.wte.weight", data=ref["transformer.wte.weight"][()])
         for args, named in [
+            ((GENERATE, old, "--ids", "--prompt", "1"), "format_version 2"),
             ((GENERATE, self.fp32, "--quant", "int4"), "--quant"),
             ((GENERATE, self.fp32, "--quant", "int8", "--quant_group", "48"), "--quant_group"),
             ((CKPT, "quantize", self.fp32, "--out", os.path.join(self.tmp.name, "x.h5"), "--group", "48"), "--group"),
