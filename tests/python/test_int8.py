@@ -10,6 +10,7 @@ Checks:
   and both are within 1e-4 (relative) of transformers' loss with the dequantized weights put into
   the Hugging Face model: the same function of the same numbers in fp32, summed in other orders
   (the loss is a mean of log-softmaxes: its rounding is ~n u32 for n ~ 4C = 256 terms, 1.5e-5);
+- a --group of n_embd is written as that group (not 0), and its file decodes as --quant_group 64;
 - 24 greedy tokens of gpt2-generate --quant int8 (batch 1, so every projection takes the int8
   decode kernel) equal transformers' greedy decoding with the dequantized weights;
 - bad input: --quant int4, a --quant_group that does not divide n_embd, an int8 file given to
@@ -127,6 +128,24 @@ class Int8(unittest.TestCase):
                 want = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1)).item()
             print(f"[ measured ] int8 (group {group}) eval loss {losses[name]:.6f}, transformers dequantized {want:.6f}")
             self.assertLessEqual(abs(losses[name] - want) / want, 1e-4)
+
+    def test_a_group_of_n_embd_is_kept_as_that_group(self):
+        # n_embd = 64: wte's and c_attn's rows get one scale, mlp.c_proj's (K = 256) four; the file
+        # must say 64, not 0 (one scale a row), or reading it expects one scale for mlp.c_proj.
+        path = os.path.join(self.tmp.name, "int8_g64.h5")
+        rc, out, err = run(CKPT, "quantize", self.fp32, "--out", path, "--group", "64")
+        self.assertEqual(rc, 0, out + err)
+        with h5py.File(path) as f:
+            self.assertEqual(f.attrs["quant_group"], 64)
+            self.assertEqual(f["transformer.h.0.mlp.c_proj.weight.scale"].shape, (64, 4))
+        prompt = "15496 11 616 1438 318"
+        outs = []
+        for args in ([path], [self.fp32, "--quant", "int8", "--quant_group", "64"]):
+            rc, out, err = run(GENERATE, *args, "--ids", "--temperature", "0", "--max_new_tokens", "8", "--ignore_eot",
+                               "--device", "cpu", "--prompt", prompt)
+            self.assertEqual(rc, 0, err)
+            outs.append(ids_of(out)[0])
+        self.assertEqual(outs[0], outs[1])
 
     def test_greedy_decoding_is_the_dequantized_models(self):
         prompt = [15496, 11, 616, 1438, 318]
