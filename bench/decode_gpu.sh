@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Issue 41's table: gpt2-generate at batch 1 on the GPU, bf16 weights against --quant int8, for each
+# size in SIZES (default "124m 1558m"; random weights from bench/muon_peer.py: speed does not depend
+# on them), a 128-token prompt, 256 new tokens, greedy, ROUNDS (2) runs each, alternating. Prints each
+# run's tokens/s (gpt2-generate's own line: prefill + decode wall time), its ms per decode step, the
+# weights it holds on the GPU, and per size the means and int8/bf16 ratios.
+#   source .device-deps/gpu-env.sh && bash bench/decode_gpu.sh     (logs under $OUT)
+# A CPU smoke run of the script itself: DEVICE=cpu SIZES=124m ROUNDS=1 NEW_TOKENS=8 GPT2_BIN=build/bin
+set -uo pipefail
+source bench/common.sh
+bin="${GPT2_BIN:-build-gpu/bin}" device="${DEVICE:-cuda}" new="${NEW_TOKENS:-256}"
+[ -x "$bin/gpt2-generate" ] || bench_build || exit 1
+prompt="$(seq 100 227 | tr '\n' ' ')"
+for size in ${SIZES:-124m 1558m}; do
+  case $size in
+    124m) dims="--n_layer 12 --n_head 12 --n_embd 768" ;;
+    350m) dims="--n_layer 24 --n_head 16 --n_embd 1024" ;;
+    774m) dims="--n_layer 36 --n_head 20 --n_embd 1280" ;;
+    1558m) dims="--n_layer 48 --n_head 25 --n_embd 1600" ;;
+  esac
+  model="$out/decode-$size"
+  [ -f "$model/model.safetensors" ] || python3 bench/muon_peer.py $dims --init_out "$model" --metrics "" --device "$device" \
+    >"$out/decode-$size-init.log" 2>&1 || { tail -5 "$out/decode-$size-init.log"; continue; }
+  echo "== gpt2-$size, batch 1, 128-token prompt, $new new tokens, bf16, $device ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
+  for r in $(seq "${ROUNDS:-2}"); do
+    for quant in none int8; do
+      log="$out/decode-$size-$quant-$r.log"
+      "$bin/gpt2-generate" "$model" --device "$device" --dtype bf16 --quant "$quant" --ids --temperature 0 --ignore_eot \
+        --max_new_tokens "$new" --prompt "$prompt" >/dev/null 2>"$log" || { tail -3 "$log"; continue; }
+      python3 - "$size" "$quant" "$log" <<'PY'
+import re, sys
+size, quant, text = sys.argv[1], sys.argv[2], open(sys.argv[3]).read()
+tps, step = re.search(r"([0-9.]+) tokens/s .*then ([0-9.]+) ms per step", text).groups()
+mib = re.search(r"weights ([0-9.]+) MiB", text).group(1)
+print(f"RESULT decode {size} {'int8' if quant == 'int8' else 'bf16'} tok/s={tps} ms/token={step} weights_MiB={mib}")
+PY
+    done
+  done | tee "$out/decode-$size.txt"
+  python3 - "$out/decode-$size.txt" <<'PY'
+import re, sys
+rows = [l.split() for l in open(sys.argv[1]) if l.startswith("RESULT")]
+mean = lambda q, k: sum(float(dict(f.split("=") for f in r[4:])[k]) for r in rows if r[3] == q) / max(1, sum(r[3] == q for r in rows))
+if rows:
+    b, i = mean("bf16", "tok/s"), mean("int8", "tok/s")
+    wb, wi = mean("bf16", "weights_MiB"), mean("int8", "weights_MiB")
+    print(f"mean tokens/s: bf16 {b:.0f}, int8 {i:.0f} (int8/bf16 {i / b:.2f}); weights: bf16 {wb:.0f} MiB, "
+          f"int8 {wi:.0f} MiB ({wi / wb:.2f}x)")
+PY
+done
