@@ -2,12 +2,37 @@
 // Device helpers of the kernels in this folder: fp32 <-> storage types (fp32 math everywhere),
 // packed vector loads, warp sums, and the second pass of the column sums (bias and LayerNorm
 // parameter gradients): out_k[c] = sum over chunks b of partial[(b * n_out + k) * cols + c].
+// On the host side, with_storage_type: a launcher's Dtype -> the storage type its kernels take.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "src/kernels/launch.h"
+
 namespace gpt2::kernels {
+
+template <typename T>
+struct StorageType {
+  using type = T;
+};
+
+// Calls launch(StorageType<T>{}) with T = float, __half or __nv_bfloat16 as `dtype` says, and
+// returns its result; a Dtype outside the three is cudaErrorInvalidValue. One switch for every
+// launcher: `with_storage_type(dtype, [&](auto t) { return run<typename decltype(t)::type>(...); })`.
+template <typename Launch>
+cudaError_t with_storage_type(Dtype dtype, Launch&& launch) {
+  switch (dtype) {
+    case Dtype::kF32:
+      return launch(StorageType<float>{});
+    case Dtype::kF16:
+      return launch(StorageType<__half>{});
+    case Dtype::kBF16:
+      return launch(StorageType<__nv_bfloat16>{});
+  }
+  return cudaErrorInvalidValue;
+}
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }

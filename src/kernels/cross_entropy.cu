@@ -206,15 +206,10 @@ cudaError_t backward(const void* logits, const int64_t* targets, const float* ls
 cudaError_t launch_cross_entropy_forward(Dtype dtype, const void* logits, const int64_t* targets, int64_t rows,
                                          int64_t row_stride, int64_t vocab, int64_t ignore_index, float* loss,
                                          float* lse, BadTargetNote note, cudaStream_t stream) {
-  switch (dtype) {
-    case Dtype::kF32:
-      return forward<float>(logits, targets, rows, row_stride, vocab, ignore_index, loss, lse, note, stream);
-    case Dtype::kF16:
-      return forward<__half>(logits, targets, rows, row_stride, vocab, ignore_index, loss, lse, note, stream);
-    case Dtype::kBF16:
-      return forward<__nv_bfloat16>(logits, targets, rows, row_stride, vocab, ignore_index, loss, lse, note, stream);
-  }
-  return cudaErrorInvalidValue;
+  return with_storage_type(dtype, [&](auto t) {
+    return forward<typename decltype(t)::type>(logits, targets, rows, row_stride, vocab, ignore_index, loss, lse, note,
+                                               stream);
+  });
 }
 
 cudaError_t launch_check_targets(const int64_t* targets, int64_t n, int64_t vocab, int64_t ignore_index,
@@ -226,15 +221,10 @@ cudaError_t launch_check_targets(const int64_t* targets, int64_t n, int64_t voca
 cudaError_t launch_cross_entropy_backward(Dtype dtype, const void* logits, const int64_t* targets, const float* lse,
                                           const float* scale, int64_t rows, int64_t row_stride, int64_t vocab,
                                           int64_t ignore_index, void* grad, cudaStream_t stream) {
-  switch (dtype) {
-    case Dtype::kF32:
-      return backward<float>(logits, targets, lse, scale, rows, row_stride, vocab, ignore_index, grad, stream);
-    case Dtype::kF16:
-      return backward<__half>(logits, targets, lse, scale, rows, row_stride, vocab, ignore_index, grad, stream);
-    case Dtype::kBF16:
-      return backward<__nv_bfloat16>(logits, targets, lse, scale, rows, row_stride, vocab, ignore_index, grad, stream);
-  }
-  return cudaErrorInvalidValue;
+  return with_storage_type(dtype, [&](auto t) {
+    return backward<typename decltype(t)::type>(logits, targets, lse, scale, rows, row_stride, vocab, ignore_index,
+                                                grad, stream);
+  });
 }
 
 }  // namespace gpt2::kernels

@@ -100,15 +100,9 @@ cudaError_t launch_int8_gemv(Dtype dtype, const void* x, const int8_t* q, const 
   if (rows < 1 || rows > 16 || k % 16 != 0 || groups < 1 || k % groups != 0 || (k / groups) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(q) % 16 != 0)
     return cudaErrorInvalidValue;
-  switch (dtype) {
-    case Dtype::kF32:
-      return launch_typed<float>(x, q, scale, bias, y, rows, n, k, groups, stream);
-    case Dtype::kF16:
-      return launch_typed<__half>(x, q, scale, bias, y, rows, n, k, groups, stream);
-    case Dtype::kBF16:
-      return launch_typed<__nv_bfloat16>(x, q, scale, bias, y, rows, n, k, groups, stream);
-  }
-  return cudaErrorInvalidValue;
+  return with_storage_type(dtype, [&](auto t) {
+    return launch_typed<typename decltype(t)::type>(x, q, scale, bias, y, rows, n, k, groups, stream);
+  });
 }
 
 }  // namespace gpt2::kernels

@@ -317,29 +317,17 @@ int64_t layer_norm_backward_blocks(int64_t rows) {
 
 cudaError_t launch_layer_norm_forward(Dtype dtype, const LayerNormArgs& a, float eps, const void* y, void* s_out,
                                       void* out, float* mean, float* rstd, cudaStream_t stream) {
-  switch (dtype) {
-    case Dtype::kF32:
-      return forward_typed<float>(a, eps, y, s_out, out, mean, rstd, stream);
-    case Dtype::kF16:
-      return forward_typed<__half>(a, eps, y, s_out, out, mean, rstd, stream);
-    case Dtype::kBF16:
-      return forward_typed<__nv_bfloat16>(a, eps, y, s_out, out, mean, rstd, stream);
-  }
-  return cudaErrorInvalidValue;
+  return with_storage_type(dtype, [&](auto t) {
+    return forward_typed<typename decltype(t)::type>(a, eps, y, s_out, out, mean, rstd, stream);
+  });
 }
 
 cudaError_t launch_layer_norm_backward(Dtype dtype, const LayerNormArgs& a, const void* dout, const void* ds,
                                        const float* mean, const float* rstd, void* dx, float* partial, void* dgamma,
                                        void* dbeta, cudaStream_t stream) {
-  switch (dtype) {
-    case Dtype::kF32:
-      return backward_typed<float>(a, dout, ds, mean, rstd, dx, partial, dgamma, dbeta, stream);
-    case Dtype::kF16:
-      return backward_typed<__half>(a, dout, ds, mean, rstd, dx, partial, dgamma, dbeta, stream);
-    case Dtype::kBF16:
-      return backward_typed<__nv_bfloat16>(a, dout, ds, mean, rstd, dx, partial, dgamma, dbeta, stream);
-  }
-  return cudaErrorInvalidValue;
+  return with_storage_type(dtype, [&](auto t) {
+    return backward_typed<typename decltype(t)::type>(a, dout, ds, mean, rstd, dx, partial, dgamma, dbeta, stream);
+  });
 }
 
 }  // namespace gpt2::kernels

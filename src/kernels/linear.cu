@@ -112,15 +112,9 @@ cudaError_t run(const void* a, const void* pre, int64_t rows, int64_t cols, void
 template <bool GELU>
 cudaError_t dispatch(Dtype dtype, const void* a, const void* pre, int64_t rows, int64_t cols, void* out, float* partial,
                      void* sums, cudaStream_t stream) {
-  switch (dtype) {
-    case Dtype::kF32:
-      return run<float, GELU>(a, pre, rows, cols, out, partial, sums, stream);
-    case Dtype::kF16:
-      return run<__half, GELU>(a, pre, rows, cols, out, partial, sums, stream);
-    case Dtype::kBF16:
-      return run<__nv_bfloat16, GELU>(a, pre, rows, cols, out, partial, sums, stream);
-  }
-  return cudaErrorInvalidValue;
+  return with_storage_type(dtype, [&](auto t) {
+    return run<typename decltype(t)::type, GELU>(a, pre, rows, cols, out, partial, sums, stream);
+  });
 }
 
 }  // namespace

@@ -170,15 +170,7 @@ bool slot_attention_supported(int64_t head_size) {
 
 cudaError_t launch_slot_attention(Dtype dtype, const SlotAttentionArgs& args, void* y, cudaStream_t stream) {
   if (!slot_attention_supported(args.head_size) || args.capacity < 1) return cudaErrorInvalidValue;
-  switch (dtype) {
-    case Dtype::kF32:
-      return launch_typed<float>(args, y, stream);
-    case Dtype::kF16:
-      return launch_typed<__half>(args, y, stream);
-    case Dtype::kBF16:
-      return launch_typed<__nv_bfloat16>(args, y, stream);
-  }
-  return cudaErrorInvalidValue;
+  return with_storage_type(dtype, [&](auto t) { return launch_typed<typename decltype(t)::type>(args, y, stream); });
 }
 
 }  // namespace gpt2::kernels
