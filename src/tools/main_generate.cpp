@@ -2,10 +2,12 @@
 // directory; src/io/model_weights.h) with a KV cache, on CPU or GPU, a batch of prompts at a time.
 //   gpt2-generate MODEL [--prompt TEXT]... [--prompt_file FILE] [--max_new_tokens N]
 //                 [--temperature T] [--top_k K] [--top_p P] [--seed S] [--device auto|cpu|cuda]
-//                 [--dtype auto|fp32|bf16|fp16] [--ids] [--no_kv_cache] [--ignore_eot]
-// One prompt streams its tokens to stdout as they come; several are printed when done (text stops
-// before the <|endoftext|> that ended a sample; --ids prints it). Speed goes to stderr. Exit 0 ok, 2 bad input (named),
-// 1 anything else. defines: main. uses: generate (src/model/generate.h), Gpt2Tokenizer (data/).
+//                 [--dtype auto|fp32|bf16|fp16] [--ids] [--no_kv_cache] [--ignore_eot] [--cuda_graphs BOOL]
+// One prompt streams its tokens to stdout as they come; on CUDA it is decoded on the server's
+// one-row slot path (src/serve/generate_one.h: CUDA graphs), elsewhere, and for several prompts (one
+// batch, printed when done), by src/model/generate.h (on the CPU that path measured faster). Text
+// stops before the <|endoftext|> that ended a sample (--ids prints it). Speed goes to stderr. Exit 0 ok, 2 bad input
+// (named), 1 anything else. defines: main. uses: generate, serve::generate_one, Gpt2Tokenizer (data/).
 #include <torch/torch.h>
 #include <boost/program_options.hpp>
 
@@ -23,6 +25,7 @@
 #include "src/base/log.h"
 #include "src/io/model_weights.h"
 #include "src/model/generate.h"
+#include "src/serve/generate_one.h"
 #include "src/tools/command_line.h"
 
 namespace po = boost::program_options;
@@ -39,7 +42,7 @@ struct Options {
   gpt2::DtypeChoice dtype = gpt2::DtypeChoice::kAuto;
   gpt2::tools::QuantOptions quant;
   std::string tokenizer_dir;
-  bool ids = false, ignore_eot = false;
+  bool ids = false, ignore_eot = false, cuda_graphs = true;
 };
 
 constexpr char kUsage[] =
@@ -72,7 +75,9 @@ std::optional<Options> parse_options(int argc, char** argv) {
       "tokenizer_dir", po::value(&o.tokenizer_dir), "encoder.json + vocab.bpe (default: data/tokenizer/gpt2)")(
       "ids", po::bool_switch(&o.ids), "prompts and output are token ids separated by spaces (no tokenizer)")(
       "no_kv_cache", "recompute the whole context for every token (slow; the reference)")(
-      "ignore_eot", po::bool_switch(&o.ignore_eot), "keep sampling after <|endoftext|>");
+      "ignore_eot", po::bool_switch(&o.ignore_eot), "keep sampling after <|endoftext|>")(
+      "cuda_graphs", po::value(&o.cuda_graphs)->default_value(true, "true"),
+      "one prompt on CUDA: replay each decode step (and the prefill) from a CUDA graph");
   gpt2::tools::add_quant_options(named, &o.quant);
   po::positional_options_description positional;
   positional.add("model", 1);
@@ -195,7 +200,10 @@ int run(int argc, char** argv) {
     };
   }
   gpt2::GenerationStats stats;
-  const auto outputs = gpt2::generate(model, prompts, o.sampling, on_tokens, &stats);
+  const auto outputs = prompts.size() == 1 && o.sampling.kv_cache && device.is_cuda()
+                           ? std::vector<std::vector<int64_t>>{gpt2::serve::generate_one(
+                                 model, prompts[0], o.sampling, o.cuda_graphs, on_tokens, &stats)}
+                           : gpt2::generate(model, prompts, o.sampling, on_tokens, &stats);
   if (stream) {
     std::cout << data::unicode::to_valid_utf8(pending) << "\n";
   } else {

@@ -1,6 +1,7 @@
 // DecodeGraphs on the CPU (src/serve/decode_graphs.h): graphs are off there, and a step is
 // forward_slots and the argmax over the rows it is given, the bits the scheduler computed before
 // graphs existed. The graphs themselves are checked against this eager step in gpu_test.cpp.
+// And generate_one (gpt2-generate's one-prompt path on this machinery) against gpt2::generate.
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -8,8 +9,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "src/base/errors.h"
+#include "src/model/generate.h"
 #include "src/model/gpt2_model.h"
 #include "src/serve/decode_graphs.h"
+#include "src/serve/generate_one.h"
 
 namespace gpt2::serve {
 namespace {
@@ -55,6 +59,55 @@ TEST(ServeDecodeGraphs, OnCpuAStepIsForwardSlotsAndTheArgmax) {
   }
   EXPECT_EQ(decode.graphs_captured(), 0);
   EXPECT_THROW(decode.step({1, 2}, {0, 0}, 0), c10::Error);  // one id per row
+}
+
+// gpt2::generate for one prompt is the reference: the same ids greedy and sampled (the same draws
+// from the same seed), through window restarts (block_size 16: a 5-token prompt and 30 new tokens
+// restart twice; a 20-token prompt starts on its last 8), and the same counts.
+TEST(ServeGenerateOne, OnCpuItIsGenerateForOnePrompt) {
+  GPT2 model = random_model();
+  const std::vector<int64_t> short_prompt = {4, 5, 6, 7, 8};
+  std::vector<int64_t> long_prompt;
+  for (int64_t i = 0; i < 20; ++i) long_prompt.push_back((7 * i + 3) % 100);
+  for (const auto& prompt : {short_prompt, long_prompt}) {
+    for (const double temperature : {0.0, 0.9}) {
+      SamplingOptions o;
+      o.max_new_tokens = 30;
+      o.temperature = temperature;
+      o.top_k = 0;
+      o.seed = 3;
+      GenerationStats ours, theirs;
+      std::vector<std::vector<int64_t>> streamed;
+      const auto got = generate_one(
+          model, prompt, o, /*use_graphs=*/true, [&](const std::vector<int64_t>& ids) { streamed.push_back(ids); },
+          &ours);
+      const auto want = gpt2::generate(model, {prompt}, o, {}, &theirs).front();
+      const std::string what =
+          "prompt of " + std::to_string(prompt.size()) + ", temperature " + std::to_string(temperature);
+      EXPECT_EQ(got, want) << what;
+      ASSERT_EQ(streamed.size(), got.size()) << what;
+      for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(streamed[i], std::vector<int64_t>{got[i]}) << what;
+      EXPECT_EQ(ours.prompt_tokens, theirs.prompt_tokens) << what;
+      EXPECT_EQ(ours.new_tokens, theirs.new_tokens) << what;
+      EXPECT_EQ(ours.steps, theirs.steps) << what;
+      EXPECT_EQ(ours.rebuilds, theirs.rebuilds) << what;
+      EXPECT_GE(ours.rebuilds, 2) << what;
+    }
+  }
+  // A stop token ends it with that token, as generate's row; bad options are generate's errors.
+  SamplingOptions o;
+  o.temperature = 0.0;
+  o.max_new_tokens = 30;
+  const auto greedy = generate_one(model, short_prompt, o, false);
+  o.stop_token = greedy[3];
+  const auto stopped = generate_one(model, short_prompt, o, false);
+  EXPECT_EQ(stopped, gpt2::generate(model, {short_prompt}, o).front());
+  EXPECT_LE(stopped.size(), 4u);
+  EXPECT_EQ(stopped.back(), greedy[3]);
+  o.top_p = 0.0;
+  EXPECT_THROW(generate_one(model, short_prompt, o, false), UserError);
+  o.top_p = 1.0;
+  EXPECT_THROW(generate_one(model, {100}, o, false), UserError);
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // gpt2-serve's decode step from CUDA graphs (src/serve/decode_graphs.h) against the eager step, on
 // a small random bf16 model: the replayed logits are the same bits as the eager ones while rows
 // join and leave, with one graph (attend = the capacity) and with one per attend value; its
-// prefills (src/serve/prompt_prefill.h) likewise, one graph per padded length; and a Scheduler
-// with staggered prompts gives every sequence the same ids with and without graphs.
+// prefills (src/serve/prompt_prefill.h) likewise, one graph per padded length; a Scheduler
+// with staggered prompts gives every sequence the same ids with and without graphs; and so does
+// gpt2-generate's one-prompt path (src/serve/generate_one.h), through window restarts.
 // Needs a GPU: every test skips without one (CI) and runs on the GPU machine (`ctest -L gpu`).
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -21,6 +22,7 @@
 #include "src/model/generate.h"
 #include "src/model/gpt2_model.h"
 #include "src/serve/decode_graphs.h"
+#include "src/serve/generate_one.h"
 #include "src/serve/metrics.h"
 #include "src/serve/prompt_prefill.h"
 #include "src/serve/scheduler.h"
@@ -323,6 +325,29 @@ TEST(ServeGpuScheduler, StaggeredSequencesGetTheSameIdsWithAndWithoutGraphs) {
       EXPECT_FALSE(with_graphs[i].empty()) << "sequence " << i;
       EXPECT_EQ(with_graphs[i], without[i]) << "sequence " << i << ", attend_block " << attend_block;
     }
+  }
+}
+
+// Graphs replay the eager step's kernels on its shapes (attend 0 either way) and the prefill's
+// padded shapes: the same ids, greedy and sampled, with 60 new tokens over a 32-position window
+// (restarts: the prefill again, into the same cache).
+TEST(ServeGpuGenerateOne, TheSameIdsWithAndWithoutGraphs) {
+  REQUIRE_CUDA();
+  GPT2 model = random_bf16_model(9);
+  for (const double temperature : {0.0, 0.8}) {
+    SamplingOptions o;
+    o.max_new_tokens = 60;
+    o.temperature = temperature;
+    o.top_k = 0;
+    o.seed = 11;
+    GenerationStats with_stats, without_stats;
+    const auto with_graphs = generate_one(model, {17, 4, 250, 999, 3}, o, true, {}, &with_stats);
+    const auto without = generate_one(model, {17, 4, 250, 999, 3}, o, false, {}, &without_stats);
+    EXPECT_EQ(with_graphs.size(), 60u);
+    EXPECT_EQ(with_graphs, without) << "temperature " << temperature;
+    EXPECT_GE(with_stats.rebuilds, 2);
+    std::printf("[ measured ] generate_one, 60 tokens: %.3f ms a step with graphs, %.3f without\n",
+                1e3 * with_stats.decode_s / with_stats.steps, 1e3 * without_stats.decode_s / without_stats.steps);
   }
 }
 
