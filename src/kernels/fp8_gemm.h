@@ -1,0 +1,38 @@
+#pragma once
+// FP8 GEMMs (issue 40's first piece): a tensor quantized per tensor to e4m3 (activations and
+// weights: 3 mantissa bits, largest 448) or e5m2 (gradients: 2 mantissa bits, largest 57344) with a
+// scale s, q = saturate(round-to-nearest-even(x · s)), x ≈ q / s; and the product of two such
+// tensors with fp32 accumulation and a bf16 (or fp32) output, through LibTorch's _scaled_mm
+// (cuBLASLt's FP8 tensor-core GEMM on CUDA sm_89+, a reference implementation on the CPU).
+// Note [FP8 GEMM bound] in fp8_gemm.cpp gives the error each step may add.
+// Contract: fp8_gemm_nt(a, b) = a · bᵀ for a (M, K) and b (N, K) in fp8, both contiguous on one
+// device, K and N multiples of 16 (cuBLASLt's FP8 rule, checked on every device so that a shape that
+// passes on the CPU also runs on the GPU); at most one operand e5m2 (no e5m2 x e5m2 GEMM exists);
+// bias (N) in the output dtype. Anything else is a gpt2::Error naming fp8_gemm_nt.
+#include <torch/types.h>
+
+namespace gpt2::kernels {
+
+struct Fp8Tensor {
+  torch::Tensor data;       // float8_e4m3fn or float8_e5m2, contiguous
+  torch::Tensor scale_inv;  // () fp32 on data's device: the tensor is data · scale_inv
+};
+
+// The largest finite value of an fp8 format (448 or 57344); a gpt2::Error for any other dtype.
+float fp8_max(at::ScalarType format);
+// The scale mapping `amax` (a () fp32 tensor: max |x|) onto the format's largest value, fp8_max /
+// amax; 1 where amax is 0 or not finite (a tensor of zeros, or an overflow the caller handles).
+torch::Tensor fp8_scale_for(const torch::Tensor& amax, at::ScalarType format);
+// x (any float dtype, any shape) quantized with `scale` (() fp32): saturated to ±fp8_max first, so
+// an amax larger than the scale was made for clips instead of turning into NaN.
+Fp8Tensor quantize_fp8(const torch::Tensor& x, at::ScalarType format, const torch::Tensor& scale);
+// The value an Fp8Tensor stands for, in `dtype`.
+torch::Tensor dequantize_fp8(const Fp8Tensor& t, at::ScalarType dtype);
+// t's data transposed into a contiguous tensor (the backward GEMMs' operands), the same scale.
+Fp8Tensor transpose_fp8(const Fp8Tensor& t);
+torch::Tensor fp8_gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype,
+                          const torch::Tensor& bias = {});
+// Whether fp8_gemm_nt runs on `device`: the CPU, or a CUDA device of compute capability 8.9 or newer.
+bool fp8_supported(const torch::Device& device);
+
+}  // namespace gpt2::kernels

@@ -1,0 +1,190 @@
+// FP8 quantization and GEMMs (src/kernels/fp8_gemm.h) against float64, each step held to its term of
+// Note [FP8 GEMM bound]: the quantization's rounding (e4m3 and e5m2, normal and subnormal, and the
+// saturation at the format's largest value), the GEMM of fp8 values against the fp64 product of the
+// same values, and the whole forward and backward products of a linear layer against the unquantized
+// operands. On the CPU here (LibTorch's reference _scaled_mm); on the GPU machine the same checks run
+// cuBLASLt's FP8 GEMM (`ctest -L gpu`; skipped on a GPU older than sm_89).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "src/base/errors.h"
+#include "src/kernels/fp8_gemm.h"
+
+namespace gpt2::kernels {
+namespace {
+
+double gamma32(int64_t n) { return n * 0x1p-24 / (1 - n * 0x1p-24); }
+
+struct Format {
+  at::ScalarType dtype;
+  double unit;        // relative rounding bound in the normal range, 2^-(p+1)
+  double min_normal;  // 2^emin
+  double subnormal;   // absolute rounding bound below min_normal, 2^(emin-p-1)
+};
+const Format kE4m3{at::kFloat8_e4m3fn, 0x1p-4, 0x1p-6, 0x1p-10};
+const Format kE5m2{at::kFloat8_e5m2, 0x1p-3, 0x1p-14, 0x1p-17};
+
+std::vector<torch::Device> devices() {
+  std::vector<torch::Device> out{torch::kCPU};
+  if (torch::cuda::is_available() && fp8_supported(torch::Device(torch::kCUDA))) out.emplace_back(torch::kCUDA);
+  return out;
+}
+
+// Activations or gradients with a heavy tail and values across many binades, as training has.
+torch::Tensor values(int64_t rows, int64_t cols, uint64_t seed, const torch::Device& device) {
+  torch::manual_seed(seed);
+  auto x = torch::randn({rows, cols}) * torch::exp(torch::randn({rows, cols}) * 2);
+  return x.to(device);
+}
+
+// The per-element rounding bound of `f` for x with scale s, in units of x; plus 2^-23 |x| for the
+// two fp32 roundings around it (x · s before the cast, and scale_inv = 1 / s).
+torch::Tensor rounding_bound(const torch::Tensor& x, double s, const Format& f) {
+  const auto scaled = x.to(torch::kDouble).abs() * s;
+  return torch::where(scaled >= f.min_normal, scaled * f.unit, torch::full_like(scaled, f.subnormal)) / s +
+         0x1p-23 * x.to(torch::kDouble).abs();
+}
+
+TEST(Fp8Quantize, RoundsToNearestWithinTheFormatsUnitAndSaturates) {
+  for (const auto& device : devices()) {
+    for (const Format& f : {kE4m3, kE5m2}) {
+      SCOPED_TRACE(device.str() + " " + c10::toString(f.dtype));
+      auto x = values(64, 256, 1, device);
+      const auto amax = x.abs().max();
+      const auto scale = fp8_scale_for(amax, f.dtype);
+      EXPECT_NEAR(scale.item<double>() * amax.item<double>(), fp8_max(f.dtype), fp8_max(f.dtype) * 0x1p-23);
+      const Fp8Tensor q = quantize_fp8(x, f.dtype, scale);
+      ASSERT_EQ(q.data.scalar_type(), f.dtype);
+      const auto err = (dequantize_fp8(q, at::kDouble) - x.to(torch::kDouble)).abs();
+      const auto ratio = (err / rounding_bound(x, scale.item<double>(), f)).max().item<double>();
+      std::printf("[ measured ] %s %s: max rounding error / bound %.3f\n", device.str().c_str(), c10::toString(f.dtype),
+                  ratio);
+      EXPECT_LE(ratio, 1.0);
+      // amax maps onto the largest code.
+      EXPECT_EQ(q.data.to(torch::kFloat).abs().max().item<float>(), fp8_max(f.dtype));
+      // A value past what the scale was made for clips to the largest value (not NaN, not inf).
+      const Fp8Tensor over = quantize_fp8(x * 4, f.dtype, scale);
+      EXPECT_EQ(over.data.to(torch::kFloat).abs().max().item<float>(), fp8_max(f.dtype));
+      EXPECT_FALSE(over.data.to(torch::kFloat).isnan().any().item<bool>());
+    }
+  }
+  // amax 0 or not finite: scale 1.
+  EXPECT_EQ(fp8_scale_for(torch::zeros({}), at::kFloat8_e4m3fn).item<float>(), 1.0f);
+  EXPECT_EQ(fp8_scale_for(torch::full({}, INFINITY), at::kFloat8_e4m3fn).item<float>(), 1.0f);
+  EXPECT_EQ(fp8_scale_for(torch::full({}, NAN), at::kFloat8_e5m2).item<float>(), 1.0f);
+  EXPECT_THROW(fp8_max(at::kBFloat16), Error);
+}
+
+// The GEMM's own error: fp8 values multiplied and summed in fp32, against fp64 on the same values.
+TEST(Fp8Gemm, SumsTheFp8ProductsInFp32) {
+  for (const auto& device : devices()) {
+    for (const auto out_dtype : {at::kFloat, at::kBFloat16}) {
+      for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{64, 96, 768}, {8, 32, 3072}}) {
+        const std::string what = device.str() + " " + c10::toString(out_dtype) + " " + std::to_string(m) + "x" +
+                                 std::to_string(k) + " . (" + std::to_string(n) + "x" + std::to_string(k) + ")T";
+        const auto x = values(m, k, 2, device), w = values(n, k, 3, device);
+        const Fp8Tensor a = quantize_fp8(x, at::kFloat8_e4m3fn, fp8_scale_for(x.abs().max(), at::kFloat8_e4m3fn));
+        const Fp8Tensor b = quantize_fp8(w, at::kFloat8_e5m2, fp8_scale_for(w.abs().max(), at::kFloat8_e5m2));
+        const auto bias = torch::randn({n}, torch::TensorOptions(device).dtype(out_dtype));
+        const auto y = fp8_gemm_nt(a, b, out_dtype, bias);
+        ASSERT_EQ(y.sizes(), (std::vector<int64_t>{m, n}));
+        ASSERT_EQ(y.scalar_type(), out_dtype);
+        const auto ad = dequantize_fp8(a, at::kDouble), bd = dequantize_fp8(b, at::kDouble);
+        const auto exact = ad.matmul(bd.t()) + bias.to(torch::kDouble);
+        const double u_out = out_dtype == at::kBFloat16 ? 0x1p-8 : 0x1p-24;
+        // fp32: E = γ_{K+3} (Σ|a||b| + |bias|) + 2u |y|; the output's rounding adds u_out (|y| + E).
+        const auto fp32_error = gamma32(k + 3) * (ad.abs().matmul(bd.abs().t()) + bias.to(torch::kDouble).abs()) +
+                                2 * 0x1p-24 * exact.abs();
+        const auto bound = fp32_error * (1 + u_out) + u_out * exact.abs();
+        const double ratio = ((y.to(torch::kDouble) - exact).abs() / bound).max().item<double>();
+        std::printf("[ measured ] fp8 GEMM %s: max error / bound %.3f\n", what.c_str(), ratio);
+        EXPECT_LE(ratio, 1.0) << what;
+      }
+    }
+  }
+}
+
+// A linear layer's three products in fp8 against the unquantized fp64 ones: forward x·wᵀ (e4m3 x
+// e4m3), backward gy·w (e5m2 x e4m3, w transposed) and gyᵀ·x (e5m2 x e4m3, both transposed). The
+// bound is the quantization's per-product term plus the GEMM's (Note [FP8 GEMM bound]).
+TEST(Fp8Gemm, ALinearLayersProductsAreWithinTheQuantizationBound) {
+  const int64_t m = 128, n = 256, k = 192;
+  for (const auto& device : devices()) {
+    const auto x = values(m, k, 4, device), w = values(n, k, 5, device) * 0.02, gy = values(m, n, 6, device) * 1e-3;
+    auto q = [](const torch::Tensor& t, const Format& f) {
+      return quantize_fp8(t, f.dtype, fp8_scale_for(t.abs().max(), f.dtype));
+    };
+    const Fp8Tensor x8 = q(x, kE4m3), w8 = q(w, kE4m3), g8 = q(gy, kE5m2);
+    struct Product {
+      std::string name;
+      torch::Tensor got, a, b;  // got ≈ a · bᵀ, a and b unquantized
+      Fp8Tensor qa, qb;
+      Format fa, fb;
+    };
+    const std::vector<Product> products = {
+        {"forward x.wT", fp8_gemm_nt(x8, w8, at::kBFloat16), x, w, x8, w8, kE4m3, kE4m3},
+        {"backward gy.w", fp8_gemm_nt(g8, transpose_fp8(w8), at::kBFloat16), gy, w.t(), g8, transpose_fp8(w8), kE5m2,
+         kE4m3},
+        {"backward gyT.x", fp8_gemm_nt(transpose_fp8(g8), transpose_fp8(x8), at::kBFloat16), gy.t(), x.t(),
+         transpose_fp8(g8), transpose_fp8(x8), kE5m2, kE4m3},
+    };
+    for (const auto& p : products) {
+      const std::string what = device.str() + " " + p.name;
+      const auto ad = p.a.to(torch::kDouble), bd = p.b.to(torch::kDouble);
+      const auto exact = ad.matmul(bd.t());
+      // Quantization: each operand within its rounding bound ea, eb: |âb̂ − ab| <= |a| eb + ea |b| + ea eb.
+      const auto ea = rounding_bound(p.a, 1 / p.qa.scale_inv.item<double>(), p.fa);
+      const auto eb = rounding_bound(p.b, 1 / p.qb.scale_inv.item<double>(), p.fb);
+      const auto quantization = ad.abs().matmul(eb.t()) + ea.matmul(bd.abs().t()) + ea.matmul(eb.t());
+      const auto qa = dequantize_fp8(p.qa, at::kDouble), qb = dequantize_fp8(p.qb, at::kDouble);
+      const auto q_exact = qa.matmul(qb.t()).abs();
+      const auto gemm =
+          (gamma32(ad.size(1) + 2) * qa.abs().matmul(qb.abs().t()) + 2 * 0x1p-24 * q_exact) * (1 + 0x1p-8) +
+          0x1p-8 * q_exact;
+      const auto err = (p.got.to(torch::kDouble) - exact).abs();
+      const double ratio = (err / (quantization + gemm)).max().item<double>();
+      const double rel = (err.norm() / exact.norm()).item<double>();
+      std::printf("[ measured ] fp8 linear %s: max error / bound %.3f, relative norm error %.4f\n", what.c_str(), ratio,
+                  rel);
+      EXPECT_LE(ratio, 1.0) << what;
+      // And quantizing matters: the error is far above a bf16 GEMM's (so a skipped cast would show).
+      EXPECT_GT(rel, 1e-3) << what;
+    }
+  }
+}
+
+TEST(Fp8Gemm, ShapesAndFormatsOutsideTheContractAreNamedErrors) {
+  const auto one = torch::ones({});
+  auto fp8 = [&](int64_t r, int64_t c, at::ScalarType f) { return Fp8Tensor{torch::zeros({r, c}).to(f), one}; };
+  const auto e4 = at::kFloat8_e4m3fn, e5 = at::kFloat8_e5m2;
+  auto message = [](auto&& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { fp8_gemm_nt(fp8(16, 24, e4), fp8(16, 24, e4), at::kBFloat16); }).find("multiples of 16"),
+            std::string::npos);
+  EXPECT_NE(message([&] { fp8_gemm_nt(fp8(16, 32, e4), fp8(24, 32, e4), at::kBFloat16); }).find("multiples of 16"),
+            std::string::npos);
+  EXPECT_NE(message([&] { fp8_gemm_nt(fp8(16, 32, e5), fp8(16, 32, e5), at::kBFloat16); }).find("e5m2"),
+            std::string::npos);
+  EXPECT_NE(message([&] { fp8_gemm_nt(fp8(16, 32, e4), fp8(16, 48, e4), at::kBFloat16); }).find("same K"),
+            std::string::npos);
+  EXPECT_NE(message([&] { fp8_gemm_nt(fp8(16, 32, e4), fp8(16, 32, e4), at::kHalf); }).find("bf16 or fp32"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              fp8_gemm_nt(Fp8Tensor{torch::zeros({16, 32}), one}, fp8(16, 32, e4), at::kBFloat16);
+            }).find("fp8_gemm_nt"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace gpt2::kernels
