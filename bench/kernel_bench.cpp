@@ -4,13 +4,16 @@
 // gpt2-1558m's 1.56B parameters: ATen's fused AdamW + the bf16 copy, ours with 8-bit moments
 // (moments_8bit.h) and ours with fp32 moments and bf16 gradients (what ShardedOptimizer runs on one
 // GPU), with the bandwidth the bytes each call must move make (an H200 streams about 4.8 TB/s).
+// `fp8`: the blocks' GEMMs in FP8 (fp8_gemm.h: e4m3 x e4m3 forward, e5m2 x e4m3 backward) against
+// the tuned bf16 ones, and a per-tensor cast, the ceiling issue 40 works under.
 // Correctness lives in tests/kernels and tests/optim.
-//   build-gpu/bin/kernel_bench [passes]
+//   build-gpu/bin/kernel_bench [passes | fp8]
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <functional>
@@ -19,6 +22,7 @@
 #include "optim/adamw_step.h"
 #include "optim/moments_8bit.h"
 #include "src/base/cuda_check.h"
+#include "src/kernels/fp8_gemm.h"
 #include "src/kernels/gemm.h"
 #include "src/kernels/launch.h"
 #include "tests/optim/host_buffers.h"
@@ -235,12 +239,62 @@ void gemms(const char* name, int64_t M, int64_t C, int64_t layers, int64_t V = 5
               aten_total - best_total);
 }
 
+// The blocks' GEMMs of a step as a · bᵀ (rows, inner) x (cols, inner): FP8 (the backward's
+// operands already transposed, as a cast kernel would write them) against the fastest bf16
+// candidate; then a per-tensor cast of one activation, amax included.
+void fp8_gemms(const char* name, int64_t M, int64_t C, int64_t layers) {
+  using gpt2::kernels::Fp8Tensor;
+  const auto bf16 = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
+  struct Product {
+    const char* what;
+    int64_t rows, inner, cols;
+    bool grad;  // a is an output gradient: e5m2
+  };
+  const Product products[] = {
+      {"qkv fwd", M, C, 3 * C, false},      {"attn proj fwd", M, C, C, false},  {"fc fwd", M, C, 4 * C, false},
+      {"mlp proj fwd", M, 4 * C, C, false}, {"qkv dx", M, 3 * C, C, true},      {"attn proj dx", M, C, C, true},
+      {"fc dx", M, 4 * C, C, true},         {"mlp proj dx", M, C, 4 * C, true}, {"qkv dw", 3 * C, M, C, true},
+      {"attn proj dw", C, M, C, true},      {"fc dw", 4 * C, M, C, true},       {"mlp proj dw", C, M, 4 * C, true},
+  };
+  double fp8_total = 0, bf16_total = 0;
+  std::printf("FP8 GEMMs of %s (M=%ld, C=%ld, %ld layers), ms: fp8 / best bf16\n", name, static_cast<long>(M),
+              static_cast<long>(C), static_cast<long>(layers));
+  const auto one = torch::ones({}, torch::dtype(torch::kFloat).device(torch::kCUDA));
+  for (const Product& p : products) {
+    const auto a = torch::randn({p.rows, p.inner}, bf16), b = torch::randn({p.cols, p.inner}, bf16);
+    const Fp8Tensor a8 = gpt2::kernels::quantize_fp8(a, p.grad ? at::kFloat8_e5m2 : at::kFloat8_e4m3fn, one);
+    const Fp8Tensor b8 = gpt2::kernels::quantize_fp8(b, at::kFloat8_e4m3fn, one);
+    const double fp8_ms = time_ms([&] { gpt2::kernels::fp8_gemm_nt(a8, b8, at::kBFloat16); }, 20);
+    const auto times = gpt2::kernels::time_gemm_candidates(a, b.t(), torch::Tensor());
+    double best = times[0].ms;
+    for (const auto& t : times) best = std::min(best, t.ms);
+    const double flop = 2.0 * p.rows * p.inner * p.cols;
+    std::printf("  %-14s %6.3f / %6.3f  %4.0f / %4.0f TFLOP/s  %.2fx\n", p.what, fp8_ms, best, flop / (fp8_ms * 1e9),
+                flop / (best * 1e9), best / fp8_ms);
+    fp8_total += fp8_ms * layers;
+    bf16_total += best * layers;
+  }
+  const auto x = torch::randn({M, C}, bf16);
+  const double cast_ms = time_ms([&] {
+    const auto scale = gpt2::kernels::fp8_scale_for(x.abs().amax(), at::kFloat8_e4m3fn);
+    gpt2::kernels::quantize_fp8(x, at::kFloat8_e4m3fn, scale);
+  });
+  std::printf("  per step: fp8 %.2f ms, bf16 %.2f ms (%.2fx); one (M, C) cast with its amax: %.3f ms\n", fp8_total,
+              bf16_total, bf16_total / fp8_total, cast_ms);
+}
+
 }  // namespace
 
-// kernel_bench [passes]: "passes" leaves out the GEMMs and times the memory-bound passes alone.
+// kernel_bench [passes | fp8]: "passes" leaves out the GEMMs and times the memory-bound passes
+// alone; "fp8" times the FP8 GEMMs alone.
 int main(int argc, char** argv) try {
   if (!torch::cuda::is_available()) {
     std::printf("kernel_bench: needs a CUDA device\n");
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "fp8") {
+    fp8_gemms("gpt2-124m B=32", 32 * 1024, 768, 12);
+    fp8_gemms("gpt2-1558m B=8", 8 * 1024, 1600, 48);
     return 0;
   }
   if (!(argc > 1 && std::string(argv[1]) == "passes")) {
