@@ -2,8 +2,11 @@
 #include "src/kernels/fp8_gemm.h"
 
 #include <ATen/ATen.h>
+#include <torch/autograd.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "src/base/errors.h"
 
@@ -109,6 +112,63 @@ torch::Tensor fp8_gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType
                      epilogue_bias ? std::optional<at::Tensor>(bias) : std::nullopt, std::nullopt, out_dtype);
   if (bias.defined() && !epilogue_bias) y.add_(bias);
   return y;
+}
+
+Fp8Tensor quantize_fp8_current(const torch::Tensor& x, at::ScalarType format) {
+  at::NoGradGuard no_grad;
+  return quantize_fp8(x, format, fp8_scale_for(x.abs().amax().to(at::kFloat), format));
+}
+
+namespace {
+
+class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
+ public:
+  // `bias` with no elements: none (autograd's apply takes no undefined tensor).
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               const torch::Tensor& bias) {
+    const bool has_bias = bias.numel() > 0;
+    const int64_t k = x.size(-1);
+    const at::Tensor x2 = x.reshape({-1, k});
+    const Fp8Tensor x8 = quantize_fp8_current(x2, at::kFloat8_e4m3fn);
+    const Fp8Tensor w8 = quantize_fp8_current(w, at::kFloat8_e4m3fn);
+    at::Tensor y = fp8_gemm_nt(x8, w8, x.scalar_type(), has_bias ? bias : at::Tensor());
+    ctx->save_for_backward({x8.data, x8.scale_inv, w8.data, w8.scale_inv});
+    ctx->saved_data["has_bias"] = has_bias;
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = w.size(0);
+    return y.view(shape);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Fp8Tensor x8{saved[0], saved[1]}, w8{saved[2], saved[3]};
+    const int64_t n = w8.data.size(0), k = w8.data.size(1);
+    const at::Tensor gy = grads[0].reshape({-1, n}).contiguous();
+    const at::ScalarType dtype = gy.scalar_type();
+    const Fp8Tensor g8 = quantize_fp8_current(gy, at::kFloat8_e5m2);
+    const at::Tensor dx = fp8_gemm_nt(g8, transpose_fp8(w8), dtype);                 // (M, K)
+    const at::Tensor dw = fp8_gemm_nt(transpose_fp8(g8), transpose_fp8(x8), dtype);  // (N, K)
+    std::vector<int64_t> x_shape = grads[0].sizes().vec();
+    x_shape.back() = k;
+    const at::Tensor db = ctx->saved_data["has_bias"].toBool() ? gy.sum(0) : at::Tensor();
+    return {dx.view(x_shape), dw, db};
+  }
+};
+
+}  // namespace
+
+torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias) {
+  GPT2_ASSERT(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
+              "fp8_linear: x must be bf16 or fp32 (the FP8 GEMM's outputs)");
+  GPT2_ASSERT(w.dim() == 2 && x.size(-1) == w.size(1) && w.scalar_type() == x.scalar_type(),
+              "fp8_linear: w must be (N, K) in x's dtype");
+  GPT2_ASSERT(!bias.defined() || (bias.numel() == w.size(0) && bias.scalar_type() == x.scalar_type()),
+              "fp8_linear: bias must be (N) in x's dtype");
+  const int64_t rows = x.numel() / std::max<int64_t>(1, x.size(-1));
+  GPT2_ASSERT(x.size(-1) % 16 == 0 && w.size(0) % 16 == 0 && rows % 16 == 0,
+              "fp8_linear: K, N and x's rows must be multiples of 16");
+  return Fp8LinearFunction::apply(x.contiguous(), w.contiguous(), bias.defined() ? bias : at::empty({0}, x.options()));
 }
 
 }  // namespace gpt2::kernels

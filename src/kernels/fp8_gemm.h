@@ -1,5 +1,5 @@
 #pragma once
-// FP8 GEMMs (issue 40's first piece): a tensor quantized per tensor to e4m3 (activations and
+// FP8 GEMMs and an FP8 linear layer (issue 40's first pieces): a tensor quantized per tensor to e4m3 (activations and
 // weights: 3 mantissa bits, largest 448) or e5m2 (gradients: 2 mantissa bits, largest 57344) with a
 // scale s, q = saturate(round-to-nearest-even(x · s)), x ≈ q / s; and the product of two such
 // tensors with fp32 accumulation and a bf16 (or fp32) output, through LibTorch's _scaled_mm
@@ -34,5 +34,15 @@ torch::Tensor fp8_gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType
                           const torch::Tensor& bias = {});
 // Whether fp8_gemm_nt runs on `device`: the CPU, or a CUDA device of compute capability 8.9 or newer.
 bool fp8_supported(const torch::Device& device);
+
+// A linear layer x wᵀ + b whose three products run in FP8 with current per-tensor scaling (each
+// tensor scaled by its own amax as it is cast): forward e4m3 x e4m3, backward dx = gy · w and
+// dw = gyᵀ · x with gy in e5m2; bias and its gradient stay in x's dtype. Backward keeps the fp8
+// x and w (half the bytes of bf16). x (..., K) bf16 or fp32, w (N, K) and bias (N) in x's dtype;
+// K, N and x's rows multiples of 16. The output has x's dtype. Outside that, a gpt2::Error naming
+// fp8_linear.
+torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias);
+// The same tensor cast with its own amax (what fp8_linear does to each operand).
+Fp8Tensor quantize_fp8_current(const torch::Tensor& x, at::ScalarType format);
 
 }  // namespace gpt2::kernels

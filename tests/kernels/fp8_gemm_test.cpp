@@ -158,6 +158,43 @@ TEST(Fp8Gemm, ALinearLayersProductsAreWithinTheQuantizationBound) {
   }
 }
 
+// fp8_linear is its documented composition, bit for bit: each operand cast with its own amax, the
+// forward e4m3 x e4m3 product plus bias, dx = gy8 · w8 and dw = gy8ᵀ · x8 with gy in e5m2, db = Σ gy
+// (the products' accuracy is the test above). A 3-D x keeps its leading dims.
+TEST(Fp8Linear, ForwardAndBackwardAreTheFp8ProductsOfItsCasts) {
+  for (const auto& device : devices()) {
+    for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+      const std::string what = device.str() + " " + c10::toString(dtype);
+      const auto opts = torch::TensorOptions(device).dtype(dtype);
+      const auto x = values(64, 96, 7, device).to(dtype).view({2, 32, 96}).requires_grad_();
+      const auto w = (values(48, 96, 8, device) * 0.05).to(dtype).requires_grad_();
+      const auto b = torch::randn({48}, opts).requires_grad_();
+      const auto gy = (values(64, 48, 9, device) * 1e-3).to(dtype).view({2, 32, 48});
+      const auto y = fp8_linear(x, w, b);
+      ASSERT_EQ(y.sizes(), (std::vector<int64_t>{2, 32, 48})) << what;
+      y.backward(gy);
+      torch::NoGradGuard no_grad;
+      const Fp8Tensor x8 = quantize_fp8_current(x.view({64, 96}), at::kFloat8_e4m3fn);
+      const Fp8Tensor w8 = quantize_fp8_current(w, at::kFloat8_e4m3fn);
+      const Fp8Tensor g8 = quantize_fp8_current(gy.view({64, 48}), at::kFloat8_e5m2);
+      EXPECT_TRUE(torch::equal(y.view({64, 48}), fp8_gemm_nt(x8, w8, dtype, b))) << what;
+      EXPECT_TRUE(torch::equal(x.grad().view({64, 96}), fp8_gemm_nt(g8, transpose_fp8(w8), dtype))) << what;
+      EXPECT_TRUE(torch::equal(w.grad(), fp8_gemm_nt(transpose_fp8(g8), transpose_fp8(x8), dtype))) << what;
+      EXPECT_TRUE(torch::equal(b.grad(), gy.view({64, 48}).sum(0))) << what;
+    }
+  }
+  const auto x = torch::randn({24, 32}), w = torch::randn({16, 32});
+  EXPECT_THROW(fp8_linear(x, w, {}), Error);  // 24 rows
+  EXPECT_THROW(fp8_linear(torch::randn({16, 32}).to(at::kHalf), w.to(at::kHalf), {}), Error);
+  // No bias: the product alone, and no bias gradient.
+  const auto x16 = torch::randn({16, 32}), w16 = w.clone().requires_grad_();
+  const auto y = fp8_linear(x16, w16, {});
+  EXPECT_TRUE(torch::equal(y, fp8_gemm_nt(quantize_fp8_current(x16, at::kFloat8_e4m3fn),
+                                          quantize_fp8_current(w, at::kFloat8_e4m3fn), at::kFloat)));
+  y.sum().backward();
+  EXPECT_TRUE(w16.grad().defined());
+}
+
 TEST(Fp8Gemm, ShapesAndFormatsOutsideTheContractAreNamedErrors) {
   const auto one = torch::ones({});
   auto fp8 = [&](int64_t r, int64_t c, at::ScalarType f) { return Fp8Tensor{torch::zeros({r, c}).to(f), one}; };
