@@ -1,9 +1,10 @@
 #pragma once
-// FP8 GEMMs and an FP8 linear layer (issue 40's first pieces): a tensor quantized per tensor to e4m3 (activations and
-// weights: 3 mantissa bits, largest 448) or e5m2 (gradients: 2 mantissa bits, largest 57344) with a
-// scale s, q = saturate(round-to-nearest-even(x · s)), x ≈ q / s; and the product of two such
-// tensors with fp32 accumulation and a bf16 (or fp32) output, through LibTorch's _scaled_mm
-// (cuBLASLt's FP8 tensor-core GEMM on CUDA sm_89+, a reference implementation on the CPU).
+// FP8 GEMMs and an FP8 linear layer (issue 40's first pieces): a tensor quantized per tensor to
+// e4m3 (activations and weights: 3 mantissa bits, largest 448) or e5m2 (gradients: 2 mantissa
+// bits, largest 57344) with a scale s, q = saturate(round-to-nearest-even(x · s)), x ≈ q / s; and
+// the product of two such tensors with fp32 accumulation and a bf16 (or fp32) output, through
+// LibTorch's _scaled_mm (cuBLASLt's FP8 tensor-core GEMM on CUDA sm_89+, a reference
+// implementation on the CPU).
 // Note [FP8 GEMM bound] in fp8_gemm.cpp gives the error each step may add.
 // Contract: fp8_gemm_nt(a, b) = a · bᵀ for a (M, K) and b (N, K) in fp8, both contiguous on one
 // device, K and N multiples of 16 (cuBLASLt's FP8 rule, checked on every device so that a shape that
