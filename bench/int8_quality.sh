@@ -15,12 +15,8 @@ source bench/common.sh
 bin="${GPT2_BIN:-build-gpu/bin}" device="${DEVICE:-cuda}" steps="${STEPS:-600}"
 [ -x "$bin/gpt2-train" ] || bench_build || exit 1
 work="$out/int8-quality"; mkdir -p "$work"
+bench_text || exit 1
 data="$out/ttl-text"  # the same text and split as bench/time_to_loss.sh
-if [ ! -f "$data/val.h5" ]; then
-  "$bin/gpt2-data" "${CORPUS:-.device-deps/corpus}" --out "$data" --doc_separator % --val_fraction 0.02 \
-    >"$work/data.log" 2>&1 || { tail -5 "$work/data.log"; exit 1; }
-fi
-grep -h "tokens ->" "$work/data.log" 2>/dev/null
 for size in ${SIZES:-124m 350m}; do
   t0=$SECONDS config="configs/gpt2-$size.ini" seq=1024 micro=32
   [ "$size" = tiny ] && config=configs/tiny.ini seq=128 micro=8

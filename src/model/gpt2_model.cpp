@@ -12,6 +12,7 @@
 
 #include "src/base/errors.h"
 #include "src/kernels/cross_entropy.h"
+#include "src/kernels/fp8_gemm.h"
 #include "src/kernels/layer_norm.h"
 #include "src/kernels/linear.h"
 #include "src/kernels/slot_attention.h"
@@ -38,10 +39,12 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // as matmul and then `+= bias`, a broadcast add in an unvectorised kernel per projection (6.8 ms of
 // a 72 ms gpt2-124m step on an H200), while at::linear folds the bias into the GEMM. On CUDA (when
 // asked) the bias gradient comes from src/kernels/linear.h.
-// With int8 weights (GPT2Impl::quantize_int8) the layer's own weight is empty: int8_linear.
+// With int8 weights (GPT2Impl::quantize_int8) the layer's own weight is empty: int8_linear. With
+// fp8 (GPT2Impl::set_fp8) the product runs in FP8 where its rows are a multiple of 16.
 torch::Tensor project(const torch::nn::Linear& layer, const torch::Tensor& x, bool fused,
-                      const std::optional<kernels::Int8Weight>& int8 = std::nullopt) {
+                      const std::optional<kernels::Int8Weight>& int8 = std::nullopt, bool fp8 = false) {
   if (int8) return kernels::int8_linear(x.contiguous(), *int8, layer->bias);
+  if (fp8 && (x.numel() / x.size(-1)) % 16 == 0) return kernels::fp8_linear(x, layer->weight, layer->bias);
   if (fused && kernels::linear_applies(x, layer->weight, layer->bias)) {
     return kernels::linear(x, layer->weight, layer->bias);
   }
@@ -131,10 +134,10 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const KVS
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   const int64_t hs = C / n_head_;
   // One fused matmul for q, k and v; the splits below are views, no copies.
-  auto qkv = project(c_attn, x, fused_kernels, c_attn_int8).split(C, /*dim=*/2);  // 3 x (B, T, C)
-  auto q = qkv[0].view({B, T, n_head_, hs}).transpose(1, 2);                      // (B, nh, T, hs)
-  auto k = qkv[1].view({B, T, n_head_, hs}).transpose(1, 2);                      // (B, nh, T, hs)
-  auto v = qkv[2].view({B, T, n_head_, hs}).transpose(1, 2);                      // (B, nh, T, hs)
+  auto qkv = project(c_attn, x, fused_kernels, c_attn_int8, fp8).split(C, /*dim=*/2);  // 3 x (B, T, C)
+  auto q = qkv[0].view({B, T, n_head_, hs}).transpose(1, 2);                           // (B, nh, T, hs)
+  auto k = qkv[1].view({B, T, n_head_, hs}).transpose(1, 2);                           // (B, nh, T, hs)
+  auto v = qkv[2].view({B, T, n_head_, hs}).transpose(1, 2);                           // (B, nh, T, hs)
   bool causal = true;
   std::optional<at::Tensor> mask;
   if (slot != nullptr && slot->rows_at.defined()) {
@@ -170,7 +173,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const KVS
   // kernels on GPU; the strided q/k/v (last dim contiguous) are accepted without a copy.
   auto y = torch::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, causal);  // (B, nh, T, hs)
   y = y.transpose(1, 2).contiguous().view({B, T, C});                                      // (B, T, C)
-  return project(c_proj, y, fused_kernels, c_proj_int8);
+  return project(c_proj, y, fused_kernels, c_proj_int8, fp8);
 }
 
 MLPImpl::MLPImpl(const GPT2Config& cfg) {
@@ -180,11 +183,12 @@ MLPImpl::MLPImpl(const GPT2Config& cfg) {
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   // HF "gelu_new" is the tanh approximation.
-  if (!c_fc_int8 && fused_kernels && kernels::mlp_applies(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias)) {
+  if (!c_fc_int8 && !fp8 && fused_kernels &&
+      kernels::mlp_applies(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias)) {
     return kernels::mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias, keep_gelu_output);  // (B, T, C)
   }
-  const auto h = torch::gelu(project(c_fc, x, false, c_fc_int8), "tanh");  // (B, T, 4C)
-  return project(c_proj, h, false, c_proj_int8);                           // (B, T, C)
+  const auto h = torch::gelu(project(c_fc, x, false, c_fc_int8, fp8), "tanh");  // (B, T, 4C)
+  return project(c_proj, h, false, c_proj_int8, fp8);                           // (B, T, C)
 }
 
 BlockImpl::BlockImpl(const GPT2Config& cfg) {
@@ -439,6 +443,13 @@ void GPT2Impl::set_slot_attention(bool on) {
 }
 
 bool GPT2Impl::slot_attention_on() const { return fused_kernels_ && slot_attention_; }
+
+void GPT2Impl::set_fp8(bool on) {
+  for (auto& block : transformer_->blocks) {
+    block->attn->fp8 = on;
+    block->mlp->fp8 = on;
+  }
+}
 
 void GPT2Impl::quantize_int8(int64_t group) { to_int8(group, /*values=*/true); }
 

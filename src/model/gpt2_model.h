@@ -84,6 +84,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   // Set by GPT2Impl::quantize_int8: these replace the Linears' weights (emptied then).
   std::optional<kernels::Int8Weight> c_attn_int8, c_proj_int8;
   bool fused_kernels = true;  // CUDA: projections through src/kernels/linear.h
+  bool fp8 = false;           // c_attn and c_proj through kernels::fp8_linear (GPT2Impl::set_fp8)
   // Slot decoding through kernels::slot_attention (with fused_kernels; GPT2Impl::set_slot_attention).
   bool slot_attention = true;
 
@@ -102,6 +103,7 @@ class MLPImpl : public torch::nn::Module {
   std::optional<kernels::Int8Weight> c_fc_int8, c_proj_int8;  // as the attention's
   bool fused_kernels = true;     // CUDA: c_fc + GELU and c_proj through src/kernels/linear.h
   bool keep_gelu_output = true;  // fused: false recomputes it in backward (kernels::mlp)
+  bool fp8 = false;              // c_fc and c_proj through kernels::fp8_linear, ATen's GELU between
 };
 TORCH_MODULE(MLP);
 
@@ -193,6 +195,12 @@ class GPT2Impl : public torch::nn::Module {
   // gpt2-serve's throughput at 32 clients). slot_attention_on(): whether decoding uses it.
   void set_slot_attention(bool on);
   bool slot_attention_on() const;
+  // precision.fp8 (issue 40): the blocks' four linear layers (c_attn, attn.c_proj, c_fc,
+  // mlp.c_proj) through kernels::fp8_linear, forward and backward (e4m3 activations and weights,
+  // e5m2 output gradients, current per-tensor scaling); a product whose rows are not a multiple of
+  // 16 (a decoding step) stays in the model's dtype. The embeddings, attention, LayerNorms, the
+  // head and the loss are unchanged. Off when not called.
+  void set_fp8(bool on);
   // memory.recompute_gelu: the fused MLP keeps only its GELU input for backward and recomputes the
   // output there (B x T x 4C fewer activations per block; no effect without the fused kernels).
   void set_recompute_gelu(bool on);

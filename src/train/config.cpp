@@ -100,6 +100,9 @@ OptionList bind_options(Config& c) {
         "bf16 | fp16 | fp32 | auto (bf16 on CUDA and on CPUs with fast bf16 GEMMs, else fp32)");
   o.add("precision.reduce_dtype", &c.precision.reduce_dtype,
         "fp32 | bf16 | fp16: gradient accumulation and all-reduce");
+  o.add("precision.fp8", &c.precision.fp8,
+        "true: the blocks' linear layers (qkv, proj, fc, fc2) in FP8, forward and backward (e4m3, e5m2 gradients, "
+        "current per-tensor scaling); needs a CUDA GPU of compute capability 8.9+ and precision.dtype = bf16");
   o.add("parallel.backend", &c.parallel.backend,
         "auto | nccl | mpi: collectives; auto = nccl for several CUDA ranks, mpi otherwise (mpi stages CUDA "
         "tensors through host memory: slow, lets ranks share a GPU)");

@@ -45,6 +45,7 @@
 #include "src/io/checkpoint.h"
 #include "src/io/model_weights.h"
 #include "src/kernels/dtype.h"
+#include "src/kernels/fp8_gemm.h"
 #include "src/kernels/gemm.h"
 #include "src/model/generate.h"
 #include "src/train/fault_injection.h"
@@ -261,6 +262,21 @@ GPT2 build_model(const Config& cfg, torch::Device device, at::ScalarType dtype, 
   model->set_chunked_loss(cfg.memory.chunked_loss);
   model->set_recompute_gelu(cfg.memory.recompute_gelu);
   model->set_fused_kernels(cfg.train.fused_kernels);
+  if (cfg.precision.fp8) {
+    if (!device.is_cuda() || !kernels::fp8_supported(device)) {
+      throw UserError(
+          "precision.fp8 = true: needs a CUDA GPU with FP8 tensor cores (compute capability 8.9 or "
+          "newer); this run trains on " +
+          device.str());
+    }
+    if (dtype != at::kBFloat16) {
+      throw UserError(
+          std::string("precision.fp8 = true: needs precision.dtype = bf16 (the FP8 GEMMs write bf16), not ") +
+          c10::toString(dtype));
+    }
+    model->set_fp8(true);
+    log::info("precision.fp8: the blocks' linear layers in FP8 (e4m3, e5m2 gradients, current per-tensor scaling)");
+  }
   model->to(device, dtype);
   return model;
 }

@@ -11,6 +11,7 @@
 
 #include "src/base/errors.h"
 #include "src/io/hf_import.h"
+#include "src/kernels/fp8_gemm.h"
 #include "src/model/generate.h"
 #include "src/model/gpt2_model.h"
 #include "tests/test_util.h"
@@ -46,6 +47,51 @@ using test::user_error;
 
 // ---------------------------------------------------------------------------------------------
 // Config
+
+// precision.fp8's wiring (GPT2Impl::set_fp8): a block's attention and MLP run their four linear
+// layers through kernels::fp8_linear (bit for bit the composition written out here; fp8_linear
+// itself is held to fp64 in tests/kernels/fp8_gemm_test.cpp), and a product whose rows are not a
+// multiple of 16 runs as without fp8. On the CPU, through LibTorch's reference FP8 GEMM.
+TEST(ModelFp8, BlocksRunTheirLinearLayersThroughFp8Linear) {
+  const GPT2Config cfg{/*n_layer=*/2, /*n_head=*/2, /*n_embd=*/32, /*vocab_size=*/100, /*block_size=*/16};
+  torch::manual_seed(3);
+  MLP mlp(cfg);
+  CausalSelfAttention attn(cfg);
+  for (auto* fp8 : {&mlp->fp8, &attn->fp8}) *fp8 = true;
+  const auto x = torch::randn({2, 8, 32});  // 16 rows
+  const auto want_mlp =
+      kernels::fp8_linear(torch::gelu(kernels::fp8_linear(x, mlp->c_fc->weight, mlp->c_fc->bias), "tanh"),
+                          mlp->c_proj->weight, mlp->c_proj->bias);
+  EXPECT_TRUE(torch::equal(mlp(x), want_mlp));
+  const auto qkv = kernels::fp8_linear(x, attn->c_attn->weight, attn->c_attn->bias).split(32, 2);
+  auto heads = [](const torch::Tensor& t) { return t.view({2, 8, 2, 16}).transpose(1, 2); };
+  const auto y = torch::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), {}, 0.0, true);
+  const auto want_attn =
+      kernels::fp8_linear(y.transpose(1, 2).contiguous().view({2, 8, 32}), attn->c_proj->weight, attn->c_proj->bias);
+  EXPECT_TRUE(torch::equal(attn(x), want_attn));
+  // 5 rows (a decoding step's shape): the layers run as without fp8.
+  const auto few = torch::randn({1, 5, 32});
+  const auto mlp_fp8 = mlp(few), attn_fp8 = attn(few);
+  mlp->fp8 = attn->fp8 = false;
+  EXPECT_TRUE(torch::equal(mlp_fp8, mlp(few)));
+  EXPECT_TRUE(torch::equal(attn_fp8, attn(few)));
+  EXPECT_FALSE(torch::equal(mlp(x), want_mlp));  // and FP8 changes the 16-row product
+  // GPT2::set_fp8 reaches every block, and the model trains through it: finite loss and gradients.
+  GPT2 model(cfg);
+  model->init_weights(4);
+  model->set_fp8(true);
+  int64_t flagged = 0;
+  for (const auto& m : model->modules()) {
+    if (const auto* a = m->as<CausalSelfAttentionImpl>()) flagged += a->fp8;
+    if (const auto* p = m->as<MLPImpl>()) flagged += p->fp8;
+  }
+  EXPECT_EQ(flagged, 2 * cfg.n_layer);
+  const auto idx = torch::randint(0, cfg.vocab_size, {2, 8});
+  const auto loss = model->loss(idx, torch::randint(0, cfg.vocab_size, {2, 8}));
+  loss.backward();
+  EXPECT_TRUE(std::isfinite(loss.item<double>()));
+  for (const auto& p : model->parameters()) EXPECT_TRUE(p.grad().isfinite().all().item<bool>());
+}
 
 TEST(ModelConfig, PaddedVocab) {
   GPT2Config cfg;

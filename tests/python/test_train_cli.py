@@ -96,6 +96,7 @@ with tempfile.TemporaryDirectory() as d:
         (override(base, ["--data.train=/nonexistent/train.h5"]), "/nonexistent/train.h5"),
         (base + ["--config", "/nonexistent/cfg.ini"], "/nonexistent/cfg.ini"),
         (base + ["--config", d], f"config file {d}: is a directory"),
+        (base + ["--precision.fp8=true"], "precision.fp8 = true: needs a CUDA GPU with FP8 tensor cores"),
     ]
     bad_ids = os.path.join(d, "bad_ids.h5")
     token_file(bad_ids, [1, 2, 3] * 100 + [600] + [4] * 100)
