@@ -4,15 +4,15 @@
 
 namespace gpt2::optim {
 
-LossScaler::LossScaler(bool enabled, torch::Device device, LossScalerOptions options)
-    : enabled_(enabled), options_(options) {
+LossScaler::LossScaler(bool enabled, torch::Device device, LossScalerOptions options, bool skip_non_finite)
+    : enabled_(enabled), skip_non_finite_(skip_non_finite), options_(options) {
   scale_ = at::full({1}, enabled ? options.init_scale : 1.0, at::TensorOptions().dtype(at::kFloat).device(device));
   growth_tracker_ = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(device));
 }
 
 torch::Tensor LossScaler::unscale_and_check(const torch::Tensor& grads, parallel::Communicator* comm) {
   auto found_inf = at::zeros({1}, scale_.options());
-  if (!enabled_) return found_inf;
+  if (!checks()) return found_inf;  // (unscaling by 1 when only checking leaves the values as they are)
   at::NoGradGuard no_grad;
   auto inv_scale = scale_.reciprocal();
   at::_amp_foreach_non_finite_check_and_unscale_({grads}, found_inf, inv_scale);

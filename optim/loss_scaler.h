@@ -4,7 +4,8 @@
 // the same decision); a step with a non-finite gradient is skipped (found_inf goes to the fused
 // AdamW, which then leaves parameters and moments alone) and the scale backs off by `backoff`;
 // after `growth_interval` good steps in a row it grows by `growth`. Everything stays on the device:
-// no host synchronisation. Disabled, it is the identity.
+// no host synchronisation. Disabled, it is the identity; with skip_non_finite (precision.fp8, where an
+// inf/NaN amax turns into non-finite gradients) it keeps the scale at 1 and still skips such a step.
 #include <torch/types.h>
 
 #include <cstdint>
@@ -22,9 +23,11 @@ struct LossScalerOptions {
 
 class LossScaler {
  public:
-  LossScaler(bool enabled, torch::Device device, LossScalerOptions options = {});
+  LossScaler(bool enabled, torch::Device device, LossScalerOptions options = {}, bool skip_non_finite = false);
 
   bool enabled() const { return enabled_; }
+  // Whether unscale_and_check looks for inf/NaN (scaling, or skip_non_finite): pass found_inf on.
+  bool checks() const { return enabled_ || skip_non_finite_; }
   torch::Tensor scale_loss(const torch::Tensor& loss) const { return enabled_ ? loss * scale_ : loss; }
   // Divides `grads` by the scale in place; returns found_inf (a 1-element fp32 device tensor,
   // 1 = some rank saw inf/NaN). With `comm` the flag is max-reduced across ranks.
@@ -38,7 +41,7 @@ class LossScaler {
   const torch::Tensor& growth_tracker() const { return growth_tracker_; }
 
  private:
-  bool enabled_;
+  bool enabled_, skip_non_finite_;
   LossScalerOptions options_;
   torch::Tensor scale_;           // (1,) fp32
   torch::Tensor growth_tracker_;  // (1,) int32: good steps in a row

@@ -53,7 +53,10 @@ Fp8Tensor quantize_fp8(const torch::Tensor& x, at::ScalarType format, const torc
               "quantize_fp8: the scale must be one fp32 value");
   at::NoGradGuard no_grad;
   const at::Tensor s = scale.to(x.device()).reshape({});
-  const at::Tensor data = x.to(at::kFloat).mul(s).clamp_(-top, top).to(format).contiguous();
+  // Finite values saturate; inf and NaN stay non-finite (NaN in e4m3fn, which has no inf), so an
+  // overflow reaches the gradients and the step is skipped (LossScaler's skip_non_finite).
+  const at::Tensor scaled = x.to(at::kFloat).mul(s);
+  const at::Tensor data = at::where(scaled.isfinite(), scaled.clamp(-top, top), scaled).to(format).contiguous();
   return {data, s.reciprocal()};
 }
 

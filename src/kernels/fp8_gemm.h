@@ -24,8 +24,9 @@ float fp8_max(at::ScalarType format);
 // The scale mapping `amax` (a () fp32 tensor: max |x|) onto the format's largest value, fp8_max /
 // amax; 1 where amax is 0 or not finite (a tensor of zeros, or an overflow the caller handles).
 torch::Tensor fp8_scale_for(const torch::Tensor& amax, at::ScalarType format);
-// x (any float dtype, any shape) quantized with `scale` (() fp32): saturated to ±fp8_max first, so
-// an amax larger than the scale was made for clips instead of turning into NaN.
+// x (any float dtype, any shape) quantized with `scale` (() fp32): finite values saturated to
+// ±fp8_max first, so an amax larger than the scale was made for clips instead of turning into NaN;
+// inf and NaN stay non-finite (NaN in e4m3fn).
 Fp8Tensor quantize_fp8(const torch::Tensor& x, at::ScalarType format, const torch::Tensor& scale);
 // The value an Fp8Tensor stands for, in `dtype`.
 torch::Tensor dequantize_fp8(const Fp8Tensor& t, at::ScalarType dtype);

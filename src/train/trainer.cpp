@@ -520,7 +520,8 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
   const auto opt_options = optimizer_options(cfg, env, layout, precision, model);
   optim::ShardedOptimizer optimizer(params, layout, buckets.grads(), *comm, opt_options);
   log_parallel_setup(cfg, env, *comm, buckets, optimizer, opt_options, layout, precision);
-  optim::LossScaler scaler(precision.compute == at::kHalf, device);  // fp16 needs it; bf16 has fp32's range
+  // fp16 needs it (bf16 has fp32's range); precision.fp8 skips a step whose gradients came out non-finite.
+  optim::LossScaler scaler(precision.compute == at::kHalf, device, {}, /*skip_non_finite=*/cfg.precision.fp8);
   const optim::LrSchedule schedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps, tc.lr_schedule, tc.decay_frac};
 
   // ---- resume (all ranks): optimizer shards, parameters, loss scale; the data order needs only
@@ -615,14 +616,15 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
     }
 
     // ---- clip and step (all ranks) ------------------------------------------------------------
-    // fp16: unscale, and skip the step on every rank if any rank saw inf/NaN (no host sync).
+    // fp16: unscale, and skip the step on every rank if any rank saw inf/NaN (no host sync); fp8: the
+    // same check and skip, unscaled.
     const double lr = schedule.at(step);
     {
       Phase phase("optimizer");
       const auto found_inf =
           scaler.unscale_and_check(optimizer.grad_shard(), optimizer.sharded() ? comm.get() : nullptr);
       grad_norm = optimizer.clip_grad_norm(tc.grad_clip);
-      optimizer.step(lr, scaler.enabled() ? found_inf : torch::Tensor());
+      optimizer.step(lr, scaler.checks() ? found_inf : torch::Tensor());
       scaler.update(found_inf);
       optimizer.gather();  // ZeRO 1/2: every rank gets the updated shards of the others
       buckets.zero();

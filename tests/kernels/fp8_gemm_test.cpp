@@ -71,6 +71,14 @@ TEST(Fp8Quantize, RoundsToNearestWithinTheFormatsUnitAndSaturates) {
       const Fp8Tensor over = quantize_fp8(x * 4, f.dtype, scale);
       EXPECT_EQ(over.data.to(torch::kFloat).abs().max().item<float>(), fp8_max(f.dtype));
       EXPECT_FALSE(over.data.to(torch::kFloat).isnan().any().item<bool>());
+      // inf and NaN stay non-finite: an overflow reaches the gradients and the step is skipped.
+      auto bad = x.clone();
+      bad[0][0] = INFINITY;
+      bad[1][1] = NAN;
+      const auto back = dequantize_fp8(quantize_fp8(bad, f.dtype, scale), at::kFloat);
+      EXPECT_FALSE(std::isfinite(back[0][0].item<float>()));
+      EXPECT_TRUE(std::isnan(back[1][1].item<float>()));
+      EXPECT_TRUE(back[2].isfinite().all().item<bool>());
     }
   }
   // amax 0 or not finite: scale 1.

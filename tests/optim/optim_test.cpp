@@ -291,6 +291,26 @@ TEST(LossScaler, SkipsAStepWithAnInjectedInfAndRecovers) {
   EXPECT_EQ(opt.state().adam_step, 3);
 }
 
+// precision.fp8's use: no scaling, but a non-finite gradient is found (and the step skipped, as above)
+// while finite gradients pass through unchanged, bit for bit.
+TEST(LossScaler, SkipNonFiniteChecksWithoutScaling) {
+  LossScaler check(false, torch::kCPU, {}, /*skip_non_finite=*/true);
+  EXPECT_TRUE(check.checks());
+  auto loss = torch::tensor(2.5f);
+  EXPECT_TRUE(torch::equal(check.scale_loss(loss), loss));
+  auto g = torch::tensor({0.1f, -3.0e-38f, 7.0f});
+  const auto before = g.clone();
+  auto found = check.unscale_and_check(g, nullptr);
+  EXPECT_EQ(found.item<float>(), 0.0f);
+  EXPECT_TRUE(torch::equal(g, before));
+  g[1] = std::numeric_limits<float>::quiet_NaN();
+  found = check.unscale_and_check(g, nullptr);
+  EXPECT_EQ(found.item<float>(), 1.0f);
+  check.update(found);
+  EXPECT_EQ(check.scale(), 1.0);
+  EXPECT_FALSE(LossScaler(false, torch::kCPU).checks());
+}
+
 TEST(LossScaler, DisabledIsTheIdentity) {
   LossScaler off(false, torch::kCPU);
   auto loss = torch::tensor(2.5f);
