@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 41's table: gpt2-generate at batch 1 on the GPU, bf16 weights against --quant int8, for each
 # size in SIZES (default "124m 1558m"; random weights from bench/muon_peer.py: speed does not depend
-# on them), a 128-token prompt, 256 new tokens, greedy, ROUNDS (2) runs each, alternating. Prints each
+# on them), a 128-token prompt, 256 new tokens, greedy, ROUNDS (2) runs each, alternating, and bf16
+# with --cuda_graphs false (what the CUDA graphs of serve::generate_one save). Prints each
 # run's tokens/s (gpt2-generate's own line: prefill + decode wall time), its ms per decode step, the
 # weights it holds on the GPU, and per size the means and int8/bf16 ratios.
 #   source .device-deps/gpu-env.sh && bash bench/decode_gpu.sh     (logs under $OUT)
@@ -23,16 +24,17 @@ for size in ${SIZES:-124m 1558m}; do
     >"$out/decode-$size-init.log" 2>&1 || { tail -5 "$out/decode-$size-init.log"; continue; }
   echo "== gpt2-$size, batch 1, 128-token prompt, $new new tokens, bf16, $device ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
   for r in $(seq "${ROUNDS:-2}"); do
-    for quant in none int8; do
-      log="$out/decode-$size-$quant-$r.log"
-      "$bin/gpt2-generate" "$model" --device "$device" --dtype bf16 --quant "$quant" --ids --temperature 0 --ignore_eot \
+    for variant in "bf16|--quant none" "int8|--quant int8" "bf16-no-graphs|--quant none --cuda_graphs false"; do
+      name="${variant%%|*}" args="${variant#*|}" log="$out/decode-$size-${variant%%|*}-$r.log"
+      # shellcheck disable=SC2086
+      "$bin/gpt2-generate" "$model" --device "$device" --dtype bf16 $args --ids --temperature 0 --ignore_eot \
         --max_new_tokens "$new" --prompt "$prompt" >/dev/null 2>"$log" || { tail -3 "$log"; continue; }
-      python3 - "$size" "$quant" "$log" <<'PY'
+      python3 - "$size" "$name" "$log" <<'PY'
 import re, sys
-size, quant, text = sys.argv[1], sys.argv[2], open(sys.argv[3]).read()
+size, name, text = sys.argv[1], sys.argv[2], open(sys.argv[3]).read()
 tps, step = re.search(r"([0-9.]+) tokens/s .*then ([0-9.]+) ms per step", text).groups()
 mib = re.search(r"weights ([0-9.]+) MiB", text).group(1)
-print(f"RESULT decode {size} {'int8' if quant == 'int8' else 'bf16'} tok/s={tps} ms/token={step} weights_MiB={mib}")
+print(f"RESULT decode {size} {name} tok/s={tps} ms/token={step} weights_MiB={mib}")
 PY
     done
   done | tee "$out/decode-$size.txt"
