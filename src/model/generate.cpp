@@ -5,21 +5,13 @@
 #include <ATen/Context.h>
 
 #include <algorithm>
-#include <chrono>
 #include <limits>
 #include <string>
 
+#include "src/base/clock.h"
 #include "src/base/errors.h"
 
 namespace gpt2 {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-}  // namespace
-
 void validate_generation(const GPT2Config& cfg, const std::vector<std::vector<int64_t>>& prompts,
                          const SamplingOptions& o) {
   if (prompts.empty()) throw UserError("generate: no prompts given");
@@ -113,7 +105,7 @@ std::vector<std::vector<int64_t>> generate(GPT2& model, const std::vector<std::v
     fit(b);  // a prompt longer than the window keeps its last `restart` tokens
     st.prompt_tokens += static_cast<int64_t>(tokens[b].size()) - start[b];
   }
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   torch::Tensor logits = prefill();
   std::vector<bool> done(B, false);
   std::vector<int64_t> last(B);
@@ -121,7 +113,7 @@ std::vector<std::vector<int64_t>> generate(GPT2& model, const std::vector<std::v
     const auto rows = logits.to(torch::kCPU, torch::kFloat);  // (B, V); the wait for the GPU is here
     if (step == 0) {
       st.prefill_s = seconds_since(t0);
-      t0 = Clock::now();
+      t0 = SteadyClock::now();
     }
     std::vector<int64_t> emitted(B, -1);
     for (int64_t b = 0; b < B; ++b) {

@@ -2,19 +2,12 @@
 #include "src/serve/generate_one.h"
 
 #include <algorithm>
-#include <chrono>
 
+#include "src/base/clock.h"
 #include "src/serve/decode_graphs.h"
 #include "src/serve/prompt_prefill.h"
 
 namespace gpt2::serve {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-}  // namespace
 
 std::vector<int64_t> generate_one(GPT2& model, const std::vector<int64_t>& prompt, const SamplingOptions& options,
                                   bool use_graphs, const TokenCallback& on_tokens, GenerationStats* stats) {
@@ -39,7 +32,7 @@ std::vector<int64_t> generate_one(GPT2& model, const std::vector<int64_t>& promp
   const auto length = [&] { return static_cast<int64_t>(tokens.size()); };
   int64_t start = length() > window ? length() - restart : 0;  // as generate(): a long prompt keeps its tail
   st.prompt_tokens = length() - start;
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   PromptPrefill::Result first = prefill.run({tokens.begin() + start, tokens.end()}, 0);
   torch::Tensor logits = first.logits;  // (1, V) on the model's device
   int64_t greedy = first.greedy;
@@ -48,7 +41,7 @@ std::vector<int64_t> generate_one(GPT2& model, const std::vector<int64_t>& promp
         options.temperature == 0.0 ? greedy : sample_next(logits[0].to(torch::kCPU, torch::kFloat), options, gen);
     if (step == 0) {
       st.prefill_s = seconds_since(t0);
-      t0 = Clock::now();
+      t0 = SteadyClock::now();
     }
     tokens.push_back(id);
     output.push_back(id);

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "data/bpe_tokenizer.h"
+#include "src/base/clock.h"
 #include "src/base/errors.h"
 #include "src/base/log.h"
 #include "src/base/threads.h"
@@ -51,12 +52,6 @@ struct Scheduler::Slot {
   int64_t position = 0;                // tokens in the cache row = where the next fed token goes
   int64_t last = 0;                    // the last sampled id, fed at `position` by the next step
 };
-
-namespace {
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-}  // namespace
 
 Scheduler::Scheduler(GPT2 model, const data::Gpt2Tokenizer& tokenizer, SchedulerOptions options, Metrics& metrics)
     : model_(std::move(model)), tokenizer_(tokenizer), options_(options), metrics_(metrics) {

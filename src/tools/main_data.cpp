@@ -27,6 +27,7 @@
 #include "data/corpus.h"
 #include "data/shard_writer.h"
 #include "data/token_file.h"
+#include "src/base/clock.h"
 #include "src/base/errors.h"
 #include "src/base/files.h"
 #include "src/base/log.h"
@@ -195,7 +196,7 @@ class Progress {
       bytes = done_bytes_ + static_cast<int64_t>(fraction * batch_input_);
       tokens = done_tokens_ + batch_.tokens.load();
     }
-    const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    const double seconds = gpt2::seconds_since(start_);
     const double rate = seconds > 0 ? bytes / seconds : 0.0;
     std::string line = gpt2::log::format("progress: %.1f / %.1f MB (%.0f%%), %.2fM tokens/s, %.1f MB/s", bytes / 1e6,
                                          total_bytes_ / 1e6, total_bytes_ > 0 ? 100.0 * bytes / total_bytes_ : 100.0,
@@ -313,7 +314,7 @@ int run(const Options& opt) {
     batch = std::move(next_batch);
   }
   progress.stop();
-  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double seconds = gpt2::seconds_since(t0);
 
   const int64_t num_docs = writer.num_documents();
   if (num_docs == 0) {

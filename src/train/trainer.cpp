@@ -39,6 +39,7 @@
 #include "parallel/communicator.h"
 #include "parallel/flat_layout.h"
 #include "parallel/grad_buckets.h"
+#include "src/base/clock.h"
 #include "src/base/errors.h"
 #include "src/base/files.h"
 #include "src/base/log.h"
@@ -652,8 +653,8 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
         env.barrier();
         watchdog.beat();
         result.last_checkpoint = done;
-        log::info(log::format("checkpoint %s complete, %.1f s after it was taken", done.c_str(),
-                              std::chrono::duration<double>(Clock::now() - save_taken).count()));
+        log::info(
+            log::format("checkpoint %s complete, %.1f s after it was taken", done.c_str(), seconds_since(save_taken)));
       }
     }
     const bool due = cfg.checkpoint.every > 0 && ((step + 1) % cfg.checkpoint.every == 0 || last_step);
@@ -667,8 +668,7 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
       watchdog.beat();
       if (!done.empty()) result.last_checkpoint = done;
       log::info(log::format("checkpoint of step %lld: training paused %.2f s%s", (long long)(step + 1),
-                            std::chrono::duration<double>(Clock::now() - save_start).count(),
-                            async ? " (files are written in the background)" : ""));
+                            seconds_since(save_start), async ? " (files are written in the background)" : ""));
       progress.exclude_since(save_start);
     }
     if (stop != 0) {
