@@ -11,8 +11,7 @@
 #include "src/base/errors.h"
 
 #ifdef GPT2_WITH_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-#include <cuda_runtime.h>
+#include <ATen/cuda/CUDAContext.h>
 #endif
 
 namespace gpt2::kernels {
@@ -76,14 +75,10 @@ bool fp8_supported(const torch::Device& device) {
   if (device.is_cpu()) return true;
 #ifdef GPT2_WITH_CUDA
   if (device.is_cuda()) {
-    int major = 0, minor = 0;
-    const int index = device.has_index() ? device.index() : c10::cuda::current_device();
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    return major * 10 + minor >= 89;
+    // ATen's cached properties: its own checked CUDA call, once a device.
+    const cudaDeviceProp* prop =
+        at::cuda::getDeviceProperties(device.has_index() ? device.index() : at::cuda::current_device());
+    return prop->major * 10 + prop->minor >= 89;
   }
 #endif
   return false;
