@@ -62,12 +62,14 @@ bench_xl() {
   grep -h "optimizer state" "$out/xl_$name.log" | head -1
 }
 
-# bench_text: $out/ttl-text/{train,val}.h5 (made once): the Python docs and the fortunes ($CORPUS,
-# default .device-deps/corpus from `bash bench/time_to_loss.sh --prepare`) through gpt2-data with
-# bench/time_to_loss.sh's split. Uses $bin (default build-gpu/bin).
+# bench_text: $OUT/ttl-text/{train,val}.h5 (made once; $OUT itself, whatever a script calls $out):
+# the Python docs and the fortunes ($CORPUS, default .device-deps/corpus from `bash
+# bench/time_to_loss.sh --prepare`) through gpt2-data, 2% of the documents for val. The text of
+# bench/time_to_loss.sh, int8_quality.sh and fp8_curves.sh. Uses $bin (default build-gpu/bin).
 bench_text() {
-  [ -f "$out/ttl-text/val.h5" ] && return 0
-  "${bin:-build-gpu/bin}/gpt2-data" "${CORPUS:-.device-deps/corpus}" --out "$out/ttl-text" --doc_separator % \
-    --val_fraction 0.02 >"$out/text-data.log" 2>&1 || { tail -5 "$out/text-data.log"; return 1; }
-  grep -h "tokens ->" "$out/text-data.log"
+  local base="${OUT:-/tmp/out}"
+  [ -f "$base/ttl-text/val.h5" ] && return 0
+  "${bin:-build-gpu/bin}/gpt2-data" "${CORPUS:-.device-deps/corpus}" --out "$base/ttl-text" --doc_separator % \
+    --val_fraction 0.02 >"$base/text-data.log" 2>&1 || { tail -5 "$base/text-data.log"; return 1; }
+  grep -h "tokens ->" "$base/text-data.log"
 }

@@ -33,6 +33,7 @@ if [ "${1:-}" = --prepare ]; then
   du -sh "$corpus"; exit 0
 fi
 size="${1:?usage: time_to_loss.sh 124m|350m|tiny [RUN ...]}"; shift
+source bench/common.sh  # bench_text
 out="${OUT:-/tmp/out}/ttl-$size"; mkdir -p "$out"
 bin="${GPT2_BIN:-build-gpu/bin}"
 steps="${STEPS:-400}" micro="${MICRO:-32}" seq="${SEQ:-1024}" batch_tokens="${BATCH_TOKENS:-32768}"
@@ -49,12 +50,7 @@ runs=("$@")  # default: what the targets need first, so a call cut short still h
   adamw-3e-4-wsd adamw-1.2e-3-cosine adamw-1.2e-3-wsd adamw-1.8e-3-cosine adamw-1.8e-3-wsd)
 
 data="${OUT:-/tmp/out}/ttl-text"
-if [ "${runs[0]}" != summary ] && [ ! -f "$data/val.h5" ]; then
-  corpus="${CORPUS:-.device-deps/corpus}"
-  "$bin/gpt2-data" "$corpus" --out "$data" --doc_separator % --val_fraction 0.02 >"$out/data.log" 2>&1 \
-    || { tail -5 "$out/data.log"; exit 1; }
-  grep -h "tokens" "$out/data.log" | tail -2
-fi
+[ "${runs[0]}" = summary ] || bench_text || exit 1
 peer() {  # ARGS...: bench/muon_peer.py with this size's settings
   python3 bench/muon_peer.py $dims --seq_len "$seq" --micro_batch "$micro" --batch_tokens "$batch_tokens" \
     --steps "$steps" --warmup 20 --eval_every "$eval_every" --eval_steps "$eval_steps" --device "$device" \
