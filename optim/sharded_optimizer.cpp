@@ -165,10 +165,12 @@ void ShardedOptimizer::set_up_muon(const std::vector<torch::Tensor>& params, con
   }
 }
 
-int64_t ShardedOptimizer::muon_state_bytes() const {
-  int64_t bytes = 0;
-  for (const auto* t : {&muon_momentum_buffer_, &muon_master_buffer_}) bytes += t->defined() ? t->nbytes() : 0;
-  return bytes;
+int64_t ShardedOptimizer::muon_momentum_bytes() const {
+  return muon_momentum_buffer_.defined() ? static_cast<int64_t>(muon_momentum_buffer_.nbytes()) : 0;
+}
+
+int64_t ShardedOptimizer::muon_master_bytes() const {
+  return muon_master_buffer_.defined() ? static_cast<int64_t>(muon_master_buffer_.nbytes()) : 0;
 }
 
 ShardedOptimizer::~ShardedOptimizer() = default;

@@ -74,9 +74,12 @@ class ShardedOptimizer {
   // parameter staging buffers).
   int64_t state_bytes() const;
   int64_t host_state_bytes() const { return update_->host_bytes(); }
-  // Of state_bytes(), what Muon keeps beside AdamW's update: its owned matrices' fp32 momentum, and
-  // their fp32 masters where it cannot share the update's (sharded, or offloaded).
-  int64_t muon_state_bytes() const;
+  // Of state_bytes(), what Muon keeps beside AdamW's update: its owned matrices' fp32 momentum
+  // (Muon's optimizer state proper, 4 bytes a parameter), and their fp32 masters where it cannot
+  // share the update's (sharded, or offloaded; 0 otherwise).
+  int64_t muon_state_bytes() const { return muon_momentum_bytes() + muon_master_bytes(); }
+  int64_t muon_momentum_bytes() const;
+  int64_t muon_master_bytes() const;
   // The flat ranges this rank's state covers, in the order state() holds them.
   const std::vector<parallel::FlatRange>& pieces() const { return shard_.pieces; }
   int64_t shard_numel() const { return shard_.numel(); }

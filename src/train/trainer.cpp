@@ -386,9 +386,13 @@ void log_parallel_setup(const Config& cfg, const parallel::RankEnv& env, const p
         muon->owned().size(), " of the matrices, ", muon->owned_numel(), " parameters",
         options.sharded && env.world_size() > 1 ? " (owners balanced by Newton-Schulz FLOPs)" : "",
         log::format(
-            "; Muon's state %.1f MiB, %.0f bytes a parameter (AdamW's moments: 8)",
-            optimizer.muon_state_bytes() / 1048576.0,
-            muon->owned_numel() > 0 ? static_cast<double>(optimizer.muon_state_bytes()) / muon->owned_numel() : 0.0));
+            "; Muon's momentum %.1f MiB, %.0f bytes a parameter (AdamW's moments: 8)",
+            optimizer.muon_momentum_bytes() / 1048576.0,
+            muon->owned_numel() > 0 ? static_cast<double>(optimizer.muon_momentum_bytes()) / muon->owned_numel() : 0.0),
+        // Sharded, an owner's matrices lie in other ranks' shards: it keeps their masters too.
+        optimizer.muon_master_bytes() > 0
+            ? log::format(", and fp32 masters of its matrices %.1f MiB", optimizer.muon_master_bytes() / 1048576.0)
+            : std::string());
   }
   log::info(
       log::format("optimizer state: %.1f MiB on the device, %.1f MiB in host memory%s, on this rank "
