@@ -6,8 +6,11 @@
 // GPU), with the bandwidth the bytes each call must move make (an H200 streams about 4.8 TB/s).
 // `fp8`: the blocks' GEMMs in FP8 (fp8_gemm.h: e4m3 x e4m3 forward, e5m2 x e4m3 backward) against
 // the tuned bf16 ones, and a per-tensor cast, the ceiling issue 40 works under.
+// `decode`: one batch-1 decode step's pieces per layer (slot attention over a context, the four
+// linear layers in bf16 and int8, a LayerNorm), each against the time its bytes take at 4.8 TB/s:
+// where gpt2-generate's milliseconds a token go (issue 41).
 // Correctness lives in tests/kernels and tests/optim.
-//   build-gpu/bin/kernel_bench [passes | fp8]
+//   build-gpu/bin/kernel_bench [passes | fp8 | decode]
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -24,7 +27,9 @@
 #include "src/base/cuda_check.h"
 #include "src/kernels/fp8_gemm.h"
 #include "src/kernels/gemm.h"
+#include "src/kernels/int8_linear.h"
 #include "src/kernels/launch.h"
+#include "src/kernels/slot_attention.h"
 #include "tests/optim/host_buffers.h"
 
 namespace {
@@ -283,10 +288,55 @@ void fp8_gemms(const char* name, int64_t M, int64_t C, int64_t layers) {
               bf16_total, bf16_total / fp8_total, cast_ms);
 }
 
+// One layer of a batch-1 decode step at n_embd C and `heads` heads of 64, `context` positions into
+// a 1024-position cache: each piece's microseconds a call (back to back, so launch-bound pieces
+// show their launch rate) and the microseconds its bytes take at 4.8 TB/s.
+void decode_layer(const char* name, int64_t C, int64_t heads) {
+  const auto bf16 = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
+  const double tbps = 4.8e12;
+  auto us = [](double ms) { return ms * 1000; };
+  std::printf("decode step pieces of %s at batch 1 (C=%ld, %ld heads), us a call / us its bytes take\n", name,
+              static_cast<long>(C), static_cast<long>(heads));
+  const int64_t hs = 64, capacity = 1024;
+  const auto keys = torch::randn({1, heads, capacity, hs}, bf16), values = torch::randn({1, heads, capacity, hs}, bf16);
+  const auto q = torch::randn({1, heads, 1, hs}, bf16);
+  double per_layer = 0, per_layer_int8 = 0;
+  for (const int64_t context : {128, 384, 1024}) {
+    const auto positions = torch::full({1}, context - 1, torch::dtype(torch::kLong).device(torch::kCUDA));
+    const double ms = time_ms([&] { gpt2::kernels::slot_attention(q, keys, values, positions); }, 200);
+    const double bytes = 2.0 * heads * context * hs * 2;
+    std::printf("  slot attention, %4ld positions %8.1f / %6.1f\n", static_cast<long>(context), us(ms),
+                us(bytes / tbps * 1e3));
+    if (context == 384) per_layer += ms, per_layer_int8 += ms;  // the bench's middle: 128 + 256 tokens
+  }
+  const auto x = torch::randn({1, C}, bf16);
+  const int64_t shapes[4][2] = {{3 * C, C}, {C, C}, {4 * C, C}, {C, 4 * C}};
+  const char* names[4] = {"qkv", "attn proj", "fc", "mlp proj"};
+  for (int i = 0; i < 4; ++i) {
+    const int64_t n = shapes[i][0], k = shapes[i][1];
+    const auto w = torch::randn({n, k}, bf16) * 0.02, bias = torch::randn({n}, bf16);
+    const auto in = torch::randn({1, k}, bf16);
+    const auto w8 = gpt2::kernels::quantize_int8(w);
+    const double ms = time_ms([&] { at::linear(in, w, bias); }, 200);
+    const double ms8 = time_ms([&] { gpt2::kernels::int8_linear(in, w8, bias); }, 200);
+    std::printf("  %-9s %5ldx%-5ld bf16 %8.1f / %6.1f   int8 %8.1f / %6.1f\n", names[i], static_cast<long>(n),
+                static_cast<long>(k), us(ms), us(2.0 * n * k / tbps * 1e3), us(ms8), us((1.0 * n * k) / tbps * 1e3));
+    per_layer += ms;
+    per_layer_int8 += ms8;
+  }
+  const auto ln_w = torch::ones({C}, bf16), ln_b = torch::zeros({C}, bf16);
+  const double ln_ms = time_ms([&] { at::layer_norm(x, {C}, ln_w, ln_b); }, 200);
+  std::printf("  layer norm %8.1f\n", us(ln_ms));
+  per_layer += 2 * ln_ms;
+  per_layer_int8 += 2 * ln_ms;
+  std::printf("  a layer at 384 positions (attention, 4 linears, 2 LayerNorms): bf16 %.1f us, int8 %.1f us\n",
+              us(per_layer), us(per_layer_int8));
+}
+
 }  // namespace
 
-// kernel_bench [passes | fp8]: "passes" leaves out the GEMMs and times the memory-bound passes
-// alone; "fp8" times the FP8 GEMMs alone.
+// kernel_bench [passes | fp8 | decode]: "passes" leaves out the GEMMs and times the memory-bound
+// passes alone; "fp8" times the FP8 GEMMs alone; "decode" a batch-1 decode step's pieces.
 int main(int argc, char** argv) try {
   if (!torch::cuda::is_available()) {
     std::printf("kernel_bench: needs a CUDA device\n");
@@ -295,6 +345,11 @@ int main(int argc, char** argv) try {
   if (argc > 1 && std::string(argv[1]) == "fp8") {
     fp8_gemms("gpt2-124m B=32", 32 * 1024, 768, 12);
     fp8_gemms("gpt2-1558m B=8", 8 * 1024, 1600, 48);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "decode") {
+    decode_layer("gpt2-124m", 768, 12);
+    decode_layer("gpt2-1558m", 1600, 25);
     return 0;
   }
   if (!(argc > 1 && std::string(argv[1]) == "passes")) {
