@@ -9,9 +9,12 @@
 #include <vector>
 
 #include "src/base/errors.h"
+#include "src/kernels/dtype.h"
 
 #ifdef GPT2_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
+
+#include "src/base/cuda_check.h"
 #endif
 
 namespace gpt2::kernels {
@@ -121,9 +124,46 @@ torch::Tensor fp8_gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType
   return y;
 }
 
-Fp8Tensor quantize_fp8_current(const torch::Tensor& x, at::ScalarType format) {
+namespace {
+
+// quantize_fp8_current's cast, and the transpose of a matrix's if `transposed`: on CUDA, for a
+// kernel dtype, our two kernels (fp8_cast.cu: the bits of the ATen composition below, one read
+// for the amax and one for the cast, the transpose written from the same tile); elsewhere ATen.
+std::pair<Fp8Tensor, Fp8Tensor> cast_current(const torch::Tensor& x, at::ScalarType format, bool transposed) {
   at::NoGradGuard no_grad;
-  return quantize_fp8(x, format, fp8_scale_for(x.abs().amax().to(at::kFloat), format));
+  GPT2_ASSERT(format == at::kFloat8_e4m3fn || format == at::kFloat8_e5m2,
+              std::string("quantize_fp8_current: ") + c10::toString(format) + " is not an fp8 format");
+  GPT2_ASSERT(!transposed || x.dim() == 2, "quantize_fp8_current_and_transpose takes a matrix");
+#ifdef GPT2_WITH_CUDA
+  if (x.is_cuda() && is_kernel_dtype(x.scalar_type())) {
+    const at::Tensor xc = x.contiguous();
+    const int64_t cols = xc.dim() == 0 ? 1 : xc.size(-1), rows = cols == 0 ? 0 : xc.numel() / cols;
+    const auto stream = stream_of(xc);
+    const Dtype dtype = dtype_of(xc, "kernels::quantize_fp8_current");
+    at::Tensor amax = at::empty({1}, xc.options().dtype(at::kInt));
+    at::Tensor scale_inv = at::empty({}, xc.options().dtype(at::kFloat));
+    at::Tensor data = at::empty(xc.sizes(), xc.options().dtype(format));
+    at::Tensor data_t = transposed ? at::empty({cols, rows}, xc.options().dtype(format)) : at::Tensor();
+    auto* amax_bits = reinterpret_cast<unsigned*>(amax.data_ptr<int32_t>());
+    CUDA_CHECK(launch_fp8_amax(dtype, xc.data_ptr(), xc.numel(), amax_bits, stream));
+    CUDA_CHECK(launch_fp8_cast(dtype, xc.data_ptr(), rows, cols, format == at::kFloat8_e5m2, amax_bits, fp8_max(format),
+                               data.data_ptr(), transposed ? data_t.data_ptr() : nullptr, scale_inv.data_ptr<float>(),
+                               stream));
+    return {{data, scale_inv}, {data_t, scale_inv}};
+  }
+#endif
+  const Fp8Tensor q = quantize_fp8(x, format, fp8_scale_for(x.abs().amax().to(at::kFloat), format));
+  return {q, transposed ? transpose_fp8(q) : Fp8Tensor{}};
+}
+
+}  // namespace
+
+Fp8Tensor quantize_fp8_current(const torch::Tensor& x, at::ScalarType format) {
+  return cast_current(x, format, false).first;
+}
+
+std::pair<Fp8Tensor, Fp8Tensor> quantize_fp8_current_and_transpose(const torch::Tensor& x, at::ScalarType format) {
+  return cast_current(x, format, true);
 }
 
 namespace {
@@ -136,10 +176,11 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const bool has_bias = bias.numel() > 0;
     const int64_t k = x.size(-1);
     const at::Tensor x2 = x.reshape({-1, k});
-    const Fp8Tensor x8 = quantize_fp8_current(x2, at::kFloat8_e4m3fn);
-    const Fp8Tensor w8 = quantize_fp8_current(w, at::kFloat8_e4m3fn);
+    // Each cast also writes its transpose, the operand the backward takes (dw's x8ᵀ, dx's w8ᵀ).
+    const auto [x8, x8_t] = quantize_fp8_current_and_transpose(x2, at::kFloat8_e4m3fn);
+    const auto [w8, w8_t] = quantize_fp8_current_and_transpose(w, at::kFloat8_e4m3fn);
     at::Tensor y = fp8_gemm_nt(x8, w8, x.scalar_type(), has_bias ? bias : at::Tensor());
-    ctx->save_for_backward({x8.data, x8.scale_inv, w8.data, w8.scale_inv});
+    ctx->save_for_backward({x8_t.data, x8_t.scale_inv, w8_t.data, w8_t.scale_inv});
     ctx->saved_data["has_bias"] = has_bias;
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = w.size(0);
@@ -149,13 +190,13 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const Fp8Tensor x8{saved[0], saved[1]}, w8{saved[2], saved[3]};
-    const int64_t n = w8.data.size(0), k = w8.data.size(1);
+    const Fp8Tensor x8_t{saved[0], saved[1]}, w8_t{saved[2], saved[3]};  // (K, M), (K, N)
+    const int64_t n = w8_t.data.size(1), k = w8_t.data.size(0);
     const at::Tensor gy = grads[0].reshape({-1, n}).contiguous();
     const at::ScalarType dtype = gy.scalar_type();
-    const Fp8Tensor g8 = quantize_fp8_current(gy, at::kFloat8_e5m2);
-    const at::Tensor dx = fp8_gemm_nt(g8, transpose_fp8(w8), dtype);                 // (M, K)
-    const at::Tensor dw = fp8_gemm_nt(transpose_fp8(g8), transpose_fp8(x8), dtype);  // (N, K)
+    const auto [g8, g8_t] = quantize_fp8_current_and_transpose(gy, at::kFloat8_e5m2);
+    const at::Tensor dx = fp8_gemm_nt(g8, w8_t, dtype);    // (M, K)
+    const at::Tensor dw = fp8_gemm_nt(g8_t, x8_t, dtype);  // (N, K)
     std::vector<int64_t> x_shape = grads[0].sizes().vec();
     x_shape.back() = k;
     const at::Tensor db = ctx->saved_data["has_bias"].toBool() ? gy.sum(0) : at::Tensor();

@@ -12,6 +12,8 @@
 // bias (N) in the output dtype. Anything else is a gpt2::Error naming fp8_gemm_nt.
 #include <torch/types.h>
 
+#include <utility>
+
 namespace gpt2::kernels {
 
 struct Fp8Tensor {
@@ -44,7 +46,11 @@ bool fp8_supported(const torch::Device& device);
 // K, N and x's rows multiples of 16. The output has x's dtype. Outside that, a gpt2::Error naming
 // fp8_linear.
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias);
-// The same tensor cast with its own amax (what fp8_linear does to each operand).
+// The same tensor cast with its own amax (what fp8_linear does to each operand): quantize_fp8
+// with fp8_scale_for(max |x|). On CUDA (fp32/bf16/fp16) two kernels of ours give the same bits as
+// that composition (NaN payloads aside) in two reads of x.
 Fp8Tensor quantize_fp8_current(const torch::Tensor& x, at::ScalarType format);
+// A matrix cast so, and its transpose (the same scale), written by the same pass on CUDA.
+std::pair<Fp8Tensor, Fp8Tensor> quantize_fp8_current_and_transpose(const torch::Tensor& x, at::ScalarType format);
 
 }  // namespace gpt2::kernels

@@ -89,6 +89,52 @@ TEST(Fp8Quantize, RoundsToNearestWithinTheFormatsUnitAndSaturates) {
   EXPECT_THROW(fp8_max(at::kBFloat16), Error);
 }
 
+// quantize_fp8_current and its transposing twin give the bits of the composition they stand for,
+// quantize_fp8 with fp8_scale_for(max |x|): on CUDA that is our two kernels against ATen's ops
+// (fp32, bf16 and fp16; shapes off the kernels' 32 x 32 tiles; inf and NaN entries; all zeros).
+TEST(Fp8Quantize, CurrentScalingIsTheCompositionBitForBit) {
+  for (const auto& device : devices()) {
+    for (const auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      for (const Format& f : {kE4m3, kE5m2}) {
+        for (const auto& [rows, cols, special] :
+             std::vector<std::tuple<int64_t, int64_t, int>>{{67, 45, 0}, {256, 768, 0}, {33, 64, 1}, {16, 48, 2}}) {
+          const std::string what = device.str() + " " + c10::toString(dtype) + " " + c10::toString(f.dtype) + " " +
+                                   std::to_string(rows) + "x" + std::to_string(cols) + " case " +
+                                   std::to_string(special);
+          auto x = (values(rows, cols, 8, device) * 0.01).to(dtype);
+          if (special == 1) {  // an overflow: inf and NaN entries
+            x[3][5] = INFINITY;
+            x[7][1] = -INFINITY;
+            x[20][63] = NAN;
+          }
+          if (special == 2) x.zero_();
+          const auto amax = x.abs().amax().to(at::kFloat);
+          const Fp8Tensor want = quantize_fp8(x, f.dtype, fp8_scale_for(amax, f.dtype));
+          const Fp8Tensor got = quantize_fp8_current(x, f.dtype);
+          const auto [pair, pair_t] = quantize_fp8_current_and_transpose(x, f.dtype);
+          // Bytes, NaNs compared as NaN (their sign and payload are the casts' own).
+          auto same = [](const torch::Tensor& a, const torch::Tensor& b) {
+            const auto fa = a.to(torch::kFloat), fb = b.to(torch::kFloat);
+            return a.sizes() == b.sizes() &&
+                   torch::equal(torch::where(fa.isnan(), torch::zeros_like(fa), fa),
+                                torch::where(fb.isnan(), torch::zeros_like(fb), fb)) &&
+                   torch::equal(fa.isnan(), fb.isnan()) &&
+                   torch::equal(torch::where(fa.isnan(), torch::zeros_like(a.view(at::kByte)), a.view(at::kByte)),
+                                torch::where(fb.isnan(), torch::zeros_like(b.view(at::kByte)), b.view(at::kByte)));
+          };
+          EXPECT_TRUE(same(got.data, want.data)) << what;
+          EXPECT_TRUE(same(pair.data, want.data)) << what;
+          EXPECT_TRUE(same(pair_t.data, want.data.view(at::kByte).t().contiguous().view(f.dtype))) << what;
+          for (const auto& s : {got.scale_inv, pair.scale_inv, pair_t.scale_inv}) {
+            EXPECT_EQ(s.numel(), 1) << what;
+            EXPECT_EQ(s.item<float>(), want.scale_inv.item<float>()) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The GEMM's accumulation term of Note [FP8 GEMM bound], as a multiple of Σ|a||b|: K products
 // summed in fp32 on the CPU; on the GPU in chunks of at most 128 with 13 kept mantissa bits
 // (truncated), the chunk sums then added in fp32.

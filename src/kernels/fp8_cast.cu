@@ -1,0 +1,113 @@
+// The per-tensor FP8 cast with the tensor's own amax (launch.h, fp8_gemm.h's
+// quantize_fp8_current) in two kernels instead of ATen's chain of element-wise ops with fp32
+// temporaries: one pass reduces max |x| into a device scalar, one pass scales, saturates and
+// rounds every element, writing the row-major result and, if asked, its transpose (the backward
+// GEMMs' operand) through a shared-memory tile. Every value is computed as the ATen composition
+// computes it (fp32 multiply, clamp, round to nearest even), so the bits agree.
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "src/kernels/convert.cuh"
+#include "src/kernels/launch.h"
+
+namespace gpt2::kernels {
+namespace {
+
+constexpr int kAmaxThreads = 256;
+constexpr int kTile = 32;  // the cast's tile: 32 x 32 elements, 32 x 8 threads
+
+// max |x| over n elements into *amax (zeroed by the launcher). |x| as fp32 bits orders as unsigned
+// integers (sign cleared), and NaN's bits lie above inf's, so a NaN anywhere wins, as ATen's
+// amax propagates NaN.
+template <typename T>
+__global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const T* __restrict__ x, int64_t n, unsigned* amax) {
+  unsigned best = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    best = max(best, __float_as_uint(to_float(x[i])) & 0x7fffffffu);
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, offset));
+  __shared__ unsigned warp_best[kAmaxThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kAmaxThreads / 32; ++w) best = max(best, warp_best[w]);
+    atomicMax(amax, best);
+  }
+}
+
+// fp8_scale_for: top / amax, or 1 where amax is 0 or not finite.
+__device__ __forceinline__ float scale_for(float amax, float top) {
+  return amax > 0.0f && isfinite(amax) ? top / amax : 1.0f;
+}
+
+// One element: finite values scaled, saturated to ±top and rounded to nearest even; inf and NaN
+// stay non-finite (NaN in e4m3, which has no inf), as quantize_fp8's where(isfinite, clamp, x).
+__device__ __forceinline__ __nv_fp8_storage_t cast_one(float v, float s, float top, __nv_fp8_interpretation_t format) {
+  const float scaled = v * s;
+  if (!isfinite(scaled)) return __nv_cvt_float_to_fp8(scaled, __NV_NOSAT, format);
+  return __nv_cvt_float_to_fp8(fminf(fmaxf(scaled, -top), top), __NV_NOSAT, format);
+}
+
+// Block (32 x 8 threads) per 32 x 32 tile of x (rows x cols; grid x over row tiles, y over column
+// tiles): out[r, c] and, if out_t, out_t[c, r].
+template <typename T>
+__global__ void __launch_bounds__(kTile * 8)
+    cast_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, const unsigned* amax_bits, float top,
+                __nv_fp8_interpretation_t format, __nv_fp8_storage_t* __restrict__ out,
+                __nv_fp8_storage_t* __restrict__ out_t, float* scale_inv) {
+  const float s = scale_for(__uint_as_float(*amax_bits), top);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) *scale_inv = 1.0f / s;
+  __shared__ __nv_fp8_storage_t tile[kTile][kTile + 4];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTile, c0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t c = c0 + threadIdx.x;
+  for (int i = threadIdx.y; i < kTile; i += 8) {
+    const int64_t r = r0 + i;
+    if (r < rows && c < cols) {
+      const __nv_fp8_storage_t q = cast_one(to_float(x[r * cols + c]), s, top, format);
+      out[r * cols + c] = q;
+      tile[i][threadIdx.x] = q;
+    }
+  }
+  if (out_t == nullptr) return;
+  __syncthreads();
+  const int64_t tr = r0 + threadIdx.x;  // out_t's column
+  for (int i = threadIdx.y; i < kTile; i += 8) {
+    const int64_t tc = c0 + i;  // out_t's row
+    if (tc < cols && tr < rows) out_t[tc * rows + tr] = tile[threadIdx.x][i];
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_fp8_amax(Dtype dtype, const void* x, int64_t n, unsigned* amax_bits, cudaStream_t stream) {
+  cudaError_t err = cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream);
+  if (err != cudaSuccess || n == 0) return err;
+  const int64_t blocks = std::min<int64_t>((n + kAmaxThreads - 1) / kAmaxThreads, 1024);
+  return with_storage_type(dtype, [&](auto t) {
+    using T = typename decltype(t)::type;
+    amax_kernel<T><<<static_cast<unsigned>(blocks), kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n, amax_bits);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_fp8_cast(Dtype dtype, const void* x, int64_t rows, int64_t cols, bool e5m2,
+                            const unsigned* amax_bits, float top, void* out, void* out_t, float* scale_inv,
+                            cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  const int64_t grid_x = (rows + kTile - 1) / kTile, grid_y = (cols + kTile - 1) / kTile;
+  if (grid_x > 0x7fffffff || grid_y > 65535) return cudaErrorInvalidValue;
+  const __nv_fp8_interpretation_t format = e5m2 ? __NV_E5M2 : __NV_E4M3;
+  return with_storage_type(dtype, [&](auto t) {
+    using T = typename decltype(t)::type;
+    cast_kernel<T><<<dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)), dim3(kTile, 8), 0, stream>>>(
+        static_cast<const T*>(x), rows, cols, amax_bits, top, format, static_cast<__nv_fp8_storage_t*>(out),
+        static_cast<__nv_fp8_storage_t*>(out_t), scale_inv);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace gpt2::kernels
