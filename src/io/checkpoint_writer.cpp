@@ -164,6 +164,12 @@ std::string CheckpointWriter::save(int64_t step, GPT2& model, const parallel::Fl
     for (size_t i = 0; i < named.size(); ++i) {
       m.params.push_back({named[i].key(), named[i].value().sizes().vec(), layout.offset[i], layout.numel[i]});
     }
+    if (const torch::Tensor& amax = model->fp8_amax_history(); amax.defined()) {
+      const torch::Tensor host = amax.to(torch::kCPU).contiguous();
+      m.fp8_amax_shape = host.sizes().vec();
+      m.fp8_amax.assign(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
+      m.fp8_steps = model->fp8_steps_recorded();
+    }
     m.loss_scale = scaler.enabled() ? scaler.scale() : 1.0;
     m.growth_tracker = scaler.growth_tracker().item<int64_t>();
     m.seed = settings_.seed;

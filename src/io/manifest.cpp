@@ -101,6 +101,9 @@ json::Value CheckpointManifest::to_json() const {
                      {"files", fs}};
   if (optimizer_moments == optim::MomentFormat::k8bit) out["exp_avg_sq_8bit"] = exp_avg_sq_8bit;
   if (optimizer != optim::UpdateRule::kAdamW) out["optimizer"] = choice_name(optimizer);
+  if (!fp8_amax_shape.empty()) {
+    out["fp8_amax_history"] = {{"shape", fp8_amax_shape}, {"steps", fp8_steps}, {"values", fp8_amax}};
+  }
   return out;
 }
 
@@ -209,6 +212,23 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
       static_cast<uint64_t>(json::as_int(json::at(json::at(v, "data", what), "seed", what + " data"), "data.seed"));
   for (const auto& [k, val] : json::as_object(json::at(v, "config", what), "config"))
     m.config.emplace_back(k, json::as_string(val, k));
+  if (v.contains("fp8_amax_history")) {
+    const auto& h = json::at(v, "fp8_amax_history", what);
+    int64_t count = 1;
+    for (const auto& d : json::as_array(json::at(h, "shape", what + " fp8_amax_history"), "fp8_amax_history.shape")) {
+      m.fp8_amax_shape.push_back(json::as_int(d, "fp8_amax_history.shape"));
+      if (m.fp8_amax_shape.back() < 1) throw UserError(path + ": fp8_amax_history.shape has a dimension below 1");
+      count *= m.fp8_amax_shape.back();
+    }
+    m.fp8_steps = json::as_int(json::at(h, "steps", what + " fp8_amax_history"), "fp8_amax_history.steps");
+    for (const auto& x : json::as_array(json::at(h, "values", what + " fp8_amax_history"), "fp8_amax_history.values")) {
+      m.fp8_amax.push_back(static_cast<float>(json::as_double(x, "fp8_amax_history.values")));
+    }
+    if (m.fp8_amax_shape.size() != 4 || static_cast<int64_t>(m.fp8_amax.size()) != count || m.fp8_steps < 0) {
+      throw UserError(path + ": fp8_amax_history holds " + std::to_string(m.fp8_amax.size()) + " values and " +
+                      std::to_string(m.fp8_steps) + " steps, not a (layers, 4, 3, steps) history of that shape");
+    }
+  }
   return m;
 }
 

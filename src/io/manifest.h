@@ -59,6 +59,12 @@ struct CheckpointManifest {
   std::vector<File> files;
   double loss_scale = 1;
   int64_t growth_tracker = 0;
+  // precision.fp8 with delayed scaling (GPT2Impl::fp8_amax_history): the histories' shape, their
+  // values (fp32, exactly: JSON numbers round-trip), and the steps recorded; empty otherwise
+  // (manifest key fp8_amax_history, absent then).
+  std::vector<int64_t> fp8_amax_shape;
+  std::vector<float> fp8_amax;
+  int64_t fp8_steps = 0;
   uint64_t seed = 0;
   std::vector<std::pair<std::string, std::string>> config;  // section.key -> value
 

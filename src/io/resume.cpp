@@ -310,6 +310,33 @@ void read_flat_range(const CheckpointManifest& m, const char* dataset, int64_t b
   read_dataset_range(m, shard_dataset(m.optimizer_moments, dataset), nullptr, begin, end, out);
 }
 
+namespace {
+
+// FP8 delayed scaling's histories (the same on every rank when saved), so a resumed run scales as
+// the uninterrupted one would; a run without delayed scaling ignores them.
+void load_fp8_amax_history(const CheckpointManifest& m, GPT2& model) {
+  const torch::Tensor& mine = model->fp8_amax_history();
+  if (!mine.defined()) {
+    if (!m.fp8_amax_shape.empty())
+      log::info("checkpoint: FP8 amax histories not used (no delayed scaling in this run)");
+    return;
+  }
+  if (m.fp8_amax_shape.empty()) {
+    log::warn("checkpoint ", m.dir, " holds no FP8 amax histories (written without delayed scaling): they start empty");
+    return;
+  }
+  std::vector<float> values = m.fp8_amax;
+  const torch::Tensor saved = torch::from_blob(values.data(), m.fp8_amax_shape, torch::kFloat).to(mine.device());
+  if (saved.sizes() != mine.sizes()) {
+    throw UserError(files::join(m.dir, "manifest.json") + ": fp8_amax_history is " +
+                    std::to_string(m.fp8_amax_shape.back()) + " steps long, this run's precision.fp8_amax_history " +
+                    std::to_string(mine.size(-1)) + " (set it to the saved length, or to 0 for current scaling)");
+  }
+  model->load_fp8_amax_history(saved, m.fp8_steps);
+}
+
+}  // namespace
+
 int64_t resume_checkpoint(const std::string& checkpoint_dir, GPT2& model, int64_t zero_stage,
                           const parallel::RankEnv& env, const parallel::FlatLayout& layout,
                           optim::ShardedOptimizer& optimizer, optim::LossScaler& scaler) {
@@ -373,6 +400,7 @@ int64_t resume_checkpoint(const std::string& checkpoint_dir, GPT2& model, int64_
   optimizer.load_state(s);
   optimizer.gather();
   scaler.load(m.loss_scale, m.growth_tracker);
+  load_fp8_amax_history(m, model);
   // Generator states only mean something for the same rank of the same world.
   if (!rng_cpu.empty()) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();

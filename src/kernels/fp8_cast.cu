@@ -3,7 +3,8 @@
 // temporaries: one pass reduces max |x| into a device scalar, one pass scales, saturates and
 // rounds every element, writing the row-major result and, if asked, its transpose (the backward
 // GEMMs' operand) through a shared-memory tile. Every value is computed as the ATen composition
-// computes it (fp32 multiply, clamp, round to nearest even), so the bits agree.
+// computes it (fp32 multiply, clamp, round to nearest even), so the bits agree. Delayed scaling
+// takes its scale from an amax history and records the tensor's amax in the same pass: one read.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -52,32 +53,57 @@ __device__ __forceinline__ __nv_fp8_storage_t cast_one(float v, float s, float t
   return __nv_cvt_float_to_fp8(fminf(fmaxf(scaled, -top), top), __NV_NOSAT, format);
 }
 
+// The scale of a cast (scale_for): from the amax at amax_bits, or else from the largest of
+// history[1..len-1] (delayed scaling: the steps before this one).
+__device__ __forceinline__ float cast_scale(const Fp8CastArgs& a) {
+  if (a.amax_bits != nullptr) return scale_for(__uint_as_float(*a.amax_bits), a.top);
+  float amax = 0.0f;
+  for (int64_t i = 1; i < a.history_len; ++i) amax = fmaxf(amax, a.history[i]);
+  return scale_for(amax, a.top);
+}
+
 // Block (32 x 8 threads) per 32 x 32 tile of x (rows x cols; grid x over row tiles, y over column
-// tiles): out[r, c] and, if out_t, out_t[c, r].
+// tiles): out[r, c] and, if out_t, out_t[c, r]; if record_bits, the tile's max |x| into it.
 template <typename T>
-__global__ void __launch_bounds__(kTile * 8)
-    cast_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, const unsigned* amax_bits, float top,
-                __nv_fp8_interpretation_t format, __nv_fp8_storage_t* __restrict__ out,
-                __nv_fp8_storage_t* __restrict__ out_t, float* scale_inv) {
-  const float s = scale_for(__uint_as_float(*amax_bits), top);
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) *scale_inv = 1.0f / s;
+__global__ void __launch_bounds__(kTile * 8) cast_kernel(Fp8CastArgs a, __nv_fp8_interpretation_t format) {
+  __shared__ float scale_s;
+  __shared__ unsigned block_amax;
+  const int thread = threadIdx.y * kTile + threadIdx.x;
+  if (thread == 0) {
+    scale_s = cast_scale(a);
+    block_amax = 0;
+    if (blockIdx.x == 0 && blockIdx.y == 0) *a.scale_inv = 1.0f / scale_s;
+  }
+  __syncthreads();
+  const float s = scale_s;
+  const T* x = static_cast<const T*>(a.x);
+  auto* out = static_cast<__nv_fp8_storage_t*>(a.out);
+  auto* out_t = static_cast<__nv_fp8_storage_t*>(a.out_t);
   __shared__ __nv_fp8_storage_t tile[kTile][kTile + 4];
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTile, c0 = static_cast<int64_t>(blockIdx.y) * kTile;
   const int64_t c = c0 + threadIdx.x;
+  unsigned local = 0;
   for (int i = threadIdx.y; i < kTile; i += 8) {
     const int64_t r = r0 + i;
-    if (r < rows && c < cols) {
-      const __nv_fp8_storage_t q = cast_one(to_float(x[r * cols + c]), s, top, format);
-      out[r * cols + c] = q;
+    if (r < a.rows && c < a.cols) {
+      const float v = to_float(x[r * a.cols + c]);
+      local = max(local, __float_as_uint(v) & 0x7fffffffu);
+      const __nv_fp8_storage_t q = cast_one(v, s, a.top, format);
+      out[r * a.cols + c] = q;
       tile[i][threadIdx.x] = q;
     }
   }
-  if (out_t == nullptr) return;
+  if (a.record_bits != nullptr) {
+    for (int offset = 16; offset > 0; offset >>= 1) local = max(local, __shfl_xor_sync(0xffffffffu, local, offset));
+    if (threadIdx.x == 0) atomicMax(&block_amax, local);
+  }
   __syncthreads();
+  if (a.record_bits != nullptr && thread == 0) atomicMax(a.record_bits, block_amax);
+  if (out_t == nullptr) return;
   const int64_t tr = r0 + threadIdx.x;  // out_t's column
   for (int i = threadIdx.y; i < kTile; i += 8) {
     const int64_t tc = c0 + i;  // out_t's row
-    if (tc < cols && tr < rows) out_t[tc * rows + tr] = tile[threadIdx.x][i];
+    if (tc < a.cols && tr < a.rows) out_t[tc * a.rows + tr] = tile[threadIdx.x][i];
   }
 }
 
@@ -94,18 +120,16 @@ cudaError_t launch_fp8_amax(Dtype dtype, const void* x, int64_t n, unsigned* ama
   });
 }
 
-cudaError_t launch_fp8_cast(Dtype dtype, const void* x, int64_t rows, int64_t cols, bool e5m2,
-                            const unsigned* amax_bits, float top, void* out, void* out_t, float* scale_inv,
-                            cudaStream_t stream) {
-  if (rows == 0 || cols == 0) return cudaSuccess;
-  const int64_t grid_x = (rows + kTile - 1) / kTile, grid_y = (cols + kTile - 1) / kTile;
+cudaError_t launch_fp8_cast(Dtype dtype, const Fp8CastArgs& args, cudaStream_t stream) {
+  if (args.amax_bits == nullptr && args.history == nullptr) return cudaErrorInvalidValue;
+  if (args.rows == 0 || args.cols == 0) return cudaSuccess;
+  const int64_t grid_x = (args.rows + kTile - 1) / kTile, grid_y = (args.cols + kTile - 1) / kTile;
   if (grid_x > 0x7fffffff || grid_y > 65535) return cudaErrorInvalidValue;
-  const __nv_fp8_interpretation_t format = e5m2 ? __NV_E5M2 : __NV_E4M3;
+  const __nv_fp8_interpretation_t format = args.e5m2 ? __NV_E5M2 : __NV_E4M3;
   return with_storage_type(dtype, [&](auto t) {
     using T = typename decltype(t)::type;
     cast_kernel<T><<<dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)), dim3(kTile, 8), 0, stream>>>(
-        static_cast<const T*>(x), rows, cols, amax_bits, top, format, static_cast<__nv_fp8_storage_t*>(out),
-        static_cast<__nv_fp8_storage_t*>(out_t), scale_inv);
+        args, format);
     return cudaGetLastError();
   });
 }

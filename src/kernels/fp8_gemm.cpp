@@ -126,44 +126,89 @@ torch::Tensor fp8_gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType
 
 namespace {
 
-// quantize_fp8_current's cast, and the transpose of a matrix's if `transposed`: on CUDA, for a
-// kernel dtype, our two kernels (fp8_cast.cu: the bits of the ATen composition below, one read
-// for the amax and one for the cast, the transpose written from the same tile); elsewhere ATen.
-std::pair<Fp8Tensor, Fp8Tensor> cast_current(const torch::Tensor& x, at::ScalarType format, bool transposed) {
+// A per-tensor cast and, if `transposed`, its transpose. `row` undefined: current scaling (the
+// cast's own amax). `row` an amax history row (L fp32, Fp8DelayedScaling): the scale from its
+// columns 1..L-1 when use_history, else the cast's own amax; with `record`, column 0 becomes
+// max(column 0, the cast's amax). On CUDA, for a kernel dtype, our kernels (fp8_cast.cu: the bits
+// of the ATen composition below; delayed scaling in one read of x, current in two, the transpose
+// from the same tile); elsewhere ATen.
+std::pair<Fp8Tensor, Fp8Tensor> cast(const torch::Tensor& x, at::ScalarType format, bool transposed,
+                                     const at::Tensor& row = {}, bool use_history = false, bool record = false) {
   at::NoGradGuard no_grad;
   GPT2_ASSERT(format == at::kFloat8_e4m3fn || format == at::kFloat8_e5m2,
-              std::string("quantize_fp8_current: ") + c10::toString(format) + " is not an fp8 format");
-  GPT2_ASSERT(!transposed || x.dim() == 2, "quantize_fp8_current_and_transpose takes a matrix");
+              std::string("fp8 cast: ") + c10::toString(format) + " is not an fp8 format");
+  GPT2_ASSERT(!transposed || x.dim() == 2, "fp8 cast: the transposing cast takes a matrix");
+  GPT2_ASSERT(!row.defined() || (row.dim() == 1 && row.size(0) >= 2 && row.scalar_type() == at::kFloat &&
+                                 row.is_contiguous() && row.device() == x.device()),
+              "fp8 cast: an amax history row is >= 2 contiguous fp32 values on x's device");
 #ifdef GPT2_WITH_CUDA
   if (x.is_cuda() && is_kernel_dtype(x.scalar_type())) {
     const at::Tensor xc = x.contiguous();
     const int64_t cols = xc.dim() == 0 ? 1 : xc.size(-1), rows = cols == 0 ? 0 : xc.numel() / cols;
     const auto stream = stream_of(xc);
-    const Dtype dtype = dtype_of(xc, "kernels::quantize_fp8_current");
-    at::Tensor amax = at::empty({1}, xc.options().dtype(at::kInt));
+    const Dtype dtype = dtype_of(xc, "kernels::fp8 cast");
     at::Tensor scale_inv = at::empty({}, xc.options().dtype(at::kFloat));
     at::Tensor data = at::empty(xc.sizes(), xc.options().dtype(format));
     at::Tensor data_t = transposed ? at::empty({cols, rows}, xc.options().dtype(format)) : at::Tensor();
-    auto* amax_bits = reinterpret_cast<unsigned*>(amax.data_ptr<int32_t>());
-    CUDA_CHECK(launch_fp8_amax(dtype, xc.data_ptr(), xc.numel(), amax_bits, stream));
-    CUDA_CHECK(launch_fp8_cast(dtype, xc.data_ptr(), rows, cols, format == at::kFloat8_e5m2, amax_bits, fp8_max(format),
-                               data.data_ptr(), transposed ? data_t.data_ptr() : nullptr, scale_inv.data_ptr<float>(),
-                               stream));
+    Fp8CastArgs args{xc.data_ptr(),
+                     rows,
+                     cols,
+                     format == at::kFloat8_e5m2,
+                     fp8_max(format),
+                     nullptr,
+                     nullptr,
+                     0,
+                     nullptr,
+                     data.data_ptr(),
+                     transposed ? data_t.data_ptr() : nullptr,
+                     scale_inv.data_ptr<float>()};
+    at::Tensor amax;
+    if (row.defined() && use_history) {
+      args.history = row.data_ptr<float>();
+      args.history_len = row.size(0);
+    } else {
+      amax = at::empty({1}, xc.options().dtype(at::kInt));
+      args.amax_bits = reinterpret_cast<unsigned*>(amax.data_ptr<int32_t>());
+      CUDA_CHECK(launch_fp8_amax(dtype, xc.data_ptr(), xc.numel(),
+                                 reinterpret_cast<unsigned*>(amax.data_ptr<int32_t>()), stream));
+    }
+    // Column 0 holds an fp32 >= 0 (zeroed by fp8_amax_roll): its bits order as the values do.
+    if (row.defined() && record) args.record_bits = reinterpret_cast<unsigned*>(row.data_ptr<float>());
+    CUDA_CHECK(launch_fp8_cast(dtype, args, stream));
     return {{data, scale_inv}, {data_t, scale_inv}};
   }
 #endif
-  const Fp8Tensor q = quantize_fp8(x, format, fp8_scale_for(x.abs().amax().to(at::kFloat), format));
+  const at::Tensor amax = x.abs().amax().to(at::kFloat);
+  const at::Tensor scale_amax = row.defined() && use_history ? row.narrow(0, 1, row.size(0) - 1).max() : amax;
+  const Fp8Tensor q = quantize_fp8(x, format, fp8_scale_for(scale_amax, format));
+  if (row.defined() && record) row.narrow(0, 0, 1).copy_(at::maximum(row.narrow(0, 0, 1), amax.reshape({1})));
   return {q, transposed ? transpose_fp8(q) : Fp8Tensor{}};
 }
 
 }  // namespace
 
-Fp8Tensor quantize_fp8_current(const torch::Tensor& x, at::ScalarType format) {
-  return cast_current(x, format, false).first;
-}
+Fp8Tensor quantize_fp8_current(const torch::Tensor& x, at::ScalarType format) { return cast(x, format, false).first; }
 
 std::pair<Fp8Tensor, Fp8Tensor> quantize_fp8_current_and_transpose(const torch::Tensor& x, at::ScalarType format) {
-  return cast_current(x, format, true);
+  return cast(x, format, true);
+}
+
+std::pair<Fp8Tensor, Fp8Tensor> quantize_fp8_delayed_and_transpose(const torch::Tensor& x, at::ScalarType format,
+                                                                   const torch::Tensor& history_row, bool use_history) {
+  GPT2_ASSERT(history_row.defined(), "quantize_fp8_delayed_and_transpose: needs an amax history row");
+  return cast(x, format, true, history_row, use_history, /*record=*/true);
+}
+
+void fp8_amax_roll(torch::Tensor& amax) {
+  at::NoGradGuard no_grad;
+  GPT2_ASSERT(amax.dim() >= 1 && amax.size(-1) >= 2 && amax.scalar_type() == at::kFloat && amax.is_contiguous(),
+              "fp8_amax_roll: the histories are contiguous fp32 with >= 2 columns");
+  const int64_t len = amax.size(-1);
+  // A non-finite amax (an overflow, its step skipped) is not history: it would pin the scale at 1.
+  const at::Tensor now = amax.narrow(-1, 0, 1);
+  now.copy_(at::where(now.isfinite(), now, at::zeros_like(now)));
+  amax.narrow(-1, 1, len - 1).copy_(amax.narrow(-1, 0, len - 1).clone());
+  now.zero_();
 }
 
 namespace {
@@ -171,17 +216,26 @@ namespace {
 class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
  public:
   // `bias` with no elements: none (autograd's apply takes no undefined tensor).
+  // `amax`: (3, L) histories of x, w and gy (Fp8DelayedScaling), or no elements: current scaling.
+  // record: raise the current step's amaxes (a training forward; not evaluation or decoding).
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
-                               const torch::Tensor& bias) {
-    const bool has_bias = bias.numel() > 0;
+                               const torch::Tensor& bias, const torch::Tensor& amax, bool use_history, bool record) {
+    const bool has_bias = bias.numel() > 0, delayed = amax.numel() > 0;
     const int64_t k = x.size(-1);
     const at::Tensor x2 = x.reshape({-1, k});
+    auto cast_of = [&](const at::Tensor& t, at::ScalarType format, int64_t which) {
+      return delayed ? cast(t, format, true, amax[which], use_history, record) : cast(t, format, true);
+    };
     // Each cast also writes its transpose, the operand the backward takes (dw's x8ᵀ, dx's w8ᵀ).
-    const auto [x8, x8_t] = quantize_fp8_current_and_transpose(x2, at::kFloat8_e4m3fn);
-    const auto [w8, w8_t] = quantize_fp8_current_and_transpose(w, at::kFloat8_e4m3fn);
+    const auto [x8, x8_t] = cast_of(x2, at::kFloat8_e4m3fn, 0);
+    const auto [w8, w8_t] = cast_of(w, at::kFloat8_e4m3fn, 1);
     at::Tensor y = fp8_gemm_nt(x8, w8, x.scalar_type(), has_bias ? bias : at::Tensor());
     ctx->save_for_backward({x8_t.data, x8_t.scale_inv, w8_t.data, w8_t.scale_inv});
     ctx->saved_data["has_bias"] = has_bias;
+    // Not saved for backward: the backward's cast writes into it, which a saved tensor may not see.
+    ctx->saved_data["amax"] = amax;
+    ctx->saved_data["use_history"] = use_history;
+    ctx->saved_data["record"] = record;
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = w.size(0);
     return y.view(shape);
@@ -194,19 +248,24 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const int64_t n = w8_t.data.size(1), k = w8_t.data.size(0);
     const at::Tensor gy = grads[0].reshape({-1, n}).contiguous();
     const at::ScalarType dtype = gy.scalar_type();
-    const auto [g8, g8_t] = quantize_fp8_current_and_transpose(gy, at::kFloat8_e5m2);
+    const at::Tensor amax = ctx->saved_data["amax"].toTensor();
+    const auto [g8, g8_t] = amax.numel() > 0
+                                ? cast(gy, at::kFloat8_e5m2, true, amax[2], ctx->saved_data["use_history"].toBool(),
+                                       ctx->saved_data["record"].toBool())
+                                : cast(gy, at::kFloat8_e5m2, true);
     const at::Tensor dx = fp8_gemm_nt(g8, w8_t, dtype);    // (M, K)
     const at::Tensor dw = fp8_gemm_nt(g8_t, x8_t, dtype);  // (N, K)
     std::vector<int64_t> x_shape = grads[0].sizes().vec();
     x_shape.back() = k;
     const at::Tensor db = ctx->saved_data["has_bias"].toBool() ? gy.sum(0) : at::Tensor();
-    return {dx.view(x_shape), dw, db};
+    return {dx.view(x_shape), dw, db, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias) {
+torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
+                         const Fp8DelayedScaling* delayed) {
   GPT2_ASSERT(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
               "fp8_linear: x must be bf16 or fp32 (the FP8 GEMM's outputs)");
   GPT2_ASSERT(w.dim() == 2 && x.size(-1) == w.size(1) && w.scalar_type() == x.scalar_type(),
@@ -216,7 +275,16 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& w, const t
   const int64_t rows = x.numel() / std::max<int64_t>(1, x.size(-1));
   GPT2_ASSERT(x.size(-1) % 16 == 0 && w.size(0) % 16 == 0 && rows % 16 == 0,
               "fp8_linear: K, N and x's rows must be multiples of 16");
-  return Fp8LinearFunction::apply(x.contiguous(), w.contiguous(), bias.defined() ? bias : at::empty({0}, x.options()));
+  if (delayed) {
+    const at::Tensor& h = delayed->amax;
+    GPT2_ASSERT(h.dim() == 2 && h.size(0) == 3 && h.size(1) >= 2 && h.scalar_type() == at::kFloat &&
+                    h.is_contiguous() && h.device() == x.device(),
+                "fp8_linear: the amax histories are (3, L >= 2) contiguous fp32 on x's device");
+  }
+  return Fp8LinearFunction::apply(x.contiguous(), w.contiguous(), bias.defined() ? bias : at::empty({0}, x.options()),
+                                  delayed ? delayed->amax : at::empty({0}, x.options().dtype(at::kFloat)),
+                                  delayed && delayed->use_history,
+                                  /*record=*/delayed && at::GradMode::is_enabled());
 }
 
 }  // namespace gpt2::kernels

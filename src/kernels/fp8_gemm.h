@@ -39,18 +39,41 @@ torch::Tensor fp8_gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType
 // Whether fp8_gemm_nt runs on `device`: the CPU, or a CUDA device of compute capability 8.9 or newer.
 bool fp8_supported(const torch::Device& device);
 
-// A linear layer x wᵀ + b whose three products run in FP8 with current per-tensor scaling (each
-// tensor scaled by its own amax as it is cast): forward e4m3 x e4m3, backward dx = gy · w and
-// dw = gyᵀ · x with gy in e5m2; bias and its gradient stay in x's dtype. Backward keeps the fp8
-// x and w (half the bytes of bf16). x (..., K) bf16 or fp32, w (N, K) and bias (N) in x's dtype;
-// K, N and x's rows multiples of 16. The output has x's dtype. Outside that, a gpt2::Error naming
-// fp8_linear.
-torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias);
 // The same tensor cast with its own amax (what fp8_linear does to each operand): quantize_fp8
 // with fp8_scale_for(max |x|). On CUDA (fp32/bf16/fp16) two kernels of ours give the same bits as
 // that composition (NaN payloads aside) in two reads of x.
 Fp8Tensor quantize_fp8_current(const torch::Tensor& x, at::ScalarType format);
 // A matrix cast so, and its transpose (the same scale), written by the same pass on CUDA.
 std::pair<Fp8Tensor, Fp8Tensor> quantize_fp8_current_and_transpose(const torch::Tensor& x, at::ScalarType format);
+
+// Delayed scaling (Transformer Engine's recipe) for one linear layer. `amax` (3, L >= 2) fp32 on
+// the layer's device, contiguous: rows x, w and gy; column 0 the current step's largest |value|
+// (a max over the step's casts: micro-batches, recomputation), columns 1..L-1 the steps before,
+// newest first. A cast scales by fp8_scale_for(max of its row's columns 1..L-1), so the scale is
+// fixed for the step and values past it saturate; with use_history false (no step recorded yet)
+// it takes its own amax, as current scaling. Either way a recording cast raises column 0 to its
+// amax.
+struct Fp8DelayedScaling {
+  torch::Tensor amax;
+  bool use_history = false;
+};
+// A matrix cast by that rule with one history row (L), recording, and its transpose. On CUDA,
+// with the history used, one read of x.
+std::pair<Fp8Tensor, Fp8Tensor> quantize_fp8_delayed_and_transpose(const torch::Tensor& x, at::ScalarType format,
+                                                                   const torch::Tensor& history_row, bool use_history);
+// The step is over: every history (the last dim) moves one column on, the oldest drops, column 0
+// restarts at 0; a non-finite amax (an overflow, a skipped step) enters the history as 0.
+void fp8_amax_roll(torch::Tensor& amax);
+
+// A linear layer x wᵀ + b whose three products run in FP8 with current per-tensor scaling (each
+// tensor scaled by its own amax as it is cast): forward e4m3 x e4m3, backward dx = gy · w and
+// dw = gyᵀ · x with gy in e5m2; bias and its gradient stay in x's dtype. Backward keeps the fp8
+// x and w (half the bytes of bf16). x (..., K) bf16 or fp32, w (N, K) and bias (N) in x's dtype;
+// K, N and x's rows multiples of 16. The output has x's dtype. Outside that, a gpt2::Error naming
+// fp8_linear.
+// With `delayed`, the casts scale by Fp8DelayedScaling's rule instead, and record into it when the
+// forward runs with grad enabled (training; evaluation and decoding leave the histories alone).
+torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
+                         const Fp8DelayedScaling* delayed = nullptr);
 
 }  // namespace gpt2::kernels

@@ -90,16 +90,29 @@ struct SlotAttentionArgs {
 bool slot_attention_supported(int64_t head_size);
 cudaError_t launch_slot_attention(Dtype dtype, const SlotAttentionArgs& args, void* y, cudaStream_t stream);
 
-// The per-tensor FP8 cast of fp8_gemm.h's quantize_fp8_current, in two launches on one stream.
-// launch_fp8_amax: *amax_bits = the fp32 bits of max |x| over n elements (NaN's if any is NaN).
-// launch_fp8_cast: x (rows, cols) scaled by s = top / amax (1 where amax is 0 or not finite),
-// saturated to ±top (finite values only) and rounded to nearest even into out (rows, cols) in e4m3
-// or e5m2, and into out_t (cols, rows) unless it is nullptr; *scale_inv = 1 / s. top: the format's
-// largest value. No host sync (graph-safe).
+// The per-tensor FP8 casts of fp8_gemm.h (current and delayed scaling), on one stream, no host
+// sync (graph-safe). launch_fp8_amax: *amax_bits = the fp32 bits of max |x| over n elements (NaN's
+// if any is NaN). launch_fp8_cast: x (rows, cols) scaled by s, saturated to ±top (finite values
+// only) and rounded to nearest even into out (rows, cols) in e4m3 or e5m2, and into out_t (cols,
+// rows) unless it is nullptr; *scale_inv = 1 / s. s = top / amax (1 where amax is 0 or not finite)
+// with amax the value at amax_bits, or, when amax_bits is nullptr, the largest of history[1..
+// history_len-1]. record_bits, unless nullptr: atomically raised to max |x|'s fp32 bits (an fp32
+// >= 0 there: an amax history's current slot).
+struct Fp8CastArgs {
+  const void* x;
+  int64_t rows, cols;
+  bool e5m2;
+  float top;
+  const unsigned* amax_bits;
+  const float* history;
+  int64_t history_len;
+  unsigned* record_bits;
+  void* out;
+  void* out_t;
+  float* scale_inv;
+};
 cudaError_t launch_fp8_amax(Dtype dtype, const void* x, int64_t n, unsigned* amax_bits, cudaStream_t stream);
-cudaError_t launch_fp8_cast(Dtype dtype, const void* x, int64_t rows, int64_t cols, bool e5m2,
-                            const unsigned* amax_bits, float top, void* out, void* out_t, float* scale_inv,
-                            cudaStream_t stream);
+cudaError_t launch_fp8_cast(Dtype dtype, const Fp8CastArgs& args, cudaStream_t stream);
 
 // Weight-only int8 rows (int8_linear.h): y[r, j] = sum_g scale[j, g] sum_{i in g} q[j, i] x[r, i]
 // (+ bias[j]) for r < rows (<= 16), j < n; x, bias, y in `dtype`, fp32 sums; k % 16 == 0 and

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -42,9 +43,12 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // With int8 weights (GPT2Impl::quantize_int8) the layer's own weight is empty: int8_linear. With
 // fp8 (GPT2Impl::set_fp8) the product runs in FP8 where its rows are a multiple of 16.
 torch::Tensor project(const torch::nn::Linear& layer, const torch::Tensor& x, bool fused,
-                      const std::optional<kernels::Int8Weight>& int8 = std::nullopt, bool fp8 = false) {
+                      const std::optional<kernels::Int8Weight>& int8 = std::nullopt, bool fp8 = false,
+                      const kernels::Fp8DelayedScaling& scaling = {}) {
   if (int8) return kernels::int8_linear(x.contiguous(), *int8, layer->bias);
-  if (fp8 && (x.numel() / x.size(-1)) % 16 == 0) return kernels::fp8_linear(x, layer->weight, layer->bias);
+  if (fp8 && (x.numel() / x.size(-1)) % 16 == 0) {
+    return kernels::fp8_linear(x, layer->weight, layer->bias, scaling.amax.defined() ? &scaling : nullptr);
+  }
   if (fused && kernels::linear_applies(x, layer->weight, layer->bias)) {
     return kernels::linear(x, layer->weight, layer->bias);
   }
@@ -134,10 +138,10 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const KVS
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   const int64_t hs = C / n_head_;
   // One fused matmul for q, k and v; the splits below are views, no copies.
-  auto qkv = project(c_attn, x, fused_kernels, c_attn_int8, fp8).split(C, /*dim=*/2);  // 3 x (B, T, C)
-  auto q = qkv[0].view({B, T, n_head_, hs}).transpose(1, 2);                           // (B, nh, T, hs)
-  auto k = qkv[1].view({B, T, n_head_, hs}).transpose(1, 2);                           // (B, nh, T, hs)
-  auto v = qkv[2].view({B, T, n_head_, hs}).transpose(1, 2);                           // (B, nh, T, hs)
+  auto qkv = project(c_attn, x, fused_kernels, c_attn_int8, fp8, fp8_scaling[0]).split(C, 2);  // 3 x (B, T, C)
+  auto q = qkv[0].view({B, T, n_head_, hs}).transpose(1, 2);                                   // (B, nh, T, hs)
+  auto k = qkv[1].view({B, T, n_head_, hs}).transpose(1, 2);                                   // (B, nh, T, hs)
+  auto v = qkv[2].view({B, T, n_head_, hs}).transpose(1, 2);                                   // (B, nh, T, hs)
   bool causal = true;
   std::optional<at::Tensor> mask;
   if (slot != nullptr && slot->rows_at.defined()) {
@@ -173,7 +177,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const KVS
   // kernels on GPU; the strided q/k/v (last dim contiguous) are accepted without a copy.
   auto y = torch::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, causal);  // (B, nh, T, hs)
   y = y.transpose(1, 2).contiguous().view({B, T, C});                                      // (B, T, C)
-  return project(c_proj, y, fused_kernels, c_proj_int8, fp8);
+  return project(c_proj, y, fused_kernels, c_proj_int8, fp8, fp8_scaling[1]);
 }
 
 MLPImpl::MLPImpl(const GPT2Config& cfg) {
@@ -187,8 +191,8 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
       kernels::mlp_applies(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias)) {
     return kernels::mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias, keep_gelu_output);  // (B, T, C)
   }
-  const auto h = torch::gelu(project(c_fc, x, false, c_fc_int8, fp8), "tanh");  // (B, T, 4C)
-  return project(c_proj, h, false, c_proj_int8, fp8);                           // (B, T, C)
+  const auto h = torch::gelu(project(c_fc, x, false, c_fc_int8, fp8, fp8_scaling[0]), "tanh");  // (B, T, 4C)
+  return project(c_proj, h, false, c_proj_int8, fp8, fp8_scaling[1]);                           // (B, T, C)
 }
 
 BlockImpl::BlockImpl(const GPT2Config& cfg) {
@@ -444,10 +448,55 @@ void GPT2Impl::set_slot_attention(bool on) {
 
 bool GPT2Impl::slot_attention_on() const { return fused_kernels_ && slot_attention_; }
 
-void GPT2Impl::set_fp8(bool on) {
+void GPT2Impl::set_fp8(bool on, int64_t amax_history) {
+  if (on && amax_history != 0 && amax_history < 2) {
+    throw std::invalid_argument("set_fp8: an amax history holds at least 2 steps (0: current scaling)");
+  }
+  fp8_amax_ = on && amax_history > 0
+                  ? torch::zeros({cfg_.n_layer, 4, 3, amax_history},
+                                 torch::dtype(torch::kFloat).device(transformer_->wte->weight.device()))
+                  : torch::Tensor();
+  fp8_steps_ = 0;
+  for (int64_t l = 0; l < static_cast<int64_t>(transformer_->blocks.size()); ++l) {
+    auto& attn = transformer_->blocks[l]->attn;
+    auto& mlp = transformer_->blocks[l]->mlp;
+    attn->fp8 = mlp->fp8 = on;
+    kernels::Fp8DelayedScaling* layers[4] = {&attn->fp8_scaling[0], &attn->fp8_scaling[1], &mlp->fp8_scaling[0],
+                                             &mlp->fp8_scaling[1]};
+    for (int64_t i = 0; i < 4; ++i) *layers[i] = {fp8_amax_.defined() ? fp8_amax_[l][i] : torch::Tensor(), false};
+  }
+}
+
+void GPT2Impl::fp8_step_done() {
+  if (!fp8_amax_.defined()) return;
+  kernels::fp8_amax_roll(fp8_amax_);
+  set_fp8_use_history(++fp8_steps_ > 0);
+}
+
+void GPT2Impl::load_fp8_amax_history(const torch::Tensor& history, int64_t steps) {
+  if (!fp8_amax_.defined() || history.sizes() != fp8_amax_.sizes() || steps < 0) {
+    std::ostringstream what;
+    what << "load_fp8_amax_history: a history of shape " << history.sizes() << " and " << steps
+         << " steps does not fit this model's ";
+    if (fp8_amax_.defined()) {
+      what << fp8_amax_.sizes();
+    } else {
+      what << "(no delayed scaling)";
+    }
+    throw std::invalid_argument(what.str());
+  }
+  torch::NoGradGuard no_grad;
+  fp8_amax_.copy_(history);
+  fp8_steps_ = steps;
+  set_fp8_use_history(steps > 0);
+}
+
+void GPT2Impl::set_fp8_use_history(bool on) {
   for (auto& block : transformer_->blocks) {
-    block->attn->fp8 = on;
-    block->mlp->fp8 = on;
+    for (auto* s : {&block->attn->fp8_scaling[0], &block->attn->fp8_scaling[1], &block->mlp->fp8_scaling[0],
+                    &block->mlp->fp8_scaling[1]}) {
+      s->use_history = on;
+    }
   }
 }
 

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/kernels/fp8_gemm.h"
 #include "src/kernels/int8_linear.h"
 #include "src/model/model_config.h"
 
@@ -83,8 +84,9 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::nn::Linear c_proj{nullptr};  // C -> C, residual projection
   // Set by GPT2Impl::quantize_int8: these replace the Linears' weights (emptied then).
   std::optional<kernels::Int8Weight> c_attn_int8, c_proj_int8;
-  bool fused_kernels = true;  // CUDA: projections through src/kernels/linear.h
-  bool fp8 = false;           // c_attn and c_proj through kernels::fp8_linear (GPT2Impl::set_fp8)
+  bool fused_kernels = true;                  // CUDA: projections through src/kernels/linear.h
+  bool fp8 = false;                           // c_attn and c_proj through kernels::fp8_linear (GPT2Impl::set_fp8)
+  kernels::Fp8DelayedScaling fp8_scaling[2];  // c_attn's, c_proj's; amax undefined: current scaling
   // Slot decoding through kernels::slot_attention (with fused_kernels; GPT2Impl::set_slot_attention).
   bool slot_attention = true;
 
@@ -101,9 +103,10 @@ class MLPImpl : public torch::nn::Module {
   torch::nn::Linear c_fc{nullptr};                            // C -> 4C
   torch::nn::Linear c_proj{nullptr};                          // 4C -> C, residual projection
   std::optional<kernels::Int8Weight> c_fc_int8, c_proj_int8;  // as the attention's
-  bool fused_kernels = true;     // CUDA: c_fc + GELU and c_proj through src/kernels/linear.h
-  bool keep_gelu_output = true;  // fused: false recomputes it in backward (kernels::mlp)
-  bool fp8 = false;              // c_fc and c_proj through kernels::fp8_linear, ATen's GELU between
+  bool fused_kernels = true;                  // CUDA: c_fc + GELU and c_proj through src/kernels/linear.h
+  bool keep_gelu_output = true;               // fused: false recomputes it in backward (kernels::mlp)
+  bool fp8 = false;                           // c_fc and c_proj through kernels::fp8_linear, ATen's GELU between
+  kernels::Fp8DelayedScaling fp8_scaling[2];  // c_fc's, c_proj's; amax undefined: current scaling
 };
 TORCH_MODULE(MLP);
 
@@ -197,10 +200,22 @@ class GPT2Impl : public torch::nn::Module {
   bool slot_attention_on() const;
   // precision.fp8 (issue 40): the blocks' four linear layers (c_attn, attn.c_proj, c_fc,
   // mlp.c_proj) through kernels::fp8_linear, forward and backward (e4m3 activations and weights,
-  // e5m2 output gradients, current per-tensor scaling); a product whose rows are not a multiple of
-  // 16 (a decoding step) stays in the model's dtype. The embeddings, attention, LayerNorms, the
-  // head and the loss are unchanged. Off when not called.
-  void set_fp8(bool on);
+  // e5m2 output gradients, per-tensor scales); a product whose rows are not a multiple of 16 (a
+  // decoding step) stays in the model's dtype. The embeddings, attention, LayerNorms, the head and
+  // the loss are unchanged. Off when not called. amax_history 0: current scaling (each cast its own
+  // amax); L >= 2: delayed scaling over L steps (kernels::Fp8DelayedScaling), the histories
+  // allocated zeroed on the model's device (call it after moving the model), the first step current.
+  // Throws std::invalid_argument for an amax_history of 1 or less than 0.
+  void set_fp8(bool on, int64_t amax_history = 0);
+  // Delayed scaling's histories: (n_layer, 4, 3, L) fp32 for c_attn, attn.c_proj, c_fc and
+  // mlp.c_proj, each for x, w and gy (undefined without delayed scaling); the steps recorded so far.
+  // A data-parallel trainer makes them equal on every rank (an all-reduce max) before each step's
+  // fp8_step_done, which rolls them (kernels::fp8_amax_roll): later casts scale from the history.
+  // load_fp8_amax_history restores both (a resume); std::invalid_argument if the shape differs.
+  const torch::Tensor& fp8_amax_history() const { return fp8_amax_; }
+  int64_t fp8_steps_recorded() const { return fp8_steps_; }
+  void fp8_step_done();
+  void load_fp8_amax_history(const torch::Tensor& history, int64_t steps);
   // memory.recompute_gelu: the fused MLP keeps only its GELU input for backward and recomputes the
   // output there (B x T x 4C fewer activations per block; no effect without the fused kernels).
   void set_recompute_gelu(bool on);
@@ -256,6 +271,8 @@ class GPT2Impl : public torch::nn::Module {
   torch::Tensor head_loss(const torch::Tensor& h, const torch::Tensor& targets);
   // quantize_int8 (values) and empty_int8 (zeros).
   void to_int8(int64_t group, bool values);
+  // Whether the blocks' FP8 casts scale from the amax histories (after the first step).
+  void set_fp8_use_history(bool on);
 
   GPT2Config cfg_;
   Transformer transformer_{nullptr};
@@ -265,6 +282,8 @@ class GPT2Impl : public torch::nn::Module {
   bool slot_attention_ = true;                   // see set_slot_attention
   bool quantized_ = false;                       // see quantize_int8
   std::optional<kernels::Int8Weight> wte_int8_;  // the tied wte once quantized (its parameter emptied)
+  torch::Tensor fp8_amax_;                       // see fp8_amax_history
+  int64_t fp8_steps_ = 0;
 };
 TORCH_MODULE(GPT2);
 

@@ -102,7 +102,10 @@ OptionList bind_options(Config& c) {
         "fp32 | bf16 | fp16: gradient accumulation and all-reduce");
   o.add("precision.fp8", &c.precision.fp8,
         "true: the blocks' linear layers (qkv, proj, fc, fc2) in FP8, forward and backward (e4m3, e5m2 gradients, "
-        "current per-tensor scaling); needs a CUDA GPU of compute capability 8.9+ and precision.dtype = bf16");
+        "per-tensor scales); needs a CUDA GPU of compute capability 8.9+ and precision.dtype = bf16");
+  o.add("precision.fp8_amax_history", &c.precision.fp8_amax_history,
+        "0: current scaling (each FP8 cast scaled by its own amax) | N >= 2: delayed scaling, each tensor scaled by "
+        "the largest amax of its last N steps (the first step current); checkpoints keep the histories");
   o.add("parallel.backend", &c.parallel.backend,
         "auto | nccl | mpi: collectives; auto = nccl for several CUDA ranks, mpi otherwise (mpi stages CUDA "
         "tensors through host memory: slow, lets ranks share a GPU)");
@@ -191,6 +194,10 @@ void Config::validate() const {
   require(t.eval_steps > 0, "train.eval_steps", t.eval_steps, "must be positive");
   require(t.sample_every >= 0, "train.sample_every", t.sample_every, "must be >= 0");
   require(t.sample_tokens >= 0, "train.sample_tokens", t.sample_tokens, "must be >= 0");
+  require(precision.fp8_amax_history == 0 || (precision.fp8_amax_history >= 2 && precision.fp8_amax_history <= 1024),
+          "precision.fp8_amax_history", precision.fp8_amax_history, "must be 0 (current scaling) or 2..1024 steps");
+  require(precision.fp8_amax_history == 0 || precision.fp8, "precision.fp8_amax_history", precision.fp8_amax_history,
+          "needs precision.fp8 = true");
   require(precision.reduce_dtype == DtypeChoice::kFp32 ||
               (precision.reduce_dtype == precision.dtype && precision.dtype != DtypeChoice::kAuto),
           "precision.reduce_dtype", precision.reduce_dtype,

@@ -275,10 +275,15 @@ GPT2 build_model(const Config& cfg, torch::Device device, at::ScalarType dtype, 
           std::string("precision.fp8 = true: needs precision.dtype = bf16 (the FP8 GEMMs write bf16), not ") +
           c10::toString(dtype));
     }
-    model->set_fp8(true);
-    log::info("precision.fp8: the blocks' linear layers in FP8 (e4m3, e5m2 gradients, current per-tensor scaling)");
   }
   model->to(device, dtype);
+  if (cfg.precision.fp8) {
+    model->set_fp8(true, cfg.precision.fp8_amax_history);  // after the move: the histories live on the device
+    log::info("precision.fp8: the blocks' linear layers in FP8 (e4m3, e5m2 gradients, ",
+              cfg.precision.fp8_amax_history > 0
+                  ? "delayed scaling over " + std::to_string(cfg.precision.fp8_amax_history) + " steps' amaxes)"
+                  : std::string("current per-tensor scaling)"));
+  }
   return model;
 }
 
@@ -633,6 +638,11 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
       scaler.update(found_inf);
       optimizer.gather();  // ZeRO 1/2: every rank gets the updated shards of the others
       buckets.zero();
+      // FP8 delayed scaling: the step's amaxes, made equal on every rank, move into the histories.
+      if (model->fp8_amax_history().defined()) {
+        if (world > 1) comm->all_reduce(model->fp8_amax_history(), parallel::ReduceOp::kMax)->wait();
+        model->fp8_step_done();
+      }
     }
     profiler.step_end(step);
     gemm_table.save_new();

@@ -11,7 +11,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -563,6 +565,41 @@ TEST(Checkpoint, DamagedEightBitScaleIsRefusedOnEveryRankByName) {
     EXPECT_NE(err.find("is not a finite non-negative number"), std::string::npos) << err;
     EXPECT_NE(err.find("nothing was loaded"), std::string::npos) << err;
   }
+}
+
+// FP8 delayed scaling's histories ride in the manifest (fp8_amax_history): fp32 values come back
+// exactly, extremes included, and a history whose values do not fill its shape is refused by name.
+// (That a resumed GPU run continues as if uninterrupted is tests/train/fp8_resume_gpu.sh.)
+TEST(Checkpoint, Fp8AmaxHistoryRoundTripsExactlyInTheManifest) {
+  SharedTokenFile data;
+  SharedDir dir;
+  const parallel::RankEnv world(MPI_COMM_WORLD);
+  quiet_logs(world);
+  run_to_a_checkpoint(data, dir, world, 2);
+  const std::string ckpt = dir.file("ckpt/step_0000002");
+  if (world_rank() == 0) {
+    CheckpointManifest m = CheckpointManifest::read(ckpt);
+    EXPECT_TRUE(m.fp8_amax_shape.empty());  // written without delayed scaling
+    m.fp8_amax_shape = {1, 4, 3, 2};
+    m.fp8_steps = 7;
+    for (int i = 0; i < 24; ++i) m.fp8_amax.push_back(std::ldexp(1.0f / 3 + i, 4 * i - 60));
+    m.fp8_amax[0] = 0.0f;
+    m.fp8_amax[1] = std::numeric_limits<float>::denorm_min();
+    m.fp8_amax[2] = std::numeric_limits<float>::max();
+    m.fp8_amax[3] = 0.1f;
+    const std::string path = files::join(ckpt, "manifest.json");
+    test::write_file(path, json::dump(m.to_json()) + "\n");
+    const CheckpointManifest back = CheckpointManifest::read(ckpt);
+    EXPECT_EQ(back.fp8_amax_shape, m.fp8_amax_shape);
+    EXPECT_EQ(back.fp8_steps, 7);
+    ASSERT_EQ(back.fp8_amax.size(), m.fp8_amax.size());
+    EXPECT_EQ(std::memcmp(back.fp8_amax.data(), m.fp8_amax.data(), m.fp8_amax.size() * sizeof(float)), 0);
+    m.fp8_amax_shape = {1, 4, 3, 3};  // 36 values wanted, 24 given
+    test::write_file(path, json::dump(m.to_json()) + "\n");
+    const std::string err = test::user_error([&] { CheckpointManifest::read(ckpt); });
+    EXPECT_NE(err.find(path + ": fp8_amax_history holds 24 values"), std::string::npos) << err;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 }  // namespace

@@ -297,6 +297,86 @@ TEST(Fp8Linear, ForwardAndBackwardAreTheFp8ProductsOfItsCasts) {
   EXPECT_TRUE(w16.grad().defined());
 }
 
+// Delayed scaling's cast: the scale from the history's earlier steps (values past it saturate),
+// the current amax raised into column 0; before any step (use_history false), current scaling.
+TEST(Fp8Delayed, ScalesFromTheEarlierStepsAndRecordsTheAmax) {
+  for (const auto& device : devices()) {
+    for (const Format& f : {kE4m3, kE5m2}) {
+      const std::string what = device.str() + " " + c10::toString(f.dtype);
+      const auto x = values(48, 80, 11, device).to(torch::kBFloat16);
+      const float amax = x.abs().max().to(torch::kFloat).item<float>();
+      const auto fopt = torch::TensorOptions(device).dtype(torch::kFloat);
+      // History: amax / 2 recorded this step so far (not a scale source), then 3 steps; their
+      // largest, amax / 4, makes the values past it saturate.
+      auto row = torch::tensor({amax / 2, amax / 8, amax / 4, amax / 16}, fopt);
+      const auto [q, q_t] = quantize_fp8_delayed_and_transpose(x, f.dtype, row, /*use_history=*/true);
+      const Fp8Tensor want = quantize_fp8(x, f.dtype, fp8_scale_for(torch::tensor(amax / 4, fopt), f.dtype));
+      EXPECT_TRUE(torch::equal(q.data.view(at::kByte), want.data.view(at::kByte))) << what;
+      EXPECT_TRUE(torch::equal(q_t.data.view(at::kByte), want.data.view(at::kByte).t().contiguous())) << what;
+      EXPECT_EQ(q.scale_inv.item<float>(), want.scale_inv.item<float>()) << what;
+      EXPECT_NEAR(dequantize_fp8(q, at::kFloat).abs().max().item<float>(), amax / 4, amax / 4 * 0x1p-22) << what;
+      EXPECT_EQ(row[0].item<float>(), amax) << what;      // max(0.5, amax)
+      EXPECT_EQ(row[2].item<float>(), amax / 4) << what;  // the earlier steps untouched
+      // Before any step: its own amax, as current scaling, and still recorded (a larger one stays).
+      auto first = torch::tensor({2 * amax, 0.0f, 0.0f}, fopt);
+      const auto [c, c_t] = quantize_fp8_delayed_and_transpose(x, f.dtype, first, /*use_history=*/false);
+      const Fp8Tensor current = quantize_fp8_current(x, f.dtype);
+      EXPECT_TRUE(torch::equal(c.data.view(at::kByte), current.data.view(at::kByte))) << what;
+      EXPECT_EQ(c.scale_inv.item<float>(), current.scale_inv.item<float>()) << what;
+      EXPECT_EQ(first[0].item<float>(), 2 * amax) << what;
+    }
+  }
+}
+
+// The end of a step: each history moves one column on, the oldest drops, column 0 restarts; a
+// non-finite amax enters the history as 0.
+TEST(Fp8Delayed, RollMovesTheStepIntoTheHistory) {
+  auto h = torch::tensor({5.0f, 1.0f, 2.0f, 3.0f, INFINITY, 4.0f, 6.0f, 7.0f, NAN, 8.0f, 9.0f, 10.0f}).view({3, 4});
+  fp8_amax_roll(h);
+  const auto want =
+      torch::tensor({0.0f, 5.0f, 1.0f, 2.0f, 0.0f, 0.0f, 4.0f, 6.0f, 0.0f, 0.0f, 8.0f, 9.0f}).view({3, 4});
+  EXPECT_TRUE(torch::equal(h, want)) << h;
+  auto one_column = torch::zeros({3, 1});
+  EXPECT_THROW(fp8_amax_roll(one_column), Error);
+}
+
+// fp8_linear with delayed scaling is the composition of its casts: x and w (forward) and gy
+// (backward) each scaled from its history row, each row's column 0 raised to its tensor's amax; a
+// forward without grad (evaluation, decoding) scales the same and records nothing.
+TEST(Fp8Linear, DelayedScalingIsItsCastsFromTheHistory) {
+  for (const auto& device : devices()) {
+    const std::string what = device.str();
+    const auto opts = torch::TensorOptions(device).dtype(torch::kBFloat16);
+    const auto fopt = torch::TensorOptions(device).dtype(torch::kFloat);
+    const auto x = values(32, 64, 12, device).to(torch::kBFloat16).requires_grad_();
+    const auto w = (values(48, 64, 13, device) * 0.05).to(torch::kBFloat16).requires_grad_();
+    const auto b = torch::randn({48}, opts).requires_grad_();
+    const auto gy = (values(32, 48, 14, device) * 1e-3).to(torch::kBFloat16);
+    auto amax_of = [](const torch::Tensor& t) { return t.detach().abs().max().to(torch::kFloat).item<float>(); };
+    // Earlier steps saw half of each tensor's amax (so the upper half saturates), then twice it.
+    const float ax = amax_of(x), aw = amax_of(w), ag = amax_of(gy);
+    Fp8DelayedScaling scaling{
+        torch::tensor({0.0f, ax / 2, ax / 4, 0.0f, aw / 2, aw / 4, 0.0f, ag * 2, 0.0f}, fopt).view({3, 3}), true};
+    const auto y = fp8_linear(x, w, b, &scaling);
+    y.backward(gy);
+    torch::NoGradGuard no_grad;
+    auto q = [&](const torch::Tensor& t, at::ScalarType format, float scale_amax) {
+      return quantize_fp8(t, format, fp8_scale_for(torch::tensor(scale_amax, fopt), format));
+    };
+    const Fp8Tensor x8 = q(x, at::kFloat8_e4m3fn, ax / 2), w8 = q(w, at::kFloat8_e4m3fn, aw / 2);
+    const Fp8Tensor g8 = q(gy, at::kFloat8_e5m2, ag * 2);
+    EXPECT_TRUE(torch::equal(y, fp8_gemm_nt(x8, w8, torch::kBFloat16, b))) << what;
+    EXPECT_TRUE(torch::equal(x.grad(), fp8_gemm_nt(g8, transpose_fp8(w8), torch::kBFloat16))) << what;
+    EXPECT_TRUE(torch::equal(w.grad(), fp8_gemm_nt(transpose_fp8(g8), transpose_fp8(x8), torch::kBFloat16))) << what;
+    const auto recorded = scaling.amax.select(1, 0);
+    EXPECT_TRUE(torch::equal(recorded, torch::tensor({ax, aw, ag}, fopt))) << what << " " << recorded;
+    // Without grad: the same product, nothing recorded.
+    scaling.amax.select(1, 0).zero_();
+    EXPECT_TRUE(torch::equal(fp8_linear(x, w, b, &scaling), y)) << what;
+    EXPECT_EQ(scaling.amax.select(1, 0).abs().sum().item<float>(), 0.0f) << what;
+  }
+}
+
 TEST(Fp8Gemm, ShapesAndFormatsOutsideTheContractAreNamedErrors) {
   const auto one = torch::ones({});
   auto fp8 = [&](int64_t r, int64_t c, at::ScalarType f) { return Fp8Tensor{torch::zeros({r, c}).to(f), one}; };

@@ -93,6 +93,61 @@ TEST(ModelFp8, BlocksRunTheirLinearLayersThroughFp8Linear) {
   for (const auto& p : model->parameters()) EXPECT_TRUE(p.grad().isfinite().all().item<bool>());
 }
 
+// Delayed scaling through the model (GPT2Impl::set_fp8 with an amax history): every FP8 tensor of
+// every block records its amax in a training step, fp8_step_done moves it into the history, and
+// a model given another's weights and histories mid-run (a resume) continues with the same bits;
+// given fresh histories, it does not (the history is what scales the next step).
+TEST(ModelFp8, DelayedScalingHistoriesRollAndResume) {
+  const GPT2Config cfg{/*n_layer=*/2, /*n_head=*/2, /*n_embd=*/32, /*vocab_size=*/100, /*block_size=*/16};
+  torch::manual_seed(5);
+  const auto idx = torch::randint(0, cfg.vocab_size, {2, 8}), targets = torch::randint(0, cfg.vocab_size, {2, 8});
+  auto step = [&](GPT2& m) {  // one SGD step; returns its loss
+    const auto loss = m->loss(idx, targets);
+    loss.backward();
+    torch::NoGradGuard no_grad;
+    for (auto& p : m->parameters()) {
+      p.sub_(p.grad() * 0.05);
+      p.mutable_grad().zero_();
+    }
+    m->fp8_step_done();
+    return loss.item<float>();
+  };
+  GPT2 a(cfg);
+  a->init_weights(4);
+  a->set_fp8(true, /*amax_history=*/3);
+  ASSERT_EQ(a->fp8_amax_history().sizes(), (std::vector<int64_t>{2, 4, 3, 3}));
+  EXPECT_EQ(a->fp8_amax_history().abs().sum().item<float>(), 0.0f);
+  step(a);
+  EXPECT_EQ(a->fp8_steps_recorded(), 1);
+  EXPECT_TRUE((a->fp8_amax_history().select(3, 1) > 0).all().item<bool>()) << a->fp8_amax_history();
+  EXPECT_EQ(a->fp8_amax_history().select(3, 0).abs().sum().item<float>(), 0.0f);
+  // Snapshot after step 1, then two more steps.
+  std::vector<torch::Tensor> weights;
+  for (const auto& p : a->parameters()) weights.push_back(p.detach().clone());
+  const torch::Tensor history = a->fp8_amax_history().clone();
+  std::vector<float> straight;
+  for (int i = 0; i < 2; ++i) straight.push_back(step(a));
+  auto resumed_model = [&](bool with_history) {
+    GPT2 b(cfg);
+    b->set_fp8(true, 3);
+    torch::NoGradGuard no_grad;
+    auto params = b->parameters();
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(weights[i]);
+    if (with_history) b->load_fp8_amax_history(history, 1);
+    return b;
+  };
+  GPT2 b = resumed_model(true);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(step(b), straight[i]) << "step " << i + 2;
+  EXPECT_TRUE(torch::equal(b->fp8_amax_history(), a->fp8_amax_history()));
+  GPT2 fresh = resumed_model(false);
+  EXPECT_NE(step(fresh), straight[0]);
+  // Histories of another shape, and a one-step history, are refused.
+  EXPECT_THROW(b->load_fp8_amax_history(torch::zeros({2, 4, 3, 4}), 1), std::invalid_argument);
+  EXPECT_THROW(b->set_fp8(true, 1), std::invalid_argument);
+  b->set_fp8(true, 0);  // current scaling: no histories
+  EXPECT_FALSE(b->fp8_amax_history().defined());
+}
+
 TEST(ModelConfig, PaddedVocab) {
   GPT2Config cfg;
   EXPECT_EQ(cfg.padded_vocab_size(), 50304);
