@@ -3,9 +3,9 @@
 // increasing order: each lane computes the whole dot product of q with its position's key (q sits
 // in shared memory as fp32), the warp keeps an online softmax (running max, running sum, and the
 // accumulator rescaled when the max grows), and the value rows are read a pair of dims per lane,
-// coalesced. At the end the warps' states merge in warp order. Which positions a warp takes, and
-// the order of every sum, depend on positions[b] alone: row b's bits do not depend on the other
-// rows, on the batch, or on the cache's capacity.
+// coalesced, the tile's 32 rows without a branch so their loads overlap. At the end the warps' states merge in warp
+// order. Which positions a warp takes, and the order of every sum, depend on positions[b] alone: row b's bits do not
+// depend on the other rows, on the batch, or on the cache's capacity.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -98,17 +98,23 @@ __global__ void __launch_bounds__(kWarps * 32) slot_attention_kernel(SlotAttenti
       acc[k].y *= alpha;
     }
     const int count = static_cast<int>(n - t0 < kTile ? n - t0 : kTile);  // the same in every lane
-    for (int jj = 0; jj < count; ++jj) {
+    // All kTile steps, unrolled, with no branch around the loads, so they are in flight together
+    // (a step per position with a guarded load waited out each load's latency in turn: at batch 1
+    // that was the decode step's cost). A step past `count` has pj = 0 and reads the tile's last
+    // written position (finite), so it adds exactly 0 (the sum is that of count steps, up to the
+    // sign of a zero).
+#pragma unroll
+    for (int jj = 0; jj < kTile; ++jj) {
       const float pj = __shfl_sync(kFullMask, p, jj);
-      const T2* vj = v2 + (t0 + jj) * pairs;
+      const T2* vj = v2 + (t0 + (jj < count ? jj : count - 1)) * pairs;
 #pragma unroll
       for (int k = 0; k < PPL; ++k) {
+        // A lane past the head's dims (hs < 64 PPL) sums a real dim's values into an accumulator
+        // that is never written out: no branch.
         const int d = lane + 32 * k;
-        if (d < pairs) {
-          const float2 vv = to_float2(vj[d]);
-          acc[k].x = fmaf(pj, vv.x, acc[k].x);
-          acc[k].y = fmaf(pj, vv.y, acc[k].y);
-        }
+        const float2 vv = to_float2(vj[d < pairs ? d : pairs - 1]);
+        acc[k].x = fmaf(pj, vv.x, acc[k].x);
+        acc[k].y = fmaf(pj, vv.y, acc[k].y);
       }
     }
     m = m_new;
