@@ -11,7 +11,7 @@
 # paid once a step, so its share falls with the batch: 524288 is GPT-2's 0.5M tokens, 16 micro-batches
 # at 124m and 64 at 1558m; 6 steps each, the mean of the last three). PEERS=0 leaves out the
 # PyTorch peers (rows that compare ours with ours need none). FP8=1 adds ours with precision.fp8 at
-# each size (issue 40). Then a profile of
+# each size (issue 40), with current scaling and with delayed (16 steps). Then a profile of
 # ours for 124m (top kernels); and the 2-GPU scaling of ours when the machine has two GPUs. Prints
 # a table at the end.
 #   source .device-deps/gpu-env.sh && SIZES=124m bash bench/speed.sh
@@ -71,6 +71,7 @@ for size in $sizes; do
   [ "$size" = 1558m ] && [ "${KEEP_GELU:-0}" = 1 ] && ours "${size}_keep_gelu_output" "$size" "$B" 30 --memory.recompute_gelu=false
   [ "${MUON:-0}" = 1 ] && ours "${size}_muon" "$size" "$B" 30 --optim.name=muon
   [ "${FP8:-0}" = 1 ] && ours "${size}_fp8" "$size" "$B" 30 --precision.fp8=true
+  [ "${FP8:-0}" = 1 ] && ours "${size}_fp8_delayed" "$size" "$B" 30 --precision.fp8=true --precision.fp8_amax_history=16
   if [ "${MUON:-0}" = 1 ] && [ -n "${MUON_BATCH_TOKENS:-}" ]; then
     accum=$((MUON_BATCH_TOKENS / (B * 1024)))
     for opt in adamw muon; do
