@@ -63,7 +63,8 @@ __device__ __forceinline__ float cast_scale(const Fp8CastArgs& a) {
 }
 
 // Block (32 x 8 threads) per 32 x 32 tile of x (rows x cols; grid x over row tiles, y over column
-// tiles): out[r, c] and, if out_t, out_t[c, r]; if record_bits, the tile's max |x| into it.
+// tiles): out[r, c] and, if out_t, out_t[c, r]; if record_bits, the tile's max |x| into it (NaN
+// as inf).
 template <typename T>
 __global__ void __launch_bounds__(kTile * 8) cast_kernel(Fp8CastArgs a, __nv_fp8_interpretation_t format) {
   __shared__ float scale_s;
@@ -98,7 +99,9 @@ __global__ void __launch_bounds__(kTile * 8) cast_kernel(Fp8CastArgs a, __nv_fp8
     if (threadIdx.x == 0) atomicMax(&block_amax, local);
   }
   __syncthreads();
-  if (a.record_bits != nullptr && thread == 0) atomicMax(a.record_bits, block_amax);
+  // A NaN is recorded as inf: a history holds only numbers and inf, whose max every all-reduce
+  // (NCCL's, MPI's) takes alike, and fp8_amax_roll replaces inf.
+  if (a.record_bits != nullptr && thread == 0) atomicMax(a.record_bits, min(block_amax, 0x7f800000u));
   if (out_t == nullptr) return;
   const int64_t tr = r0 + threadIdx.x;  // out_t's column
   for (int i = threadIdx.y; i < kTile; i += 8) {

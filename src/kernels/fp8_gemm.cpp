@@ -5,6 +5,7 @@
 #include <torch/autograd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -138,6 +139,7 @@ std::pair<Fp8Tensor, Fp8Tensor> cast(const torch::Tensor& x, at::ScalarType form
   GPT2_ASSERT(format == at::kFloat8_e4m3fn || format == at::kFloat8_e5m2,
               std::string("fp8 cast: ") + c10::toString(format) + " is not an fp8 format");
   GPT2_ASSERT(!transposed || x.dim() == 2, "fp8 cast: the transposing cast takes a matrix");
+  GPT2_ASSERT(x.numel() > 0, "fp8 cast: the tensor is empty (it has no amax to scale by)");
   GPT2_ASSERT(!row.defined() || (row.dim() == 1 && row.size(0) >= 2 && row.scalar_type() == at::kFloat &&
                                  row.is_contiguous() && row.device() == x.device()),
               "fp8 cast: an amax history row is >= 2 contiguous fp32 values on x's device");
@@ -181,7 +183,10 @@ std::pair<Fp8Tensor, Fp8Tensor> cast(const torch::Tensor& x, at::ScalarType form
   const at::Tensor amax = x.abs().amax().to(at::kFloat);
   const at::Tensor scale_amax = row.defined() && use_history ? row.narrow(0, 1, row.size(0) - 1).max() : amax;
   const Fp8Tensor q = quantize_fp8(x, format, fp8_scale_for(scale_amax, format));
-  if (row.defined() && record) row.narrow(0, 0, 1).copy_(at::maximum(row.narrow(0, 0, 1), amax.reshape({1})));
+  if (row.defined() && record) {  // a NaN recorded as inf, as the CUDA kernel does
+    const at::Tensor finite_or_inf = at::where(amax.isnan(), at::full_like(amax, INFINITY), amax);
+    row.narrow(0, 0, 1).copy_(at::maximum(row.narrow(0, 0, 1), finite_or_inf.reshape({1})));
+  }
   return {q, transposed ? transpose_fp8(q) : Fp8Tensor{}};
 }
 
@@ -204,9 +209,11 @@ void fp8_amax_roll(torch::Tensor& amax) {
   GPT2_ASSERT(amax.dim() >= 1 && amax.size(-1) >= 2 && amax.scalar_type() == at::kFloat && amax.is_contiguous(),
               "fp8_amax_roll: the histories are contiguous fp32 with >= 2 columns");
   const int64_t len = amax.size(-1);
-  // A non-finite amax (an overflow, its step skipped) is not history: it would pin the scale at 1.
-  const at::Tensor now = amax.narrow(-1, 0, 1);
-  now.copy_(at::where(now.isfinite(), now, at::zeros_like(now)));
+  // A non-finite amax (an overflow, its step skipped) is not history: the step before's amax
+  // stands in for it, so an overflow neither pins a scale nor empties a short history (an empty
+  // one scales by 1, which flushes small gradients).
+  const at::Tensor now = amax.narrow(-1, 0, 1), before = amax.narrow(-1, 1, 1);
+  now.copy_(at::where(now.isfinite(), now, before));
   amax.narrow(-1, 1, len - 1).copy_(amax.narrow(-1, 0, len - 1).clone());
   now.zero_();
 }
@@ -273,8 +280,8 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& w, const t
   GPT2_ASSERT(!bias.defined() || (bias.numel() == w.size(0) && bias.scalar_type() == x.scalar_type()),
               "fp8_linear: bias must be (N) in x's dtype");
   const int64_t rows = x.numel() / std::max<int64_t>(1, x.size(-1));
-  GPT2_ASSERT(x.size(-1) % 16 == 0 && w.size(0) % 16 == 0 && rows % 16 == 0,
-              "fp8_linear: K, N and x's rows must be multiples of 16");
+  GPT2_ASSERT(x.size(-1) % 16 == 0 && w.size(0) % 16 == 0 && rows % 16 == 0 && rows > 0,
+              "fp8_linear: K, N and x's rows must be multiples of 16 (rows at least 16)");
   if (delayed) {
     const at::Tensor& h = delayed->amax;
     GPT2_ASSERT(h.dim() == 2 && h.size(0) == 3 && h.size(1) >= 2 && h.scalar_type() == at::kFloat &&

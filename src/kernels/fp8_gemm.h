@@ -62,7 +62,8 @@ struct Fp8DelayedScaling {
 std::pair<Fp8Tensor, Fp8Tensor> quantize_fp8_delayed_and_transpose(const torch::Tensor& x, at::ScalarType format,
                                                                    const torch::Tensor& history_row, bool use_history);
 // The step is over: every history (the last dim) moves one column on, the oldest drops, column 0
-// restarts at 0; a non-finite amax (an overflow, a skipped step) enters the history as 0.
+// restarts at 0; a non-finite amax (an overflow, a skipped step; recording casts write a NaN as
+// inf, so an all-reduce max before the roll is well defined) enters as the step before's amax.
 void fp8_amax_roll(torch::Tensor& amax);
 
 // A linear layer x wᵀ + b whose three products run in FP8 with current per-tensor scaling (each

@@ -96,8 +96,8 @@ cudaError_t launch_slot_attention(Dtype dtype, const SlotAttentionArgs& args, vo
 // only) and rounded to nearest even into out (rows, cols) in e4m3 or e5m2, and into out_t (cols,
 // rows) unless it is nullptr; *scale_inv = 1 / s. s = top / amax (1 where amax is 0 or not finite)
 // with amax the value at amax_bits, or, when amax_bits is nullptr, the largest of history[1..
-// history_len-1]. record_bits, unless nullptr: atomically raised to max |x|'s fp32 bits (an fp32
-// >= 0 there: an amax history's current slot).
+// history_len-1]. record_bits, unless nullptr: atomically raised to max |x|'s fp32 bits, a NaN
+// counting as inf (an fp32 >= 0 there: an amax history's current slot).
 struct Fp8CastArgs {
   const void* x;
   int64_t rows, cols;

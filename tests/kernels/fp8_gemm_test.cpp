@@ -324,17 +324,23 @@ TEST(Fp8Delayed, ScalesFromTheEarlierStepsAndRecordsTheAmax) {
       EXPECT_TRUE(torch::equal(c.data.view(at::kByte), current.data.view(at::kByte))) << what;
       EXPECT_EQ(c.scale_inv.item<float>(), current.scale_inv.item<float>()) << what;
       EXPECT_EQ(first[0].item<float>(), 2 * amax) << what;
+      // An overflow: a NaN is recorded as inf (the ranks' all-reduce max is then well defined).
+      auto bad = x.clone();
+      bad[1][2] = NAN;
+      auto row_nan = torch::tensor({0.0f, amax, 0.0f}, fopt);
+      quantize_fp8_delayed_and_transpose(bad, f.dtype, row_nan, /*use_history=*/true);
+      EXPECT_EQ(row_nan[0].item<float>(), INFINITY) << what;
     }
   }
 }
 
 // The end of a step: each history moves one column on, the oldest drops, column 0 restarts; a
-// non-finite amax enters the history as 0.
+// non-finite amax (an overflowed step) enters as the step before's.
 TEST(Fp8Delayed, RollMovesTheStepIntoTheHistory) {
   auto h = torch::tensor({5.0f, 1.0f, 2.0f, 3.0f, INFINITY, 4.0f, 6.0f, 7.0f, NAN, 8.0f, 9.0f, 10.0f}).view({3, 4});
   fp8_amax_roll(h);
   const auto want =
-      torch::tensor({0.0f, 5.0f, 1.0f, 2.0f, 0.0f, 0.0f, 4.0f, 6.0f, 0.0f, 0.0f, 8.0f, 9.0f}).view({3, 4});
+      torch::tensor({0.0f, 5.0f, 1.0f, 2.0f, 0.0f, 4.0f, 4.0f, 6.0f, 0.0f, 8.0f, 8.0f, 9.0f}).view({3, 4});
   EXPECT_TRUE(torch::equal(h, want)) << h;
   auto one_column = torch::zeros({3, 1});
   EXPECT_THROW(fp8_amax_roll(one_column), Error);

@@ -6,8 +6,9 @@
 #     step 4, mid-history (4 of 8 steps recorded), gives the uninterrupted run's losses and gradient
 #     norms bitwise from step 4 on, and its step-12 shards byte for byte;
 #   - 2 ranks, rank 1's gradients of step 5 made non-finite (GPT2_FAULT_AT=1:5:inf): step 5 is
-#     skipped on both ranks (its norm is not finite), the inf amax does not enter the histories, and
-#     every later loss is finite.
+#     skipped on both ranks (its norm is not finite), every later loss is finite, and the step-8
+#     checkpoint's histories hold only finite positive amaxes (the overflow entered as the step
+#     before's).
 # Exits 77 (skipped) without a GPU, or on a GPU without FP8 (gpt2-train refuses it by name).
 #   fp8_resume_gpu.sh BIN_DIR OUT_DIR   (FORTUNES_DIR: the corpus, /usr/share/games/fortunes)
 set -euo pipefail
@@ -63,15 +64,19 @@ sys.exit(0 if ok else 1)
 PY
 done
 
-GPT2_FAULT_AT=1:5:inf train overflow 2 --parallel.zero_stage=1 --checkpoint.every=0 || status=1
-python3 - "$out/runs/overflow.jsonl" <<'PY' || status=1
+GPT2_FAULT_AT=1:5:inf train overflow 2 --parallel.zero_stage=1 --checkpoint.every=8 || status=1
+python3 - "$out/runs/overflow.jsonl" "$out/runs/overflow/step_0000008/manifest.json" <<'PY' || status=1
 import json, math, sys
 rows = {r["step"]: r for r in map(json.loads, open(sys.argv[1])) if "loss" in r}
+h = json.load(open(sys.argv[2]))["fp8_amax_history"]
+L = h["shape"][-1]
+# Column 0 restarts at 0 after each roll; the steps before must all be finite positive amaxes.
+history_ok = all(v is not None and math.isfinite(v) and (i % L == 0 or v > 0) for i, v in enumerate(h["values"]))
 finite = lambda v: v is not None and math.isfinite(v)  # the metrics write a non-finite value as null
 skipped = not finite(rows[5]["grad_norm"])
 later = all(finite(rows[s]["loss"]) and finite(rows[s]["grad_norm"]) for s in range(6, 12))
 print(f"[ measured ] fp8 delayed scaling, rank 1's step 5 overflowed: step 5 norm {rows[5]['grad_norm']}, "
-      f"steps 6-11 finite: {later}")
-sys.exit(0 if skipped and later else 1)
+      f"steps 6-11 finite: {later}, step-8 histories finite and positive: {history_ok}")
+sys.exit(0 if skipped and later and history_ok else 1)
 PY
 exit $status
