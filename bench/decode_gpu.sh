@@ -3,8 +3,9 @@
 # size in SIZES (default "124m 1558m"; random weights from bench/muon_peer.py: speed does not depend
 # on them), a 128-token prompt, 256 new tokens, greedy, ROUNDS (2) runs each, alternating, and bf16
 # with --cuda_graphs false (what the CUDA graphs of serve::generate_one save). Prints each
-# run's tokens/s (gpt2-generate's own line: prefill + decode wall time), its ms per decode step, the
-# weights it holds on the GPU, and per size the means and int8/bf16 ratios.
+# run's tokens/s (gpt2-generate's own line: prefill + decode wall time), its ms per decode step after
+# the first (the first captures the CUDA graphs; its ms is the first_ms field), the weights it holds
+# on the GPU, and per size the means and int8/bf16 ratios.
 #   source .device-deps/gpu-env.sh && bash bench/decode_gpu.sh     (logs under $OUT)
 # A CPU smoke run of the script itself: DEVICE=cpu SIZES=124m ROUNDS=1 NEW_TOKENS=8 GPT2_BIN=build/bin
 set -uo pipefail
@@ -32,9 +33,9 @@ for size in ${SIZES:-124m 1558m}; do
       python3 - "$size" "$name" "$log" <<'PY'
 import re, sys
 size, name, text = sys.argv[1], sys.argv[2], open(sys.argv[3]).read()
-tps, step = re.search(r"([0-9.]+) tokens/s .*then ([0-9.]+) ms per step", text).groups()
+tps, step, first = re.search(r"([0-9.]+) tokens/s .*then ([0-9.]+) ms per step.*which took ([0-9.]+) ms", text).groups()
 mib = re.search(r"weights ([0-9.]+) MiB", text).group(1)
-print(f"RESULT decode {size} {name} tok/s={tps} ms/token={step} weights_MiB={mib}")
+print(f"RESULT decode {size} {name} tok/s={tps} ms/token={step} first_ms={first} weights_MiB={mib}")
 PY
     done
   done | tee "$out/decode-$size.txt"

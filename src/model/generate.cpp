@@ -115,6 +115,7 @@ std::vector<std::vector<int64_t>> generate(GPT2& model, const std::vector<std::v
       st.prefill_s = seconds_since(t0);
       t0 = SteadyClock::now();
     }
+    if (step == 1) st.first_step_s = seconds_since(t0);
     std::vector<int64_t> emitted(B, -1);
     for (int64_t b = 0; b < B; ++b) {
       last[b] = sample_next(rows[b], options, gen);

@@ -32,6 +32,7 @@ struct GenerationStats {
   int64_t steps = 0;          // forward passes after the first
   int64_t rebuilds = 0;       // times the context window restarted (cache rebuilt)
   double prefill_s = 0, decode_s = 0;
+  double first_step_s = 0;  // of decode_s, the first step's (with CUDA graphs, their capture included)
 };
 
 // Called after every step with the id each row just sampled, -1 for rows already finished.
