@@ -146,7 +146,7 @@ std::pair<Fp8Tensor, Fp8Tensor> cast(const torch::Tensor& x, at::ScalarType form
 #ifdef GPT2_WITH_CUDA
   if (x.is_cuda() && is_kernel_dtype(x.scalar_type())) {
     const at::Tensor xc = x.contiguous();
-    const int64_t cols = xc.dim() == 0 ? 1 : xc.size(-1), rows = cols == 0 ? 0 : xc.numel() / cols;
+    const int64_t cols = xc.dim() == 0 ? 1 : xc.size(-1), rows = xc.numel() / cols;
     const auto stream = stream_of(xc);
     const Dtype dtype = dtype_of(xc, "kernels::fp8 cast");
     at::Tensor scale_inv = at::empty({}, xc.options().dtype(at::kFloat));
@@ -170,9 +170,9 @@ std::pair<Fp8Tensor, Fp8Tensor> cast(const torch::Tensor& x, at::ScalarType form
       args.history_len = row.size(0);
     } else {
       amax = at::empty({1}, xc.options().dtype(at::kInt));
-      args.amax_bits = reinterpret_cast<unsigned*>(amax.data_ptr<int32_t>());
-      CUDA_CHECK(launch_fp8_amax(dtype, xc.data_ptr(), xc.numel(),
-                                 reinterpret_cast<unsigned*>(amax.data_ptr<int32_t>()), stream));
+      auto* bits = reinterpret_cast<unsigned*>(amax.data_ptr<int32_t>());
+      CUDA_CHECK(launch_fp8_amax(dtype, xc.data_ptr(), xc.numel(), bits, stream));
+      args.amax_bits = bits;
     }
     // Column 0 holds an fp32 >= 0 (zeroed by fp8_amax_roll): its bits order as the values do.
     if (row.defined() && record) args.record_bits = reinterpret_cast<unsigned*>(row.data_ptr<float>());
@@ -230,12 +230,10 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const bool has_bias = bias.numel() > 0, delayed = amax.numel() > 0;
     const int64_t k = x.size(-1);
     const at::Tensor x2 = x.reshape({-1, k});
-    auto cast_of = [&](const at::Tensor& t, at::ScalarType format, int64_t which) {
-      return delayed ? cast(t, format, true, amax[which], use_history, record) : cast(t, format, true);
-    };
-    // Each cast also writes its transpose, the operand the backward takes (dw's x8ᵀ, dx's w8ᵀ).
-    const auto [x8, x8_t] = cast_of(x2, at::kFloat8_e4m3fn, 0);
-    const auto [w8, w8_t] = cast_of(w, at::kFloat8_e4m3fn, 1);
+    // Each cast also writes its transpose, the operand the backward takes (dw's x8ᵀ, dx's w8ᵀ); an
+    // undefined history row is current scaling.
+    const auto [x8, x8_t] = cast(x2, at::kFloat8_e4m3fn, true, delayed ? amax[0] : at::Tensor(), use_history, record);
+    const auto [w8, w8_t] = cast(w, at::kFloat8_e4m3fn, true, delayed ? amax[1] : at::Tensor(), use_history, record);
     at::Tensor y = fp8_gemm_nt(x8, w8, x.scalar_type(), has_bias ? bias : at::Tensor());
     ctx->save_for_backward({x8_t.data, x8_t.scale_inv, w8_t.data, w8_t.scale_inv});
     ctx->saved_data["has_bias"] = has_bias;
@@ -256,10 +254,8 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const at::Tensor gy = grads[0].reshape({-1, n}).contiguous();
     const at::ScalarType dtype = gy.scalar_type();
     const at::Tensor amax = ctx->saved_data["amax"].toTensor();
-    const auto [g8, g8_t] = amax.numel() > 0
-                                ? cast(gy, at::kFloat8_e5m2, true, amax[2], ctx->saved_data["use_history"].toBool(),
-                                       ctx->saved_data["record"].toBool())
-                                : cast(gy, at::kFloat8_e5m2, true);
+    const auto [g8, g8_t] = cast(gy, at::kFloat8_e5m2, true, amax.numel() > 0 ? amax[2] : at::Tensor(),
+                                 ctx->saved_data["use_history"].toBool(), ctx->saved_data["record"].toBool());
     const at::Tensor dx = fp8_gemm_nt(g8, w8_t, dtype);    // (M, K)
     const at::Tensor dw = fp8_gemm_nt(g8_t, x8_t, dtype);  // (N, K)
     std::vector<int64_t> x_shape = grads[0].sizes().vec();

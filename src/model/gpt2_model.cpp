@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <optional>
 #include <sstream>
@@ -448,6 +449,17 @@ void GPT2Impl::set_slot_attention(bool on) {
 
 bool GPT2Impl::slot_attention_on() const { return fused_kernels_ && slot_attention_; }
 
+namespace {
+
+// A block's four delayed-scaling states: c_attn, attn.c_proj, c_fc, mlp.c_proj.
+std::array<kernels::Fp8DelayedScaling*, 4> fp8_scalings(BlockImpl& block) {
+  auto& attn = block.attn;
+  auto& mlp = block.mlp;
+  return {&attn->fp8_scaling[0], &attn->fp8_scaling[1], &mlp->fp8_scaling[0], &mlp->fp8_scaling[1]};
+}
+
+}  // namespace
+
 void GPT2Impl::set_fp8(bool on, int64_t amax_history) {
   if (on && amax_history != 0 && amax_history < 2) {
     throw std::invalid_argument("set_fp8: an amax history holds at least 2 steps (0: current scaling)");
@@ -458,11 +470,8 @@ void GPT2Impl::set_fp8(bool on, int64_t amax_history) {
                   : torch::Tensor();
   fp8_steps_ = 0;
   for (int64_t l = 0; l < static_cast<int64_t>(transformer_->blocks.size()); ++l) {
-    auto& attn = transformer_->blocks[l]->attn;
-    auto& mlp = transformer_->blocks[l]->mlp;
-    attn->fp8 = mlp->fp8 = on;
-    kernels::Fp8DelayedScaling* layers[4] = {&attn->fp8_scaling[0], &attn->fp8_scaling[1], &mlp->fp8_scaling[0],
-                                             &mlp->fp8_scaling[1]};
+    transformer_->blocks[l]->attn->fp8 = transformer_->blocks[l]->mlp->fp8 = on;
+    const auto layers = fp8_scalings(*transformer_->blocks[l]);
     for (int64_t i = 0; i < 4; ++i) *layers[i] = {fp8_amax_.defined() ? fp8_amax_[l][i] : torch::Tensor(), false};
   }
 }
@@ -470,7 +479,8 @@ void GPT2Impl::set_fp8(bool on, int64_t amax_history) {
 void GPT2Impl::fp8_step_done() {
   if (!fp8_amax_.defined()) return;
   kernels::fp8_amax_roll(fp8_amax_);
-  set_fp8_use_history(++fp8_steps_ > 0);
+  ++fp8_steps_;
+  set_fp8_use_history(true);
 }
 
 void GPT2Impl::load_fp8_amax_history(const torch::Tensor& history, int64_t steps) {
@@ -493,10 +503,7 @@ void GPT2Impl::load_fp8_amax_history(const torch::Tensor& history, int64_t steps
 
 void GPT2Impl::set_fp8_use_history(bool on) {
   for (auto& block : transformer_->blocks) {
-    for (auto* s : {&block->attn->fp8_scaling[0], &block->attn->fp8_scaling[1], &block->mlp->fp8_scaling[0],
-                    &block->mlp->fp8_scaling[1]}) {
-      s->use_history = on;
-    }
+    for (auto* s : fp8_scalings(*block)) s->use_history = on;
   }
 }
 
