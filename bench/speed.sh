@@ -11,9 +11,11 @@
 # paid once a step, so its share falls with the batch: 524288 is GPT-2's 0.5M tokens, 16 micro-batches
 # at 124m and 64 at 1558m; 6 steps each, the mean of the last three). PEERS=0 leaves out the
 # PyTorch peers (rows that compare ours with ours need none). FP8=1 adds ours with precision.fp8 at
-# each size (issue 40), with current scaling and with delayed (16 steps). Then a profile of
-# ours for 124m (top kernels); and the 2-GPU scaling of ours when the machine has two GPUs. Prints
-# a table at the end.
+# each size (issue 40), with current scaling and with delayed (16 steps), and, with the peers, torchao's
+# float8 training + torch.compile for each recipe in FP8_PEERS (default "tensorwise"; the wheel from
+# .device-deps/wheels, see torch_peer.py's header). EAGER=0 leaves out the eager peer. Then a profile
+# of ours for 124m (top kernels; PROFILE=0 leaves it out); and the 2-GPU scaling of ours when the
+# machine has two GPUs. Prints a table at the end.
 #   source .device-deps/gpu-env.sh && SIZES=124m bash bench/speed.sh
 set -uo pipefail
 source bench/common.sh
@@ -61,6 +63,11 @@ PY
 }
 
 sizes=${SIZES:-124m 350m 774m 1558m}
+torchao_site=/tmp/torchao-site
+if [ "${FP8:-0}" = 1 ] && [ "${PEERS:-1}" = 1 ] && ! [ -d "$torchao_site/torchao" ]; then
+  pip install --quiet --no-deps --target "$torchao_site" .device-deps/wheels/torchao*.whl \
+    || echo "torchao's wheel did not install: bash -c 'pip download --no-deps torchao -d .device-deps/wheels' here first"
+fi
 for size in $sizes; do
   case $size in 124m) B=32 ;; 350m|774m) B=16 ;; *) B=8 ;; esac
   S=${size^^}
@@ -79,8 +86,14 @@ for size in $sizes; do
     done
   fi
   if [ "${PEERS:-1}" = 1 ]; then
-    peer "torch eager $size" --size "$S" --B "$B" --steps 20
+    [ "${EAGER:-1}" = 1 ] && peer "torch eager $size" --size "$S" --B "$B" --steps 20
     peer "torch.compile $size" --size "$S" --B "$B" --steps 20 --compile
+    if [ "${FP8:-0}" = 1 ]; then
+      for recipe in ${FP8_PEERS:-tensorwise}; do
+        PYTHONPATH=$torchao_site peer "torchao float8 $recipe + compile $size" --size "$S" --B "$B" --steps 20 --compile \
+          --float8 "$recipe"
+      done
+    fi
   fi
 done
 
@@ -96,7 +109,7 @@ if [ "${MUON:-0}" = 1 ] && [[ " $sizes " == *" 124m "* ]]; then
   done
 fi
 
-if [[ " $sizes " == *" 124m "* ]]; then
+if [[ " $sizes " == *" 124m "* ]] && [ "${PROFILE:-1}" = 1 ]; then
   echo "== profile of ours, 124m (fused loss)"
   build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --data.train="$out/tok/train.h5" --data.val=none \
     --train.micro_batch=32 --train.batch_tokens=32768 --train.max_steps=12 --train.sample_tokens=0 --log.every=5 \
