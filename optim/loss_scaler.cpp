@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+
 namespace gpt2::optim {
 
 LossScaler::LossScaler(bool enabled, torch::Device device, LossScalerOptions options, bool skip_non_finite)
@@ -15,7 +17,15 @@ torch::Tensor LossScaler::unscale_and_check(const torch::Tensor& grads, parallel
   if (!checks()) return found_inf;  // (unscaling by 1 when only checking leaves the values as they are)
   at::NoGradGuard no_grad;
   auto inv_scale = scale_.reciprocal();
-  at::_amp_foreach_non_finite_check_and_unscale_({grads}, found_inf, inv_scale);
+  if (grads.scalar_type() == at::kBFloat16) {
+    // ATen's check-and-unscale has no bf16 kernel on CUDA (precision.fp8 keeps bf16 gradients).
+    // max |g| is inf for an inf and NaN for a NaN (max reductions propagate NaN), and never
+    // overflows as a sum of squares could.
+    if (grads.numel() > 0) found_inf.copy_(at::linalg_vector_norm(grads, INFINITY).isfinite().logical_not());
+    if (enabled_) grads.mul_(inv_scale);
+  } else {
+    at::_amp_foreach_non_finite_check_and_unscale_({grads}, found_inf, inv_scale);
+  }
   if (comm != nullptr && comm->world_size() > 1) comm->all_reduce(found_inf, parallel::ReduceOp::kMax)->wait();
   return found_inf;
 }

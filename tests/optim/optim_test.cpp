@@ -309,6 +309,16 @@ TEST(LossScaler, SkipNonFiniteChecksWithoutScaling) {
   check.update(found);
   EXPECT_EQ(check.scale(), 1.0);
   EXPECT_FALSE(LossScaler(false, torch::kCPU).checks());
+  // bf16 gradients (precision.fp8 keeps them): their own check, the same answers.
+  for (const float bad : {0.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity()}) {
+    auto b = torch::tensor({0.1f, -3.0f, 7.0f}).to(torch::kBFloat16);
+    if (bad != 0.0f) b[2] = bad;
+    const auto kept = b.clone();
+    EXPECT_EQ(check.unscale_and_check(b, nullptr).item<float>(), bad != 0.0f ? 1.0f : 0.0f) << bad;
+    EXPECT_TRUE(torch::equal(b.isnan(), kept.isnan()));
+    EXPECT_TRUE(torch::equal(b.nan_to_num(0), kept.nan_to_num(0))) << "a check only leaves the values alone";
+  }
 }
 
 TEST(LossScaler, DisabledIsTheIdentity) {

@@ -19,19 +19,20 @@ rm -rf "$out/runs"
 mkdir -p "$out/runs"
 mpi=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
 
-# train NAME NP ARGS...: 12 steps of 2 x 8 x 128 tokens a rank.
+# train NAME NP ARGS...: STEPS (12) steps of 2 x 8 x 128 tokens a rank, a checkpoint every EVERY (4)
+# steps into $out/runs/NAME (an option given twice is refused, so these are not ARGS).
 train() {
   local name=$1 np=$2
   shift 2
   "${mpi[@]}" -n "$np" "$bin/gpt2-train" --config configs/tiny.ini --data.train="$out/data/train.h5" \
     --data.val=none --train.device=cuda --precision.dtype=bf16 --precision.fp8=true --precision.fp8_amax_history=8 \
     --train.deterministic=true --train.micro_batch=8 --train.seq_len=128 --train.batch_tokens=$((2 * 8 * 128 * np)) \
-    --train.max_steps=12 --train.warmup_steps=2 --train.sample_tokens=0 --train.seed=7 --parallel.backend=mpi \
-    --checkpoint.dir="$out/runs/$name" --checkpoint.every=4 --log.every=1 --log.metrics="$out/runs/$name.jsonl" \
+    --train.max_steps="${STEPS:-12}" --train.warmup_steps=2 --train.sample_tokens=0 --train.seed=7 --parallel.backend=mpi \
+    --checkpoint.dir="$out/runs/$name" --checkpoint.every="${EVERY:-4}" --log.every=1 --log.metrics="$out/runs/$name.jsonl" \
     --log.tensorboard=none "$@" >>"$out/runs/$name.log" 2>&1
 }
 
-if ! train probe 1 --train.max_steps=1 --checkpoint.every=0; then
+if ! STEPS=1 EVERY=0 train probe 1; then
   if grep -q "precision.fp8 = true: needs a CUDA GPU with FP8" "$out/runs/probe.log"; then
     echo "no FP8 on this GPU: skipped"
     exit 77
@@ -45,8 +46,7 @@ for np in 1 2; do
   extra=()
   [ "$np" = 2 ] && extra=(--parallel.zero_stage=1)
   train "straight$np" "$np" "${extra[@]}"
-  train "resumed$np" "$np" "${extra[@]}" --checkpoint.resume="$out/runs/straight$np/step_0000004" \
-    --checkpoint.dir="$out/runs/resumed$np"
+  train "resumed$np" "$np" "${extra[@]}" --checkpoint.resume="$out/runs/straight$np/step_0000004"
   python3 - "$out/runs/straight$np" "$out/runs/resumed$np" <<'PY' || status=1
 import filecmp, glob, json, os, sys
 a, b = sys.argv[1], sys.argv[2]
@@ -64,7 +64,7 @@ sys.exit(0 if ok else 1)
 PY
 done
 
-GPT2_FAULT_AT=1:5:inf train overflow 2 --parallel.zero_stage=1 --checkpoint.every=8 || status=1
+GPT2_FAULT_AT=1:5:inf EVERY=8 train overflow 2 --parallel.zero_stage=1 || status=1
 python3 - "$out/runs/overflow.jsonl" "$out/runs/overflow/step_0000008/manifest.json" <<'PY' || status=1
 import json, math, sys
 rows = {r["step"]: r for r in map(json.loads, open(sys.argv[1])) if "loss" in r}
