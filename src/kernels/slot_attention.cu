@@ -1,4 +1,4 @@
-// Slot decoding's attention (launch.h, slot_attention.h). One block of kWarps warps per (row,
+// Slot decoding's attention (launch.h, slot_attention.h). One block of kWarps (16) warps per (row,
 // head). Warp w takes the tiles w, w + kWarps, w + 2 kWarps, ... of kTile positions of the row, in
 // increasing order: each lane computes the whole dot product of q with its position's key (q sits
 // in shared memory as fp32), the warp keeps an online softmax (running max, running sum, and the
@@ -18,7 +18,9 @@
 namespace gpt2::kernels {
 namespace {
 
-constexpr int kWarps = 4;          // warps per (row, head)
+// Warps per (row, head). At batch 1 the grid is one block a head (12 at gpt2-124m), so the
+// positions must spread over many warps: with 16, a 384-position context is one tile a warp.
+constexpr int kWarps = 16;
 constexpr int kTile = 32;          // positions per warp step: one per lane
 constexpr int kMaxHeadSize = 128;  // 2 pairs of dims per lane in the accumulator
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -47,8 +49,10 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// PPL: accumulator pairs per lane (hs <= 64 * PPL).
-template <typename T, int PPL>
+// PPL: accumulator pairs per lane (hs <= 64 * PPL). PACKED: keys read 16 bytes a load (hs a
+// multiple of 16 / sizeof(T), the cache 16-byte aligned), else a pair at a time; the dot product
+// sums the dims in the same order either way.
+template <typename T, int PPL, bool PACKED>
 __global__ void __launch_bounds__(kWarps * 32) slot_attention_kernel(SlotAttentionArgs a, T* __restrict__ y) {
   using T2 = typename PairOf<T>::type;
   const int64_t head = blockIdx.x, b = blockIdx.y;
@@ -79,12 +83,23 @@ __global__ void __launch_bounds__(kWarps * 32) slot_attention_kernel(SlotAttenti
     const int64_t j = t0 + lane;
     float s = -INFINITY;
     if (j < n) {
-      const T2* kj = k2 + j * pairs;
       float dot = 0.0f;
-      for (int i = 0; i < pairs; ++i) {
-        const float2 kv = to_float2(kj[i]), qv = q_s[i];
-        dot = fmaf(qv.x, kv.x, dot);
-        dot = fmaf(qv.y, kv.y, dot);
+      if constexpr (PACKED) {
+        constexpr int kVec = 16 / sizeof(T);
+        const Pack<T, kVec>* kj = reinterpret_cast<const Pack<T, kVec>*>(k2 + j * pairs);
+        const float* qf = reinterpret_cast<const float*>(q_s);
+        for (int i = 0; i < hs / kVec; ++i) {
+          const Pack<T, kVec> kv = kj[i];
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) dot = fmaf(qf[i * kVec + e], to_float(kv.v[e]), dot);
+        }
+      } else {
+        const T2* kj = k2 + j * pairs;
+        for (int i = 0; i < pairs; ++i) {
+          const float2 kv = to_float2(kj[i]), qv = q_s[i];
+          dot = fmaf(qv.x, kv.x, dot);
+          dot = fmaf(qv.y, kv.y, dot);
+        }
       }
       s = dot * a.scale;
     }
@@ -160,10 +175,18 @@ cudaError_t launch_typed(const SlotAttentionArgs& a, void* y, cudaStream_t strea
   if (a.batch == 0 || a.heads == 0) return cudaSuccess;
   if (a.batch > 65535 || a.heads > 0x7fffffff) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(a.heads), static_cast<unsigned>(a.batch));
+  const bool packed = a.head_size % (16 / sizeof(T)) == 0 && reinterpret_cast<uintptr_t>(a.keys) % 16 == 0;
+  T* yt = static_cast<T*>(y);
   if (a.head_size <= 64) {
-    slot_attention_kernel<T, 1><<<grid, kWarps * 32, 0, stream>>>(a, static_cast<T*>(y));
+    if (packed)
+      slot_attention_kernel<T, 1, true><<<grid, kWarps * 32, 0, stream>>>(a, yt);
+    else
+      slot_attention_kernel<T, 1, false><<<grid, kWarps * 32, 0, stream>>>(a, yt);
   } else {
-    slot_attention_kernel<T, 2><<<grid, kWarps * 32, 0, stream>>>(a, static_cast<T*>(y));
+    if (packed)
+      slot_attention_kernel<T, 2, true><<<grid, kWarps * 32, 0, stream>>>(a, yt);
+    else
+      slot_attention_kernel<T, 2, false><<<grid, kWarps * 32, 0, stream>>>(a, yt);
   }
   return cudaGetLastError();
 }

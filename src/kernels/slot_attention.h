@@ -8,8 +8,8 @@
 // projection); keys, values (B, nh, capacity, hs) contiguous; positions (B) int64, each in
 // [0, capacity); one device (CPU or CUDA) and one dtype of fp32/bf16/fp16; no gradient. Returns y
 // (B, nh, 1, hs) contiguous: softmax_j(q . k_j / sqrt(hs)) weighted sum of v_j over j = 0..positions[b],
-// accumulated in fp32 and rounded to the dtype. CUDA: one block of 4 warps per (row, head); a warp
-// takes every 4th tile of 32 positions, in increasing order, with an online softmax, and the warps'
+// accumulated in fp32 and rounded to the dtype. CUDA: one block of 16 warps per (row, head); a warp
+// takes every 16th tile of 32 positions, in increasing order, with an online softmax, and the warps'
 // states merge in warp order; no host sync, no allocation but y (it runs inside CUDA graphs); a
 // position outside [0, capacity) gives NaN (the launch cannot throw). CPU: a plain loop per (row,
 // head), in parallel; an out-of-range position throws. The two need not agree to the bit.
