@@ -2,7 +2,8 @@
 # Issue 41's table: gpt2-generate at batch 1 on the GPU, bf16 weights against --quant int8, for each
 # size in SIZES (default "124m 1558m"; random weights from bench/muon_peer.py: speed does not depend
 # on them), a 128-token prompt, 256 new tokens, greedy, ROUNDS (2) runs each, alternating, and bf16
-# with --cuda_graphs false (what the CUDA graphs of serve::generate_one save). Prints each
+# with --cuda_graphs false (what the CUDA graphs of serve::generate_one save), and bf16 and int8 with
+# --fused_decode false (the blocks' ops: what Note [Fused decode step] saves). Prints each
 # run's tokens/s (gpt2-generate's own line: prefill + decode wall time), its ms per decode step after
 # the first (the first captures the CUDA graphs; its ms is the first_ms field), the weights it holds
 # on the GPU, and per size the means and int8/bf16 ratios.
@@ -25,7 +26,8 @@ for size in ${SIZES:-124m 1558m}; do
     >"$out/decode-$size-init.log" 2>&1 || { tail -5 "$out/decode-$size-init.log"; continue; }
   echo "== gpt2-$size, batch 1, 128-token prompt, $new new tokens, bf16, $device ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
   for r in $(seq "${ROUNDS:-2}"); do
-    for variant in "bf16|--quant none" "int8|--quant int8" "bf16-no-graphs|--quant none --cuda_graphs false"; do
+    for variant in "bf16|--quant none" "int8|--quant int8" "bf16-no-graphs|--quant none --cuda_graphs false" \
+      "bf16-blocks-ops|--quant none --fused_decode false" "int8-blocks-ops|--quant int8 --fused_decode false"; do
       name="${variant%%|*}" args="${variant#*|}" log="$out/decode-$size-${variant%%|*}-$r.log"
       # shellcheck disable=SC2086
       "$bin/gpt2-generate" "$model" --device "$device" --dtype bf16 $args --ids --temperature 0 --ignore_eot \
@@ -40,13 +42,17 @@ PY
     done
   done | tee "$out/decode-$size.txt"
   python3 - "$out/decode-$size.txt" <<'PY'
-import re, sys
+import sys
 rows = [l.split() for l in open(sys.argv[1]) if l.startswith("RESULT")]
-mean = lambda q, k: sum(float(dict(f.split("=") for f in r[4:])[k]) for r in rows if r[3] == q) / max(1, sum(r[3] == q for r in rows))
-if rows:
-    b, i = mean("bf16", "tok/s"), mean("int8", "tok/s")
-    wb, wi = mean("bf16", "weights_MiB"), mean("int8", "weights_MiB")
-    print(f"mean tokens/s: bf16 {b:.0f}, int8 {i:.0f} (int8/bf16 {i / b:.2f}); weights: bf16 {wb:.0f} MiB, "
-          f"int8 {wi:.0f} MiB ({wi / wb:.2f}x)")
+by = {}
+for r in rows:
+    by.setdefault(r[3], []).append({k: float(v) for k, v in (f.split("=") for f in r[4:])})
+mean = lambda q, k: sum(d[k] for d in by[q]) / len(by[q])
+for q in by:  # decode tok/s: the steps after the first alone (no prefill, no graph capture)
+    print(f"mean {q}: {mean(q, 'tok/s'):.0f} tok/s end to end, {mean(q, 'ms/token'):.3f} ms a step after the first "
+          f"= {1000 / mean(q, 'ms/token'):.0f} decode tok/s, weights {mean(q, 'weights_MiB'):.0f} MiB")
+if "bf16" in by and "int8" in by:
+    print(f"int8/bf16: weights {mean('int8', 'weights_MiB') / mean('bf16', 'weights_MiB'):.2f}x, "
+          f"decode tok/s {mean('bf16', 'ms/token') / mean('int8', 'ms/token'):.2f}x")
 PY
 done

@@ -1,7 +1,7 @@
 #pragma once
 // Raw launchers of the kernels in this folder (*.cu), free of torch headers so nvcc
 // compiles them quickly. Contracts: cross_entropy.h, layer_norm.h, linear.h,
-// slot_attention.h, fp8_gemm.h. Every buffer is
+// slot_attention.h, fp8_gemm.h, int8_linear.h, decode_linear.h. Every buffer is
 // row-major and contiguous; "partial" buffers are fp32 scratch the caller allocates.
 #include <cuda_runtime_api.h>
 
@@ -119,5 +119,38 @@ cudaError_t launch_fp8_cast(Dtype dtype, const Fp8CastArgs& args, cudaStream_t s
 // (k / groups) % 16 == 0, else cudaErrorInvalidValue.
 cudaError_t launch_int8_gemv(Dtype dtype, const void* x, const int8_t* q, const float* scale, const void* bias, void* y,
                              int64_t rows, int64_t n, int64_t k, int64_t groups, cudaStream_t stream);
+
+// Batch-few decoding's projections (decode_linear.h): for rows r < rows (<= 8) and columns j < n,
+// a[r, j] = sum_k in[r, k] W[j, k] + bias[j] in fp32, in = x (rows, k), or with gamma its
+// LayerNorm (eps; fp32 statistics) rounded to dtype. W is w (n, k) in dtype, or q (n, k) int8 with
+// scale (n, groups) fp32 (W = q * scale[j, k / (k / groups)]). The epilogue writes a rounded once:
+// kStore y[r, j] = a; kGelu y[r, j] = gelu_tanh(a); kAddTo y[r, j] += round(a) (y read and written);
+// kQueriesKeysValues (n = 3c): j < c into y (rows, c), the rest into keys / values (rows, heads,
+// capacity, c / heads) at position positions[r] (none outside [0, capacity)). Every buffer
+// contiguous; x and the weight 16-byte aligned; no host sync (graph-safe).
+enum class DecodeEpilogue { kStore, kGelu, kAddTo, kQueriesKeysValues };
+struct DecodeLinearArgs {
+  const void* x;
+  int64_t rows, k;
+  const void* gamma;  // nullptr: no LayerNorm
+  const void* beta;
+  float eps;
+  const void* w;  // or nullptr with q
+  const int8_t* q;
+  const float* scale;
+  int64_t groups;
+  const void* bias;  // nullptr: none
+  int64_t n;
+  DecodeEpilogue epilogue;
+  void* y;
+  void* keys;
+  void* values;
+  const int64_t* positions;
+  int64_t heads, capacity;
+};
+// Whether the kernel takes rows x k inputs (k % 16 == 0, rows <= 8, the staged rows within the
+// device's shared memory); the launcher returns cudaErrorInvalidValue for anything it does not take.
+bool decode_linear_supported(Dtype dtype, int64_t rows, int64_t k);
+cudaError_t launch_decode_linear(Dtype dtype, const DecodeLinearArgs& args, cudaStream_t stream);
 
 }  // namespace gpt2::kernels

@@ -306,7 +306,8 @@ torch::Tensor GPT2Impl::forward_slots(const torch::Tensor& ids, const torch::Ten
   if (attend <= 0) attend = cache.capacity();
   TORCH_CHECK(attend <= cache.capacity(), "GPT2::forward_slots: attend ", attend, " exceeds the capacity ",
               cache.capacity());
-  return head(hidden(ids, &cache, positions, attend).select(1, 0));  // (B, V)
+  if (fused_decode_applies(cache, positions)) return forward_slots_fused(ids, positions, cache);  // (B, V)
+  return head(hidden(ids, &cache, positions, attend).select(1, 0));                               // (B, V)
 }
 
 KVCache KVCache::row_view(int64_t row) const {

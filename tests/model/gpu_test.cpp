@@ -310,18 +310,20 @@ TEST(ModelGpuDecode, Fp32KvCacheGreedyEqualsFullRecomputation) {
 }
 
 // Slot decoding as gpt2-serve runs it (Note [Slot decoding]): each prompt prefilled into its own
-// slot of a 16-row cache (every other row left inactive), then one forward_slots a step over all
-// rows, teacher-forced with next[b]. (kNewTokens, V) fp32 CPU logits per prompt. `only`: that
-// prompt alone, in the last row (the others inactive): the server gives a request any free slot.
+// slot of an S-row cache (every other row left inactive when S holds twice the prompts), then one
+// forward_slots a step over all rows, teacher-forced with next[b]. (kNewTokens, V) fp32 CPU logits
+// per prompt. `only`: that prompt alone, in the last row (the others inactive): the server gives a
+// request any free slot.
 std::vector<torch::Tensor> slot_logits(GPT2& model, const std::vector<std::vector<int64_t>>& prompts,
-                                       const std::vector<std::vector<int64_t>>& next, int64_t only = -1) {
+                                       const std::vector<std::vector<int64_t>>& next, int64_t only = -1,
+                                       int64_t S = 16) {
   torch::NoGradGuard no_grad;
   const auto device = model->parameters().front().device();
-  constexpr int64_t S = 16;
   auto cache = model->make_kv_cache(model->config().block_size, std::vector<int64_t>(S, 0));
   std::vector<int64_t> ids(S, 0), pos(S, 0);
   std::vector<std::vector<torch::Tensor>> steps(prompts.size());
-  auto row_of = [&](size_t b) { return only >= 0 ? S - 1 : 2 * static_cast<int64_t>(b); };
+  const int64_t spread = S >= 2 * static_cast<int64_t>(prompts.size()) ? 2 : 1;
+  auto row_of = [&](size_t b) { return only >= 0 ? S - 1 : spread * static_cast<int64_t>(b); };
   for (size_t b = 0; b < prompts.size(); ++b) {
     if (only >= 0 && static_cast<int64_t>(b) != only) continue;
     auto view = cache.row_view(row_of(b));
@@ -375,6 +377,57 @@ TEST(ModelGpuDecode, Bf16SlotDecodingNearRecomputationAndTheSameAloneOrBatched) 
     EXPECT_TRUE(torch::equal(alone[b], batched[b])) << "prompt " << b << " alone differs from the batch: max "
                                                     << (alone[b] - batched[b]).abs().max().item<double>();
   }
+}
+
+// The fused decode step (Note [Fused decode step]), which forward_slots takes at 8 rows or fewer:
+// within the bf16 tolerance of the test below of full recomputation, and of the blocks' ops on the
+// same steps (set_fused_decode(false)); a prompt alone in a one-row cache gives the same bits as in
+// the 8-row batch (each row's sums are fixed by its own data, whatever the kernels' row count); and
+// int8 weights through the same kernels within the same tolerance of the int8 blocks' ops.
+TEST(ModelGpuDecode, FusedDecodeStepNearRecomputationAndTheSameAloneOrBatched) {
+  REQUIRE_CUDA();
+  GPT2 model = lively_model(7);
+  model->to(torch::kCUDA, torch::kBFloat16);
+  const auto prompts = decode_prompts();  // 8
+  std::vector<std::vector<int64_t>> next;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(12);
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const auto r = torch::randint(0, 50257, {kNewTokens}, gen, torch::kLong);
+    next.emplace_back(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + kNewTokens);
+  }
+  const auto on_cuda = torch::dtype(torch::kLong).device(torch::kCUDA);
+  for (const int64_t rows : {1, 8, 9}) {
+    const auto cache = model->make_kv_cache(16, std::vector<int64_t>(rows, 0));
+    EXPECT_EQ(model->fused_decode_applies(cache, torch::zeros({rows}, on_cuda)), rows <= 8) << rows << " rows";
+  }
+  const int64_t S = static_cast<int64_t>(prompts.size());
+  const double ulp = std::ldexp(1.0, -7);
+  const double ulps = 4 * std::sqrt(static_cast<double>(model->config().n_layer));
+  const auto check = [&](const char* what, const std::vector<torch::Tensor>& got,
+                         const std::vector<torch::Tensor>& want) {
+    const auto [worst, mean] = logit_differences(got, want, ulp);
+    std::printf("[ measured ] %s: max %.3g, mean %.3g bf16 ulps of the logits' scale (tolerance %.3g, 1)\n", what,
+                worst, mean, ulps);
+    EXPECT_LE(worst, ulps) << what;
+    EXPECT_LE(mean, 1.0) << what;
+  };
+  const auto fused = slot_logits(model, prompts, next, -1, S);
+  model->set_fused_decode(false);
+  const auto blocks = slot_logits(model, prompts, next, -1, S);
+  model->set_fused_decode(true);
+  check("bf16 fused decode step vs recomputed", fused, recomputed_logits(model, prompts, next));
+  check("bf16 fused decode step vs the blocks' ops", fused, blocks);
+  for (int64_t b : {0, 7}) {
+    const auto alone = slot_logits(model, prompts, next, b, /*S=*/1);
+    EXPECT_TRUE(torch::equal(alone[b], fused[b]))
+        << "prompt " << b << " alone differs from the batch: max " << (alone[b] - fused[b]).abs().max().item<double>();
+  }
+  model->quantize_int8();
+  const auto fused8 = slot_logits(model, prompts, next, -1, S);
+  model->set_fused_decode(false);
+  const auto blocks8 = slot_logits(model, prompts, next, -1, S);
+  model->set_fused_decode(true);
+  check("int8 fused decode step vs the int8 blocks' ops", fused8, blocks8);
 }
 
 // bf16: the logits of decoding with the cache within bf16 rounding of full recomputation at every

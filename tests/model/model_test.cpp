@@ -646,6 +646,60 @@ TEST(ModelGenerate, SlotAttentionKernelMatchesCachedDecoding) {
   }
 }
 
+// The fused decode step (Note [Fused decode step]) through its CPU reference ops, against
+// forward_slots' blocks' ops on the same prefilled caches: the logits and the keys and values it
+// writes agree within fp32 rounding (the same sums in the same order, only the LayerNorm and the
+// products grouped differently; the slot tests' 1e-4 relative, 1e-5 absolute), for fp32 weights
+// and for int8 ones, at 1 and 3 rows. On the CPU forward_slots itself keeps the blocks'
+// ops; a position outside the cache is refused by name.
+TEST(ModelGenerate, FusedDecodeStepMatchesTheBlocksOps) {
+  GPT2 model(tiny_config(100));
+  randomise(model, 26);
+  torch::NoGradGuard no_grad;
+  auto close = [](const torch::Tensor& a, const torch::Tensor& b) { return torch::allclose(a, b, 1e-4, 1e-5); };
+  const std::vector<std::vector<int64_t>> prompts = {{4, 5, 6, 7, 8}, {1}, {9, 3, 9}};
+  for (const bool int8 : {false, true}) {
+    if (int8) model->quantize_int8();
+    for (const int64_t S : {1, 3}) {
+      auto fused = model->make_kv_cache(16, std::vector<int64_t>(S, 0));
+      auto blocks = model->make_kv_cache(16, std::vector<int64_t>(S, 0));
+      std::vector<int64_t> pos;
+      for (int64_t r = 0; r < S; ++r) {
+        const auto ids = torch::tensor(prompts[r]).view({1, -1});
+        for (KVCache* cache : {&fused, &blocks}) {
+          KVCache view = cache->row_view(r);
+          model->forward_cached(ids, view);
+        }
+        pos.push_back(static_cast<int64_t>(prompts[r].size()));
+      }
+      EXPECT_FALSE(model->fused_decode_applies(fused, torch::tensor(pos)));
+      for (int64_t step = 0; step < 6; ++step) {
+        std::vector<int64_t> ids;
+        for (int64_t r = 0; r < S; ++r) ids.push_back(10 + 7 * step + r);
+        const auto id_tensor = torch::tensor(ids).view({S, 1});
+        const auto pos_tensor = torch::tensor(pos);
+        const auto got = model->forward_slots_fused(id_tensor, pos_tensor, fused);  // (S, V)
+        const auto want = model->forward_slots(id_tensor, pos_tensor, blocks);
+        ASSERT_EQ(got.sizes(), want.sizes());
+        EXPECT_TRUE(close(got, want)) << "int8 " << int8 << ", rows " << S << ", step " << step << ": max "
+                                      << (got - want).abs().max().item<double>();
+        for (size_t l = 0; l < fused.keys.size(); ++l) {
+          EXPECT_TRUE(close(fused.keys[l], blocks.keys[l])) << "layer " << l;
+          EXPECT_TRUE(close(fused.values[l], blocks.values[l])) << "layer " << l;
+        }
+        for (auto& p : pos) ++p;
+      }
+    }
+  }
+  auto cache = model->make_kv_cache(8, {0});  // shorter than block_size: the position is a valid wpe row
+  try {
+    model->forward_slots_fused(torch::tensor({3}, torch::kLong).view({1, 1}), torch::tensor({8}, torch::kLong), cache);
+    ADD_FAILURE() << "a position outside the cache was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_HAS(e.what(), "positions[0] = 8 is outside [0, capacity = 8)");
+  }
+}
+
 TEST(ModelGenerate, TopPKeepsTheNucleusAndStopTokenEndsARow) {
   GPT2 model(tiny_config(100));
   randomise(model, 23, 0.1);  // flat-ish distributions: the nucleus holds several ids

@@ -1,0 +1,92 @@
+// forward_slots' fused step for few rows (gpt2_model.h, Note [Fused decode step]).
+#include <torch/torch.h>
+
+#include "src/kernels/decode_linear.h"
+#include "src/kernels/int8_linear.h"
+#include "src/kernels/slot_attention.h"
+#include "src/model/gpt2_model.h"
+
+namespace gpt2 {
+
+// Note [Fused decode step]
+// At batch 1 a decode step reads every weight once and computes little with it, so its floor is
+// the weights' bytes over the memory bandwidth (gpt2-124m in bf16: 250 MB, about 50 µs on an
+// H200). Through the blocks' ops (forward_pair) a layer launched nine kernels: the LayerNorms, a
+// cuBLASLt GEMM per projection (shaped for many rows, slow at one), two scatters into the cache,
+// the attention. Replayed from a CUDA graph that was 1.1 ms a step at gpt2-124m, ~65 µs a layer
+// against the 3 µs its weights take to read (issue 41). The fused step runs five a layer, each
+// reading its weight once with the work around it folded in (kernels/decode_linear.h):
+//   q = decode_qkv(x, ln_1, c_attn)          ln_1, the projection and bias; k and v into the cache
+//   y = slot_attention(q, keys, values)      the row's own positions (kernels/slot_attention.h)
+//   x += decode_linear(y, attn.c_proj)       the residual add in the projection's epilogue
+//   h = gelu(decode_linear(x, ln_2, c_fc))   ln_2, the bias and the GELU
+//   x += decode_linear(h, mlp.c_proj)
+// then the head with ln_f in front. These are the sums of forward_pair (Note [Pending residual]) in
+// the same order, each rounded where the unfused step stores: x + attn, then + mlp. Only the dot
+// products' summation order differs (and the GELU is computed on the fp32 sum), so the logits agree
+// to the dtype's rounding, not to the bit (tests/model/fused_decode_test.cpp on the CPU reference,
+// tests/serve/gpu_test.cpp for the kernels). int8 weights read q and scale in the same kernels.
+
+namespace {
+
+kernels::DecodeNorm norm_of(const torch::nn::LayerNorm& ln) { return {ln->weight, ln->bias, ln->options.eps()}; }
+
+kernels::DecodeWeight weight_of(const torch::nn::Linear& linear, const std::optional<kernels::Int8Weight>& int8) {
+  if (int8) return {torch::Tensor(), &*int8, linear->bias};
+  return {linear->weight, nullptr, linear->bias};
+}
+
+}  // namespace
+
+bool GPT2Impl::fused_decode_applies(const KVCache& cache, const torch::Tensor& positions) const {
+  if (!fused_decode_ || !fused_kernels_ || !slot_attention_ || cache.keys.empty()) return false;
+  const torch::Tensor& keys = cache.keys.front();
+  const int64_t rows = keys.size(0), C = cfg_.n_embd;
+  if (!keys.is_cuda() || rows > kernels::kDecodeRows) return false;
+  // A query-shaped view of the cache stands in for the step's queries: (B, nh, 1, hs), last dim contiguous.
+  if (!kernels::slot_attention_applies(keys.narrow(2, 0, 1), keys, cache.values.front(), positions)) return false;
+  const auto d = keys.device();
+  const auto t = keys.scalar_type();
+  for (const auto& block : transformer_->blocks) {
+    const auto& attn = *block->attn;
+    const auto& mlp = *block->mlp;
+    if (!kernels::decode_linear_applies(d, t, rows, C, weight_of(attn.c_attn, attn.c_attn_int8)) ||
+        !kernels::decode_linear_applies(d, t, rows, C, weight_of(attn.c_proj, attn.c_proj_int8)) ||
+        !kernels::decode_linear_applies(d, t, rows, C, weight_of(mlp.c_fc, mlp.c_fc_int8)) ||
+        !kernels::decode_linear_applies(d, t, rows, 4 * C, weight_of(mlp.c_proj, mlp.c_proj_int8)))
+      return false;
+  }
+  const kernels::DecodeWeight head{transformer_->wte->weight, wte_int8_ ? &*wte_int8_ : nullptr, {}};
+  return kernels::decode_linear_applies(d, t, rows, C, head);
+}
+
+torch::Tensor GPT2Impl::forward_slots_fused(const torch::Tensor& ids, const torch::Tensor& positions, KVCache& cache) {
+  TORCH_CHECK(ids.dim() == 2 && ids.size(1) == 1 && ids.scalar_type() == torch::kLong &&
+                  ids.size(0) == static_cast<int64_t>(cache.keys.empty() ? 0 : cache.keys.front().size(0)),
+              "GPT2::forward_slots_fused expects (B, 1) int64 ids with B = the cache's rows, got ", ids.sizes());
+  TORCH_CHECK(positions.dim() == 1 && positions.size(0) == ids.size(0) && positions.scalar_type() == torch::kLong,
+              "GPT2::forward_slots_fused expects (B) int64 positions, got ", positions.sizes());
+  torch::NoGradGuard no_grad;
+  auto& tr = *transformer_;
+  const int64_t B = ids.size(0), C = cfg_.n_embd, nh = cfg_.n_head, hs = C / nh;
+  const auto flat = ids.view({B});
+  const auto dtype = tr.wpe->weight.scalar_type();
+  const auto embedded =
+      wte_int8_ ? kernels::int8_embedding(flat, *wte_int8_, dtype) : tr.wte->weight.index_select(0, flat);
+  torch::Tensor x = embedded + tr.wpe->weight.index_select(0, positions);  // (B, C): the stream, updated in place
+  for (size_t i = 0; i < tr.blocks.size(); ++i) {
+    auto& block = *tr.blocks[i];
+    auto& attn = *block.attn;
+    auto& mlp = *block.mlp;
+    const auto q = kernels::decode_qkv(x, norm_of(block.ln_1), weight_of(attn.c_attn, attn.c_attn_int8), cache.keys[i],
+                                       cache.values[i], positions);  // (B, C)
+    const auto y = kernels::slot_attention(q.view({B, nh, 1, hs}), cache.keys[i], cache.values[i], positions);
+    kernels::decode_linear_add_to(y.view({B, C}), weight_of(attn.c_proj, attn.c_proj_int8), x);
+    const auto h = kernels::decode_linear(x, norm_of(block.ln_2), weight_of(mlp.c_fc, mlp.c_fc_int8), /*gelu=*/true);
+    kernels::decode_linear_add_to(h, weight_of(mlp.c_proj, mlp.c_proj_int8), x);  // (B, 4C) -> x
+  }
+  const kernels::DecodeWeight head{wte_int8_ ? torch::Tensor() : tr.wte->weight, wte_int8_ ? &*wte_int8_ : nullptr, {}};
+  return kernels::decode_linear(x, norm_of(tr.ln_f), head, /*gelu=*/false).narrow(1, 0, cfg_.vocab_size);  // (B, V)
+}
+
+}  // namespace gpt2
