@@ -56,7 +56,7 @@ else
 fi
 # Overrides (a short run): GPT2_SERVE_BENCH_PEERS=0 skips both transformers peers;
 # GPT2_SERVE_BENCH_PEER_CLIENTS and GPT2_SERVE_BENCH_BATCHES replace their lists; GPT2_SERVE_BENCH_MODES
-# picks ours (default "default sdpa fast").
+# picks ours (default "default sdpa fast"; "small" adds --max_batch 8 at 1 client: the fused decode step).
 peer_clients=${GPT2_SERVE_BENCH_PEER_CLIENTS:-$peer_clients}; batches=${GPT2_SERVE_BENCH_BATCHES:-$batches}
 peers=${GPT2_SERVE_BENCH_PEERS:-1}
 results="$out/serve_results.jsonl"; : >"$results"
@@ -107,16 +107,18 @@ wait_port() {
 build_abs="$(cd "$build" && pwd)"
 port=""
 for mode in ${GPT2_SERVE_BENCH_MODES:-default sdpa fast}; do
-  label=gpt2-serve; flags=()
+  label=gpt2-serve; flags=(); mb=$max_batch mode_clients=$clients
   if [ "$mode" = sdpa ]; then label=gpt2-serve-sdpa; flags=(--slot_attention off); fi
   if [ "$mode" = fast ]; then label=gpt2-serve-fast; flags=(--slot_attention off --attend_block 128 --prefill_batch 32); fi
-  "$build_abs/bin/gpt2-serve" "$model" --port 0 --device "$device" --dtype "$dtype" --max_batch "$max_batch" \
+  # "small": --max_batch 8 at 1 client, where every decode step takes the fused step (Note [Fused decode step])
+  if [ "$mode" = small ]; then label=gpt2-serve-max-batch-8; mb=8 mode_clients=1; fi
+  "$build_abs/bin/gpt2-serve" "$model" --port 0 --device "$device" --dtype "$dtype" --max_batch "$mb" \
     --max_queue 1024 "${flags[@]}" --model_name gpt2-bench >"$out/$label.log" 2>&1 &
   server=$!
   port=$(wait_port "$out/$label.log")
   if [ -z "$port" ]; then tail -20 "$out/$label.log"; kill $server 2>/dev/null; exit 1; fi
   stamp "$label on port $port"
-  "$py" bench/serve_load.py --port "$port" --clients "$clients" --requests "$requests" --prompt_tokens "$prompt" \
+  "$py" bench/serve_load.py --port "$port" --clients "$mode_clients" --requests "$requests" --prompt_tokens "$prompt" \
     --new_tokens "$new" --label "$label" --json "$results" | tee "$out/$label.txt"
   http_get "http://127.0.0.1:$port/metrics" >"$out/$label-metrics.txt" || true
   kill -TERM $server; wait $server; echo "$label exit status after SIGTERM: $?"
