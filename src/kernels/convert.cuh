@@ -2,12 +2,14 @@
 // Device helpers of the kernels in this folder: fp32 <-> storage types (fp32 math everywhere),
 // packed vector loads, warp sums, and the second pass of the column sums (bias and LayerNorm
 // parameter gradients): out_k[c] = sum over chunks b of partial[(b * n_out + k) * cols + c].
-// On the host side, with_storage_type: a launcher's Dtype -> the storage type its kernels take.
+// On the host side, with_storage_type: a launcher's Dtype -> the storage type its kernels take;
+// and programmatic dependent launch (launch_dependent, with its two device calls).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "src/kernels/launch.h"
 
@@ -95,6 +97,50 @@ __global__ void __launch_bounds__(256) finish_column_sums(const float* __restric
     out0[c] = from_float<T>(a);
     if (out1) out1[c] = from_float<T>(b);
   }
+}
+
+// Programmatic dependent launch (sm_90+), for the decode step's chain of small kernels, where a
+// kernel's launch and first loads would otherwise wait for the whole kernel before it:
+// - launch_dependent launches `kernel` so that it may start while the kernel before it in the
+//   stream drains (a CUDA graph captures that as a programmatic edge); elsewhere, a plain launch;
+// - the kernel calls wait_for_previous_kernel() before it reads anything an earlier kernel wrote
+//   (it returns once that kernel has finished and its writes are visible), and may load what no
+//   kernel writes (weights) before;
+// - allow_next_kernel() lets a dependent launched after this kernel start now, in the SM slots left.
+// Both device calls are no-ops for a kernel launched plainly and before sm_90.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_next_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// The current device's `attr` (0 when it cannot be read).
+inline int device_attribute(cudaDeviceAttr attr) {
+  int device = 0, value = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&value, attr, device) != cudaSuccess) return 0;
+  return value;
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                             Args&&... args) {
+  static const bool pdl = device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 template <typename T>

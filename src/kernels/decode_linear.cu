@@ -73,6 +73,17 @@ __device__ __forceinline__ void block_row_sums(float* part, float (*red)[ROWS]) 
   }
 }
 
+// One group of kUnroll 16-byte chunks of a W row, lane-strided from i0; chunks past k are not loaded.
+template <typename W>
+__device__ __forceinline__ void load_group(const W* row, int64_t i0, int64_t k, int4 (&chunk)[kUnroll]) {
+  constexpr int64_t kStride = 32 * (16 / sizeof(W));
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t i = i0 + u * kStride;
+    if (i < k) chunk[u] = __ldg(reinterpret_cast<const int4*>(row + i));
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ void store_column(const DecodeLinearArgs& a, int r, int64_t j, float v) {
   switch (a.epilogue) {
@@ -112,6 +123,17 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(const DecodeLin
   const int rows = static_cast<int>(a.rows);
   const int64_t k = a.k;
   const T* x = static_cast<const T*>(a.x);
+  constexpr int kVec = 16 / sizeof(W);  // W elements in a 16-byte chunk
+  constexpr int64_t kStride = 32 * kVec, kGroup = kUnroll * kStride;
+  const W* w = static_cast<const W*>(a.q != nullptr ? static_cast<const void*>(a.q) : a.w);
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps + warp,
+                step = static_cast<int64_t>(gridDim.x) * kWarps;
+  // The warp's first weights are requested before the wait: they do not depend on the kernel before,
+  // so under programmatic dependent launch their latency overlaps that kernel's tail.
+  int4 next[kUnroll];
+  if (first < a.n) load_group(w + first * k, lane * kVec, k, next);
+  wait_for_previous_kernel();
+  allow_next_kernel();
 
   if constexpr (NORM) {
     const T* gamma = static_cast<const T*>(a.gamma);
@@ -150,28 +172,27 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(const DecodeLin
   }
   __syncthreads();
 
-  constexpr int kVec = 16 / sizeof(W);  // W elements in a 16-byte chunk
-  constexpr int64_t kStride = 32 * kVec;
   const int64_t group = a.q != nullptr ? k / a.groups : k;
-  for (int64_t j = static_cast<int64_t>(blockIdx.x) * kWarps + warp; j < a.n;
-       j += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const W* wrow = static_cast<const W*>(a.q != nullptr ? static_cast<const void*>(a.q) : a.w) + j * k;
+  for (int64_t j = first; j < a.n; j += step) {
+    const W* wrow = w + j * k;
     float acc[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
-    for (int64_t i0 = lane * kVec; i0 < k; i0 += kUnroll * kStride) {
+    for (int64_t i0 = lane * kVec; i0 < k; i0 += kGroup) {
       int4 chunk[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t i = i0 + u * kStride;
-        if (i < k) chunk[u] = __ldg(reinterpret_cast<const int4*>(wrow + i));
-      }
+      for (int u = 0; u < kUnroll; ++u) chunk[u] = next[u];
+      // The next group is in flight while this one is summed: later in this row, or the warp's next row.
+      if (i0 + kGroup < k)
+        load_group(wrow, i0 + kGroup, k, next);
+      else if (j + step < a.n)
+        load_group(wrow + step * k, lane * kVec, k, next);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t i = i0 + u * kStride;
         if (i >= k) break;
-        float w[kVec];
-        unpack<W>(chunk[u], w);
+        float wv[kVec];
+        unpack<W>(chunk[u], wv);
         const float s = a.q != nullptr ? a.scale[j * a.groups + i / group] : 1.0f;
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
@@ -180,7 +201,7 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(const DecodeLin
           load_staged<T, kVec>(staged + r * k + i, xv);
           float p = 0.0f;
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) p = fmaf(w[e], xv[e], p);
+          for (int e = 0; e < kVec; ++e) p = fmaf(wv[e], xv[e], p);
           acc[r] = fmaf(p, s, acc[r]);
         }
       }
@@ -192,12 +213,6 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(const DecodeLin
       if (r < rows && lane == r) store_column<T>(a, r, j, v);
     }
   }
-}
-
-int device_attribute(cudaDeviceAttr attr) {
-  int device = 0, value = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&value, attr, device) != cudaSuccess) return 0;
-  return value;
 }
 
 int64_t staged_size(Dtype dtype, int64_t rows, int64_t k) { return rows * k * (dtype == Dtype::kF32 ? 4 : 2); }
@@ -216,9 +231,10 @@ cudaError_t launch_shape(const DecodeLinearArgs& a, cudaStream_t stream) {
   // Enough blocks to fill the GPU a few times over; past that, warps take several columns each and
   // the staging (a LayerNorm) is paid by fewer blocks.
   const int64_t wanted = (a.n + kWarps - 1) / kWarps, cap = 4 * static_cast<int64_t>(sms > 0 ? sms : 132);
-  const dim3 grid(static_cast<unsigned>(wanted < cap ? wanted : cap)), block(kThreads);
-  kernel<<<grid, block, smem, stream>>>(a);
-  return cudaGetLastError();
+  // A programmatic dependent (convert.cuh): it may start while the kernel before it drains, request
+  // its first weights, and wait for that kernel's results only then.
+  return launch_dependent(kernel, dim3(static_cast<unsigned>(wanted < cap ? wanted : cap)), dim3(kThreads),
+                          static_cast<size_t>(smem), stream, a);
 }
 
 template <typename T, typename W, bool NORM>

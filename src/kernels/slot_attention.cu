@@ -61,6 +61,10 @@ __global__ void __launch_bounds__(kWarps * 32) slot_attention_kernel(SlotAttenti
   __shared__ float2 q_s[kMaxHeadSize / 2];
   __shared__ float m_s[kWarps], l_s[kWarps];
   __shared__ float acc_s[kWarps][kMaxHeadSize];
+  // Launched as a programmatic dependent (launch_dependent): q and this step's key and value come
+  // from the kernel before; the projection after may start taking free SM slots now.
+  wait_for_previous_kernel();
+  allow_next_kernel();
 
   const T* q = static_cast<const T*>(a.q) + b * a.q_stride_b + head * a.q_stride_h;
   for (int i = static_cast<int>(threadIdx.x); i < pairs; i += kWarps * 32) {
@@ -177,18 +181,10 @@ cudaError_t launch_typed(const SlotAttentionArgs& a, void* y, cudaStream_t strea
   const dim3 grid(static_cast<unsigned>(a.heads), static_cast<unsigned>(a.batch));
   const bool packed = a.head_size % (16 / sizeof(T)) == 0 && reinterpret_cast<uintptr_t>(a.keys) % 16 == 0;
   T* yt = static_cast<T*>(y);
-  if (a.head_size <= 64) {
-    if (packed)
-      slot_attention_kernel<T, 1, true><<<grid, kWarps * 32, 0, stream>>>(a, yt);
-    else
-      slot_attention_kernel<T, 1, false><<<grid, kWarps * 32, 0, stream>>>(a, yt);
-  } else {
-    if (packed)
-      slot_attention_kernel<T, 2, true><<<grid, kWarps * 32, 0, stream>>>(a, yt);
-    else
-      slot_attention_kernel<T, 2, false><<<grid, kWarps * 32, 0, stream>>>(a, yt);
-  }
-  return cudaGetLastError();
+  const auto kernel = a.head_size <= 64
+                          ? (packed ? slot_attention_kernel<T, 1, true> : slot_attention_kernel<T, 1, false>)
+                          : (packed ? slot_attention_kernel<T, 2, true> : slot_attention_kernel<T, 2, false>);
+  return launch_dependent(kernel, grid, dim3(kWarps * 32), 0, stream, a, yt);
 }
 
 }  // namespace

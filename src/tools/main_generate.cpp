@@ -227,7 +227,7 @@ int run(int argc, char** argv) {
                                             : 0.0;
   gpt2::log::info(gpt2::log::format(
       "generated %lld tokens for %zu prompt(s) in %.3f s: %.1f tokens/s (prefill of %lld tokens %.1f ms, "
-      "then %.2f ms per step of the batch after the first, which took %.1f ms; %lld window restart(s))",
+      "then %.3f ms per step of the batch after the first, which took %.1f ms; %lld window restart(s))",
       (long long)stats.new_tokens, prompts.size(), seconds, seconds > 0 ? stats.new_tokens / seconds : 0.0,
       (long long)stats.prompt_tokens, 1000.0 * stats.prefill_s, later_ms, 1000.0 * stats.first_step_s,
       (long long)stats.rebuilds));
