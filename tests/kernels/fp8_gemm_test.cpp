@@ -91,13 +91,14 @@ TEST(Fp8Quantize, RoundsToNearestWithinTheFormatsUnitAndSaturates) {
 
 // quantize_fp8_current and its transposing twin give the bits of the composition they stand for,
 // quantize_fp8 with fp8_scale_for(max |x|): on CUDA that is our two kernels against ATen's ops
-// (fp32, bf16 and fp16; shapes off the kernels' 32 x 32 tiles; inf and NaN entries; all zeros).
+// (fp32, bf16 and fp16; shapes off the kernels' 32 x 32 and 64 x 64 tiles, multiples of 8 (the packed
+// kernels) and not; inf and NaN entries; all zeros).
 TEST(Fp8Quantize, CurrentScalingIsTheCompositionBitForBit) {
   for (const auto& device : devices()) {
     for (const auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
       for (const Format& f : {kE4m3, kE5m2}) {
-        for (const auto& [rows, cols, special] :
-             std::vector<std::tuple<int64_t, int64_t, int>>{{67, 45, 0}, {256, 768, 0}, {33, 64, 1}, {16, 48, 2}}) {
+        for (const auto& [rows, cols, special] : std::vector<std::tuple<int64_t, int64_t, int>>{
+                 {67, 45, 0}, {256, 768, 0}, {33, 64, 1}, {16, 48, 2}, {40, 72, 1}, {136, 200, 0}}) {
           const std::string what = device.str() + " " + c10::toString(dtype) + " " + c10::toString(f.dtype) + " " +
                                    std::to_string(rows) + "x" + std::to_string(cols) + " case " +
                                    std::to_string(special);
