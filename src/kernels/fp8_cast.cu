@@ -8,7 +8,8 @@
 // Where the shapes allow (16-bit inputs, sizes multiples of 8), both passes read 16 bytes and the
 // cast writes 8 bytes at a time: one element a thread with a block per 32 x 32 tile ran at about a
 // sixth of the memory bandwidth (kernel_bench fp8 on an H100: 0.15-0.18 ms for gpt2-124m's (M, C)
-// activation, whose bytes take 0.026 ms).
+// activation, whose bytes take 0.026 ms). With `gelu` a cast reads gelu_tanh(x) as ATen computes
+// and stores it, so the GELU's output goes to FP8 without being written in x's dtype first.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -27,15 +28,33 @@ constexpr int kTile = 32;  // the cast's tile: 32 x 32 elements, 32 x 8 threads
 // reading 8 elements (16 bytes) and writing 8 bytes at a time, a block taking tiles in turn.
 constexpr int kPackedTile = 64, kPackedThreads = 256;
 
+// gelu_tanh as ATen's CUDA kernel computes it (fp32 arithmetic in the same order), rounded to T as
+// ATen's gelu stores it: a cast with GELU reads the value the composition gelu-then-cast would.
+template <typename T>
+__device__ __forceinline__ float aten_gelu_tanh(float x) {
+  constexpr float kBeta = M_SQRT2 * M_2_SQRTPI * 0.5f;
+  constexpr float kKappa = 0.044715f;
+  const float x_cube = x * x * x;
+  const float inner = kBeta * (x + kKappa * x_cube);
+  return to_float(from_float<T>(0.5f * x * (1.0f + tanhf(inner))));
+}
+
+// The value a cast reads: x, or with GELU its gelu_tanh.
+template <typename T, bool GELU>
+__device__ __forceinline__ float cast_input(T v) {
+  if constexpr (GELU) return aten_gelu_tanh<T>(to_float(v));
+  return to_float(v);
+}
+
 // max |x| over n elements into *amax (zeroed by the launcher). |x| as fp32 bits orders as unsigned
 // integers (sign cleared), and NaN's bits lie above inf's, so a NaN anywhere wins, as ATen's
 // amax propagates NaN.
-template <typename T>
+template <typename T, bool GELU>
 __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const T* __restrict__ x, int64_t n, unsigned* amax) {
   unsigned best = 0;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    best = max(best, __float_as_uint(to_float(x[i])) & 0x7fffffffu);
+    best = max(best, __float_as_uint(cast_input<T, GELU>(x[i])) & 0x7fffffffu);
   }
   for (int offset = 16; offset > 0; offset >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, offset));
   __shared__ unsigned warp_best[kAmaxThreads / 32];
@@ -48,7 +67,7 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const T* __restrict_
 }
 
 // The same over 16-byte packs (n a multiple of 8, x 16-byte aligned, a 16-bit T).
-template <typename T>
+template <typename T, bool GELU>
 __global__ void __launch_bounds__(kAmaxThreads) amax_packed_kernel(const T* __restrict__ x, int64_t n, unsigned* amax) {
   unsigned best = 0;
   const auto* packs = reinterpret_cast<const Pack<T, 8>*>(x);
@@ -56,7 +75,7 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_packed_kernel(const T* __re
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const Pack<T, 8> v = packs[i];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) best = max(best, __float_as_uint(to_float(v.v[e])) & 0x7fffffffu);
+    for (int e = 0; e < 8; ++e) best = max(best, __float_as_uint(cast_input<T, GELU>(v.v[e])) & 0x7fffffffu);
   }
   for (int offset = 16; offset > 0; offset >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, offset));
   __shared__ unsigned warp_best[kAmaxThreads / 32];
@@ -93,7 +112,7 @@ __device__ __forceinline__ float cast_scale(const Fp8CastArgs& a) {
 // Block (32 x 8 threads) per 32 x 32 tile of x (rows x cols; grid x over row tiles, y over column
 // tiles): out[r, c] and, if out_t, out_t[c, r]; if record_bits, the tile's max |x| into it (NaN
 // as inf).
-template <typename T>
+template <typename T, bool GELU>
 __global__ void __launch_bounds__(kTile * 8) cast_kernel(Fp8CastArgs a, __nv_fp8_interpretation_t format) {
   __shared__ float scale_s;
   __shared__ unsigned block_amax;
@@ -115,10 +134,10 @@ __global__ void __launch_bounds__(kTile * 8) cast_kernel(Fp8CastArgs a, __nv_fp8
   for (int i = threadIdx.y; i < kTile; i += 8) {
     const int64_t r = r0 + i;
     if (r < a.rows && c < a.cols) {
-      const float v = to_float(x[r * a.cols + c]);
+      const float v = cast_input<T, GELU>(x[r * a.cols + c]);
       local = max(local, __float_as_uint(v) & 0x7fffffffu);
       const __nv_fp8_storage_t q = cast_one(v, s, a.top, format);
-      out[r * a.cols + c] = q;
+      if (out != nullptr) out[r * a.cols + c] = q;
       tile[i][threadIdx.x] = q;
     }
   }
@@ -143,7 +162,7 @@ __global__ void __launch_bounds__(kTile * 8) cast_kernel(Fp8CastArgs a, __nv_fp8
 // order), then takes 64 x 64 tiles in turn: a thread converts 8 consecutive elements of a row, and
 // for out_t gathers 8 consecutive rows of a column from the shared tile. One atomic per block for
 // the recorded amax.
-template <typename T>
+template <typename T, bool GELU>
 __global__ void __launch_bounds__(kPackedThreads) cast_packed_kernel(Fp8CastArgs a, __nv_fp8_interpretation_t format) {
   __shared__ float scale_s;
   __shared__ unsigned block_amax;
@@ -186,11 +205,11 @@ __global__ void __launch_bounds__(kPackedThreads) cast_packed_kernel(Fp8CastArgs
         auto* q = reinterpret_cast<__nv_fp8_storage_t*>(&packed);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          const float f = to_float(v.v[e]);
+          const float f = cast_input<T, GELU>(v.v[e]);
           local = max(local, __float_as_uint(f) & 0x7fffffffu);
           q[e] = cast_one(f, s, a.top, format);
         }
-        *reinterpret_cast<uint2*>(out + r * a.cols + c) = packed;
+        if (out != nullptr) *reinterpret_cast<uint2*>(out + r * a.cols + c) = packed;
         if (out_t != nullptr) *reinterpret_cast<uint2*>(&tile[i][col]) = packed;
       }
     }
@@ -226,7 +245,8 @@ bool packs(Dtype dtype, const void* x, int64_t n) {
 
 }  // namespace
 
-cudaError_t launch_fp8_amax(Dtype dtype, const void* x, int64_t n, unsigned* amax_bits, cudaStream_t stream) {
+cudaError_t launch_fp8_amax(Dtype dtype, const void* x, int64_t n, unsigned* amax_bits, cudaStream_t stream,
+                            bool gelu) {
   cudaError_t err = cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream);
   if (err != cudaSuccess || n == 0) return err;
   const bool packed = packs(dtype, x, n);
@@ -234,18 +254,16 @@ cudaError_t launch_fp8_amax(Dtype dtype, const void* x, int64_t n, unsigned* ama
   const int64_t blocks = std::min<int64_t>((work + kAmaxThreads - 1) / kAmaxThreads, 1024);
   return with_storage_type(dtype, [&](auto t) {
     using T = typename decltype(t)::type;
-    if (packed && sizeof(T) == 2)
-      amax_packed_kernel<T>
-          <<<static_cast<unsigned>(blocks), kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n, amax_bits);
-    else
-      amax_kernel<T>
-          <<<static_cast<unsigned>(blocks), kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n, amax_bits);
+    const auto kernel = packed && sizeof(T) == 2 ? (gelu ? amax_packed_kernel<T, true> : amax_packed_kernel<T, false>)
+                                                 : (gelu ? amax_kernel<T, true> : amax_kernel<T, false>);
+    kernel<<<static_cast<unsigned>(blocks), kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n, amax_bits);
     return cudaGetLastError();
   });
 }
 
 cudaError_t launch_fp8_cast(Dtype dtype, const Fp8CastArgs& args, cudaStream_t stream) {
-  if (args.amax_bits == nullptr && args.history == nullptr) return cudaErrorInvalidValue;
+  if ((args.amax_bits == nullptr && args.history == nullptr) || (args.out == nullptr && args.out_t == nullptr))
+    return cudaErrorInvalidValue;
   if (args.rows == 0 || args.cols == 0) return cudaSuccess;
   const int64_t grid_x = (args.rows + kTile - 1) / kTile, grid_y = (args.cols + kTile - 1) / kTile;
   if (grid_x > 0x7fffffff || grid_y > 65535) return cudaErrorInvalidValue;
@@ -260,7 +278,8 @@ cudaError_t launch_fp8_cast(Dtype dtype, const Fp8CastArgs& args, cudaStream_t s
     return with_storage_type(dtype, [&](auto t) {
       using T = typename decltype(t)::type;
       if constexpr (sizeof(T) == 2) {
-        cast_packed_kernel<T><<<blocks, kPackedThreads, 0, stream>>>(args, format);
+        const auto kernel = args.gelu ? cast_packed_kernel<T, true> : cast_packed_kernel<T, false>;
+        kernel<<<blocks, kPackedThreads, 0, stream>>>(args, format);
         return cudaGetLastError();
       }
       return cudaErrorInvalidValue;  // not reached: packs() takes 16-bit types only
@@ -268,8 +287,9 @@ cudaError_t launch_fp8_cast(Dtype dtype, const Fp8CastArgs& args, cudaStream_t s
   }
   return with_storage_type(dtype, [&](auto t) {
     using T = typename decltype(t)::type;
-    cast_kernel<T><<<dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)), dim3(kTile, 8), 0, stream>>>(
-        args, format);
+    const auto kernel = args.gelu ? cast_kernel<T, true> : cast_kernel<T, false>;
+    kernel<<<dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)), dim3(kTile, 8), 0, stream>>>(args,
+                                                                                                              format);
     return cudaGetLastError();
   });
 }

@@ -127,22 +127,30 @@ torch::Tensor fp8_gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType
 
 namespace {
 
-// A per-tensor cast and, if `transposed`, its transpose. `row` undefined: current scaling (the
-// cast's own amax). `row` an amax history row (L fp32, Fp8DelayedScaling): the scale from its
-// columns 1..L-1 when use_history, else the cast's own amax; with `record`, column 0 becomes
-// max(column 0, the cast's amax). On CUDA, for a kernel dtype, our kernels (fp8_cast.cu: the bits
-// of the ATen composition below; delayed scaling in one read of x, current in two, the transpose
-// from the same tile); elsewhere ATen.
-std::pair<Fp8Tensor, Fp8Tensor> cast(const torch::Tensor& x, at::ScalarType format, bool transposed,
-                                     const at::Tensor& row = {}, bool use_history = false, bool record = false) {
+// Which of a matrix's casts a caller takes: the matrix, its transpose (a backward GEMM's operand),
+// or both from one pass.
+enum class Fp8Layout { kRows, kTranspose, kBoth };
+
+// A per-tensor cast of x, or with `gelu` of gelu_tanh(x) (ATen's, in x's dtype: the value the
+// composition gelu-then-cast would cast, but never stored), in `layout` (the pair's first: the
+// matrix, second: its transpose; what was not asked for is undefined). `row` undefined: current
+// scaling (the cast's own amax). `row` an amax history row (L fp32, Fp8DelayedScaling): the scale
+// from its columns 1..L-1 when use_history, else the cast's own amax; with `record`, column 0
+// becomes max(column 0, the cast's amax). On CUDA, for a kernel dtype, our kernels (fp8_cast.cu:
+// the bits of the ATen composition below; delayed scaling in one read of x, current in two, the
+// transpose from the same tile); elsewhere ATen.
+std::pair<Fp8Tensor, Fp8Tensor> cast(const torch::Tensor& x, at::ScalarType format, Fp8Layout layout,
+                                     const at::Tensor& row = {}, bool use_history = false, bool record = false,
+                                     bool gelu = false) {
   at::NoGradGuard no_grad;
   GPT2_ASSERT(format == at::kFloat8_e4m3fn || format == at::kFloat8_e5m2,
               std::string("fp8 cast: ") + c10::toString(format) + " is not an fp8 format");
-  GPT2_ASSERT(!transposed || x.dim() == 2, "fp8 cast: the transposing cast takes a matrix");
+  GPT2_ASSERT(layout == Fp8Layout::kRows || x.dim() == 2, "fp8 cast: the transposing cast takes a matrix");
   GPT2_ASSERT(x.numel() > 0, "fp8 cast: the tensor is empty (it has no amax to scale by)");
   GPT2_ASSERT(!row.defined() || (row.dim() == 1 && row.size(0) >= 2 && row.scalar_type() == at::kFloat &&
                                  row.is_contiguous() && row.device() == x.device()),
               "fp8 cast: an amax history row is >= 2 contiguous fp32 values on x's device");
+  const bool rows_out = layout != Fp8Layout::kTranspose, transposed = layout != Fp8Layout::kRows;
 #ifdef GPT2_WITH_CUDA
   if (x.is_cuda() && is_kernel_dtype(x.scalar_type())) {
     const at::Tensor xc = x.contiguous();
@@ -150,7 +158,7 @@ std::pair<Fp8Tensor, Fp8Tensor> cast(const torch::Tensor& x, at::ScalarType form
     const auto stream = stream_of(xc);
     const Dtype dtype = dtype_of(xc, "kernels::fp8 cast");
     at::Tensor scale_inv = at::empty({}, xc.options().dtype(at::kFloat));
-    at::Tensor data = at::empty(xc.sizes(), xc.options().dtype(format));
+    at::Tensor data = rows_out ? at::empty(xc.sizes(), xc.options().dtype(format)) : at::Tensor();
     at::Tensor data_t = transposed ? at::empty({cols, rows}, xc.options().dtype(format)) : at::Tensor();
     Fp8CastArgs args{xc.data_ptr(),
                      rows,
@@ -161,9 +169,10 @@ std::pair<Fp8Tensor, Fp8Tensor> cast(const torch::Tensor& x, at::ScalarType form
                      nullptr,
                      0,
                      nullptr,
-                     data.data_ptr(),
+                     rows_out ? data.data_ptr() : nullptr,
                      transposed ? data_t.data_ptr() : nullptr,
-                     scale_inv.data_ptr<float>()};
+                     scale_inv.data_ptr<float>(),
+                     gelu};
     at::Tensor amax;
     if (row.defined() && use_history) {
       args.history = row.data_ptr<float>();
@@ -171,7 +180,7 @@ std::pair<Fp8Tensor, Fp8Tensor> cast(const torch::Tensor& x, at::ScalarType form
     } else {
       amax = at::empty({1}, xc.options().dtype(at::kInt));
       auto* bits = reinterpret_cast<unsigned*>(amax.data_ptr<int32_t>());
-      CUDA_CHECK(launch_fp8_amax(dtype, xc.data_ptr(), xc.numel(), bits, stream));
+      CUDA_CHECK(launch_fp8_amax(dtype, xc.data_ptr(), xc.numel(), bits, stream, gelu));
       args.amax_bits = bits;
     }
     // Column 0 holds an fp32 >= 0 (zeroed by fp8_amax_roll): its bits order as the values do.
@@ -180,28 +189,31 @@ std::pair<Fp8Tensor, Fp8Tensor> cast(const torch::Tensor& x, at::ScalarType form
     return {{data, scale_inv}, {data_t, scale_inv}};
   }
 #endif
-  const at::Tensor amax = x.abs().amax().to(at::kFloat);
+  const at::Tensor in = gelu ? at::gelu(x, "tanh") : x;
+  const at::Tensor amax = in.abs().amax().to(at::kFloat);
   const at::Tensor scale_amax = row.defined() && use_history ? row.narrow(0, 1, row.size(0) - 1).max() : amax;
-  const Fp8Tensor q = quantize_fp8(x, format, fp8_scale_for(scale_amax, format));
+  const Fp8Tensor q = quantize_fp8(in, format, fp8_scale_for(scale_amax, format));
   if (row.defined() && record) {  // a NaN recorded as inf, as the CUDA kernel does
     const at::Tensor finite_or_inf = at::where(amax.isnan(), at::full_like(amax, INFINITY), amax);
     row.narrow(0, 0, 1).copy_(at::maximum(row.narrow(0, 0, 1), finite_or_inf.reshape({1})));
   }
-  return {q, transposed ? transpose_fp8(q) : Fp8Tensor{}};
+  return {rows_out ? q : Fp8Tensor{}, transposed ? transpose_fp8(q) : Fp8Tensor{}};
 }
 
 }  // namespace
 
-Fp8Tensor quantize_fp8_current(const torch::Tensor& x, at::ScalarType format) { return cast(x, format, false).first; }
+Fp8Tensor quantize_fp8_current(const torch::Tensor& x, at::ScalarType format) {
+  return cast(x, format, Fp8Layout::kRows).first;
+}
 
 std::pair<Fp8Tensor, Fp8Tensor> quantize_fp8_current_and_transpose(const torch::Tensor& x, at::ScalarType format) {
-  return cast(x, format, true);
+  return cast(x, format, Fp8Layout::kBoth);
 }
 
 std::pair<Fp8Tensor, Fp8Tensor> quantize_fp8_delayed_and_transpose(const torch::Tensor& x, at::ScalarType format,
                                                                    const torch::Tensor& history_row, bool use_history) {
   GPT2_ASSERT(history_row.defined(), "quantize_fp8_delayed_and_transpose: needs an amax history row");
-  return cast(x, format, true, history_row, use_history, /*record=*/true);
+  return cast(x, format, Fp8Layout::kBoth, history_row, use_history, /*record=*/true);
 }
 
 void fp8_amax_roll(torch::Tensor& amax) {
@@ -225,18 +237,28 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
   // `bias` with no elements: none (autograd's apply takes no undefined tensor).
   // `amax`: (3, L) histories of x, w and gy (Fp8DelayedScaling), or no elements: current scaling.
   // record: raise the current step's amaxes (a training forward; not evaluation or decoding).
+  // gelu: the layer's input is gelu_tanh(x) (fp8_gelu_linear), cast as it is computed.
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
-                               const torch::Tensor& bias, const torch::Tensor& amax, bool use_history, bool record) {
+                               const torch::Tensor& bias, const torch::Tensor& amax, bool use_history, bool record,
+                               bool gelu) {
     const bool has_bias = bias.numel() > 0, delayed = amax.numel() > 0;
     const int64_t k = x.size(-1);
     const at::Tensor x2 = x.reshape({-1, k});
-    // Each cast also writes its transpose, the operand the backward takes (dw's x8ᵀ, dx's w8ᵀ); an
-    // undefined history row is current scaling.
-    const auto [x8, x8_t] = cast(x2, at::kFloat8_e4m3fn, true, delayed ? amax[0] : at::Tensor(), use_history, record);
-    const auto [w8, w8_t] = cast(w, at::kFloat8_e4m3fn, true, delayed ? amax[1] : at::Tensor(), use_history, record);
+    const at::Tensor x_row = delayed ? amax[0] : at::Tensor(), w_row = delayed ? amax[1] : at::Tensor();
+    // Backward keeps what is smallest: x8ᵀ (the dw GEMM's operand, written by the same pass), or with
+    // gelu x itself (GELU's backward needs it anyway; gelu(x)8ᵀ is cast again there), and w, a
+    // parameter (its fp8 transpose is cast again too, with the same scale: w has not changed).
+    const auto [x8, x8_t] =
+        cast(x2, at::kFloat8_e4m3fn, gelu ? Fp8Layout::kRows : Fp8Layout::kBoth, x_row, use_history, record, gelu);
+    const Fp8Tensor w8 = cast(w, at::kFloat8_e4m3fn, Fp8Layout::kRows, w_row, use_history, record).first;
     at::Tensor y = fp8_gemm_nt(x8, w8, x.scalar_type(), has_bias ? bias : at::Tensor());
-    ctx->save_for_backward({x8_t.data, x8_t.scale_inv, w8_t.data, w8_t.scale_inv});
+    if (gelu) {
+      ctx->save_for_backward({x2, w});
+    } else {
+      ctx->save_for_backward({x8_t.data, x8_t.scale_inv, w});
+    }
     ctx->saved_data["has_bias"] = has_bias;
+    ctx->saved_data["gelu"] = gelu;
     // Not saved for backward: the backward's cast writes into it, which a saved tensor may not see.
     ctx->saved_data["amax"] = amax;
     ctx->saved_data["use_history"] = use_history;
@@ -249,45 +271,67 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const Fp8Tensor x8_t{saved[0], saved[1]}, w8_t{saved[2], saved[3]};  // (K, M), (K, N)
-    const int64_t n = w8_t.data.size(1), k = w8_t.data.size(0);
+    const bool gelu = ctx->saved_data["gelu"].toBool();
+    const at::Tensor& w = saved.back();  // (N, K)
+    const int64_t n = w.size(0), k = w.size(1);
     const at::Tensor gy = grads[0].reshape({-1, n}).contiguous();
     const at::ScalarType dtype = gy.scalar_type();
     const at::Tensor amax = ctx->saved_data["amax"].toTensor();
-    const auto [g8, g8_t] = cast(gy, at::kFloat8_e5m2, true, amax.numel() > 0 ? amax[2] : at::Tensor(),
-                                 ctx->saved_data["use_history"].toBool(), ctx->saved_data["record"].toBool());
-    const at::Tensor dx = fp8_gemm_nt(g8, w8_t, dtype);    // (M, K)
-    const at::Tensor dw = fp8_gemm_nt(g8_t, x8_t, dtype);  // (N, K)
+    const bool delayed = amax.numel() > 0, use_history = ctx->saved_data["use_history"].toBool();
+    const auto [g8, g8_t] = cast(gy, at::kFloat8_e5m2, Fp8Layout::kBoth, delayed ? amax[2] : at::Tensor(), use_history,
+                                 ctx->saved_data["record"].toBool());
+    // The forward's casts again, transposed, not recorded a second time.
+    const Fp8Tensor w8_t =
+        cast(w, at::kFloat8_e4m3fn, Fp8Layout::kTranspose, delayed ? amax[1] : at::Tensor(), use_history).second;
+    const Fp8Tensor x8_t = gelu ? cast(saved[0], at::kFloat8_e4m3fn, Fp8Layout::kTranspose,
+                                       delayed ? amax[0] : at::Tensor(), use_history, false, true)
+                                      .second
+                                : Fp8Tensor{saved[0], saved[1]};  // (K, M)
+    at::Tensor dx = fp8_gemm_nt(g8, w8_t, dtype);                 // (M, K)
+    const at::Tensor dw = fp8_gemm_nt(g8_t, x8_t, dtype);         // (N, K)
+    if (gelu) dx = at::gelu_backward(dx, saved[0], "tanh");
     std::vector<int64_t> x_shape = grads[0].sizes().vec();
     x_shape.back() = k;
     const at::Tensor db = ctx->saved_data["has_bias"].toBool() ? gy.sum(0) : at::Tensor();
-    return {dx.view(x_shape), dw, db, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx.view(x_shape), dw, db, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
+
+// fp8_linear's checks and the node, for x or (gelu) gelu_tanh(x).
+torch::Tensor apply_fp8_linear(const char* who, const torch::Tensor& x, const torch::Tensor& w,
+                               const torch::Tensor& bias, const Fp8DelayedScaling* delayed, bool gelu) {
+  const std::string name(who);
+  GPT2_ASSERT(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
+              name + ": x must be bf16 or fp32 (the FP8 GEMM's outputs)");
+  GPT2_ASSERT(w.dim() == 2 && x.size(-1) == w.size(1) && w.scalar_type() == x.scalar_type(),
+              name + ": w must be (N, K) in x's dtype");
+  GPT2_ASSERT(!bias.defined() || (bias.numel() == w.size(0) && bias.scalar_type() == x.scalar_type()),
+              name + ": bias must be (N) in x's dtype");
+  const int64_t rows = x.numel() / std::max<int64_t>(1, x.size(-1));
+  GPT2_ASSERT(x.size(-1) % 16 == 0 && w.size(0) % 16 == 0 && rows % 16 == 0 && rows > 0,
+              name + ": K, N and x's rows must be multiples of 16 (rows at least 16)");
+  if (delayed) {
+    const at::Tensor& h = delayed->amax;
+    GPT2_ASSERT(h.dim() == 2 && h.size(0) == 3 && h.size(1) >= 2 && h.scalar_type() == at::kFloat &&
+                    h.is_contiguous() && h.device() == x.device(),
+                name + ": the amax histories are (3, L >= 2) contiguous fp32 on x's device");
+  }
+  return Fp8LinearFunction::apply(x.contiguous(), w.contiguous(), bias.defined() ? bias : at::empty({0}, x.options()),
+                                  delayed ? delayed->amax : at::empty({0}, x.options().dtype(at::kFloat)),
+                                  delayed && delayed->use_history,
+                                  /*record=*/delayed && at::GradMode::is_enabled(), gelu);
+}
 
 }  // namespace
 
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
                          const Fp8DelayedScaling* delayed) {
-  GPT2_ASSERT(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
-              "fp8_linear: x must be bf16 or fp32 (the FP8 GEMM's outputs)");
-  GPT2_ASSERT(w.dim() == 2 && x.size(-1) == w.size(1) && w.scalar_type() == x.scalar_type(),
-              "fp8_linear: w must be (N, K) in x's dtype");
-  GPT2_ASSERT(!bias.defined() || (bias.numel() == w.size(0) && bias.scalar_type() == x.scalar_type()),
-              "fp8_linear: bias must be (N) in x's dtype");
-  const int64_t rows = x.numel() / std::max<int64_t>(1, x.size(-1));
-  GPT2_ASSERT(x.size(-1) % 16 == 0 && w.size(0) % 16 == 0 && rows % 16 == 0 && rows > 0,
-              "fp8_linear: K, N and x's rows must be multiples of 16 (rows at least 16)");
-  if (delayed) {
-    const at::Tensor& h = delayed->amax;
-    GPT2_ASSERT(h.dim() == 2 && h.size(0) == 3 && h.size(1) >= 2 && h.scalar_type() == at::kFloat &&
-                    h.is_contiguous() && h.device() == x.device(),
-                "fp8_linear: the amax histories are (3, L >= 2) contiguous fp32 on x's device");
-  }
-  return Fp8LinearFunction::apply(x.contiguous(), w.contiguous(), bias.defined() ? bias : at::empty({0}, x.options()),
-                                  delayed ? delayed->amax : at::empty({0}, x.options().dtype(at::kFloat)),
-                                  delayed && delayed->use_history,
-                                  /*record=*/delayed && at::GradMode::is_enabled());
+  return apply_fp8_linear("fp8_linear", x, w, bias, delayed, /*gelu=*/false);
+}
+
+torch::Tensor fp8_gelu_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
+                              const Fp8DelayedScaling* delayed) {
+  return apply_fp8_linear("fp8_gelu_linear", x, w, bias, delayed, /*gelu=*/true);
 }
 
 }  // namespace gpt2::kernels

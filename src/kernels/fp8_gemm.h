@@ -69,12 +69,19 @@ void fp8_amax_roll(torch::Tensor& amax);
 // A linear layer x wᵀ + b whose three products run in FP8 with current per-tensor scaling (each
 // tensor scaled by its own amax as it is cast): forward e4m3 x e4m3, backward dx = gy · w and
 // dw = gyᵀ · x with gy in e5m2; bias and its gradient stay in x's dtype. Backward keeps the fp8
-// x and w (half the bytes of bf16). x (..., K) bf16 or fp32, w (N, K) and bias (N) in x's dtype;
-// K, N and x's rows multiples of 16. The output has x's dtype. Outside that, a gpt2::Error naming
+// xᵀ (half the bytes of bf16) and w, a parameter, whose fp8 transpose it casts again (the same
+// scale: w has not changed) rather than keep a copy of every weight. x (..., K) bf16 or fp32, w (N, K) and bias (N) in
+// x's dtype; K, N and x's rows multiples of 16. The output has x's dtype. Outside that, a gpt2::Error naming
 // fp8_linear.
 // With `delayed`, the casts scale by Fp8DelayedScaling's rule instead, and record into it when the
 // forward runs with grad enabled (training; evaluation and decoding leave the histories alone).
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
                          const Fp8DelayedScaling* delayed = nullptr);
+// fp8_linear(gelu_tanh(x), w, bias) as one node (the MLP's GELU and output projection): the GELU's
+// output is cast to FP8 as it is computed, with the bits the composition's cast would have, and
+// never stored in x's dtype; backward keeps x (which GELU's backward needs anyway) and casts
+// gelu(x)ᵀ again for dw, then dx = gelu'(x) · (gy · w). The same checks, naming fp8_gelu_linear.
+torch::Tensor fp8_gelu_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
+                              const Fp8DelayedScaling* delayed = nullptr);
 
 }  // namespace gpt2::kernels

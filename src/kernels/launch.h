@@ -97,7 +97,8 @@ cudaError_t launch_slot_attention(Dtype dtype, const SlotAttentionArgs& args, vo
 // rows) unless it is nullptr; *scale_inv = 1 / s. s = top / amax (1 where amax is 0 or not finite)
 // with amax the value at amax_bits, or, when amax_bits is nullptr, the largest of history[1..
 // history_len-1]. record_bits, unless nullptr: atomically raised to max |x|'s fp32 bits, a NaN
-// counting as inf (an fp32 >= 0 there: an amax history's current slot).
+// counting as inf (an fp32 >= 0 there: an amax history's current slot). out may be nullptr (the
+// transpose only); with gelu, x is replaced by gelu_tanh(x) everywhere above.
 struct Fp8CastArgs {
   const void* x;
   int64_t rows, cols;
@@ -107,11 +108,14 @@ struct Fp8CastArgs {
   const float* history;
   int64_t history_len;
   unsigned* record_bits;
-  void* out;
+  void* out;  // nullptr: the transpose only
   void* out_t;
   float* scale_inv;
+  bool gelu;  // cast gelu_tanh(x) (ATen's formula, rounded to dtype as ATen's gelu stores it) instead of x
 };
-cudaError_t launch_fp8_amax(Dtype dtype, const void* x, int64_t n, unsigned* amax_bits, cudaStream_t stream);
+// With gelu, the amax of gelu_tanh(x) as launch_fp8_cast computes it.
+cudaError_t launch_fp8_amax(Dtype dtype, const void* x, int64_t n, unsigned* amax_bits, cudaStream_t stream,
+                            bool gelu = false);
 cudaError_t launch_fp8_cast(Dtype dtype, const Fp8CastArgs& args, cudaStream_t stream);
 
 // Weight-only int8 rows (int8_linear.h): y[r, j] = sum_g scale[j, g] sum_{i in g} q[j, i] x[r, i]

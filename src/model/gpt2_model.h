@@ -105,7 +105,7 @@ class MLPImpl : public torch::nn::Module {
   std::optional<kernels::Int8Weight> c_fc_int8, c_proj_int8;  // as the attention's
   bool fused_kernels = true;                  // CUDA: c_fc + GELU and c_proj through src/kernels/linear.h
   bool keep_gelu_output = true;               // fused: false recomputes it in backward (kernels::mlp)
-  bool fp8 = false;                           // c_fc and c_proj through kernels::fp8_linear, ATen's GELU between
+  bool fp8 = false;                           // c_fc through kernels::fp8_linear, GELU + c_proj through fp8_gelu_linear
   kernels::Fp8DelayedScaling fp8_scaling[2];  // c_fc's, c_proj's; amax undefined: current scaling
 };
 TORCH_MODULE(MLP);

@@ -384,6 +384,41 @@ TEST(Fp8Linear, DelayedScalingIsItsCastsFromTheHistory) {
   }
 }
 
+// fp8_gelu_linear is fp8_linear(gelu_tanh(x)) bit for bit, forward and backward, and records the
+// same amaxes: the GELU's output is cast as it is computed (on CUDA: our cast kernels computing
+// ATen's GELU, against ATen's gelu then our cast), and backward's second cast of gelu(x)ᵀ and of wᵀ
+// gives the forward's bits. With current scaling and with delayed (the history used and not).
+TEST(Fp8Linear, GeluLinearIsTheCompositionBitForBit) {
+  for (const auto& device : devices()) {
+    for (const int mode : {0, 1, 2}) {  // current scaling; delayed, first step; delayed from the history
+      const std::string what = device.str() + " mode " + std::to_string(mode);
+      const auto opts = torch::TensorOptions(device).dtype(torch::kBFloat16);
+      const auto fopt = torch::TensorOptions(device).dtype(torch::kFloat);
+      const auto x0 = (values(32, 64, 15, device) * 0.5).to(torch::kBFloat16);
+      const auto w0 = (values(48, 64, 16, device) * 0.05).to(torch::kBFloat16);
+      const auto b0 = torch::randn({48}, opts);
+      const auto gy = (values(32, 48, 17, device) * 1e-3).to(torch::kBFloat16);
+      const auto history = torch::tensor({0.0f, 0.3f, 0.2f, 0.0f, 0.01f, 0.02f, 0.0f, 5e-4f, 0.0f}, fopt).view({3, 3});
+      Fp8DelayedScaling fused{history.clone(), mode == 2}, composed{history.clone(), mode == 2};
+      auto run = [&](bool gelu_node, Fp8DelayedScaling& scaling) {
+        auto x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+        const auto* delayed = mode == 0 ? nullptr : &scaling;
+        const auto y =
+            gelu_node ? fp8_gelu_linear(x, w, b, delayed) : fp8_linear(torch::gelu(x, "tanh"), w, b, delayed);
+        y.backward(gy);
+        return std::vector<torch::Tensor>{y.detach(), x.grad(), w.grad(), b.grad()};
+      };
+      const auto got = run(true, fused), want = run(false, composed);
+      const char* names[] = {"y", "dx", "dw", "db"};
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_TRUE(torch::equal(got[i], want[i]))
+            << what << " " << names[i] << ": max " << (got[i] - want[i]).abs().max().item<double>();
+      }
+      if (mode > 0) EXPECT_TRUE(torch::equal(fused.amax, composed.amax)) << what << fused.amax << composed.amax;
+    }
+  }
+}
+
 TEST(Fp8Gemm, ShapesAndFormatsOutsideTheContractAreNamedErrors) {
   const auto one = torch::ones({});
   auto fp8 = [&](int64_t r, int64_t c, at::ScalarType f) { return Fp8Tensor{torch::zeros({r, c}).to(f), one}; };
