@@ -74,6 +74,8 @@ Scheduler::Scheduler(GPT2 model, const data::Gpt2Tokenizer& tokenizer, Scheduler
     torch::NoGradGuard no_grad;
     cache_ = model_->make_kv_cache(model_->config().block_size, std::vector<int64_t>(options_.max_batch, 0));
   }
+  fused_decode_ = model_->fused_decode_applies(
+      cache_, torch::zeros({options_.max_batch}, torch::dtype(torch::kLong).device(device_)));
   cuda_graphs_ = options_.cuda_graphs && device_.is_cuda();
   if (options_.cuda_graphs && !cuda_graphs_) {
     log::info("gpt2-serve: --cuda_graphs ignored: the model is on ", device_.str(), " (graphs need CUDA)");

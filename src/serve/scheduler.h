@@ -109,6 +109,9 @@ class Scheduler {
   // Whether decode steps attend through kernels::slot_attention (options().slot_attention resolved).
   bool slot_attention_on() const { return slot_attention_; }
   bool cuda_graphs_on() const { return cuda_graphs_; }  // --cuda_graphs, and the model on CUDA
+  // Whether decode steps take the model's fused step (GPT2::fused_decode_applies: on CUDA with
+  // max_batch <= 8; every step, so a row's bits still do not depend on the other rows).
+  bool fused_decode_on() const { return fused_decode_; }
 
  private:
   struct Slot;
@@ -128,6 +131,7 @@ class Scheduler {
   const SchedulerOptions options_;
   Metrics& metrics_;
   torch::Device device_{torch::kCPU};
+  bool fused_decode_ = false;    // see fused_decode_on
   bool slot_attention_ = false;  // the model's decode steps use kernels::slot_attention: attend is moot
   bool cuda_graphs_ = false;     // --cuda_graphs and the model on CUDA
 

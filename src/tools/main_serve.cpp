@@ -181,8 +181,9 @@ int run(int argc, char** argv) {
       cfg.block_size, ", max_batch ", o.scheduler.max_batch, ", max_queue ", o.scheduler.max_queue, ", attend_block ",
       o.scheduler.attend_block, ", prefill_batch ", o.scheduler.prefill_batch, ", slot_attention ",
       gpt2::choice_name(o.scheduler.slot_attention), scheduler.slot_attention_on() ? " (on)" : " (off)",
-      ", cuda_graphs ", scheduler.cuda_graphs_on() ? "on" : "off", ", KV cache ", gpt2::log::format("%.0f", kv_mib),
-      " MiB", o.server.api_key.empty() ? ", no API key" : ", API key required");
+      ", cuda_graphs ", scheduler.cuda_graphs_on() ? "on" : "off", ", fused decode step ",
+      scheduler.fused_decode_on() ? "on" : "off (on CUDA with --max_batch 8 or less)", ", KV cache ",
+      gpt2::log::format("%.0f", kv_mib), " MiB", o.server.api_key.empty() ? ", no API key" : ", API key required");
   gpt2::log::info("gpt2-serve: listening on http://", o.server.host, ":", port);
   gpt2::log::flush();
   server.run();

@@ -456,12 +456,13 @@ class Serve(ServerTest):
             self.assertIn(needle, err, args)
 
     def test_startup_line_states_what_runs(self):
-        # On a CPU the CUDA graphs are off, and the settings line says so after the note that the
-        # option was ignored (it said "cuda_graphs true").
+        # On a CPU the CUDA graphs and the fused decode step are off, and the settings line says so
+        # after the note that the option was ignored (it said "cuda_graphs true").
         log = self.server.output()
         if "cpu" in re.search(r"gpt2-serve: .* as '.*", log)[0]:
             self.assertIn("--cuda_graphs ignored", log)
             self.assertIn(", cuda_graphs off,", log)
+            self.assertIn(", fused decode step off (on CUDA with --max_batch 8 or less),", log)
         self.assertNotIn("cuda_graphs true", log)
 
     def test_health_models_metrics(self):
