@@ -14,8 +14,8 @@
 # each size (issue 40), with current scaling and with delayed (16 steps), and, with the peers, torchao's
 # float8 training + torch.compile for each recipe in FP8_PEERS (default "tensorwise"; the wheel from
 # .device-deps/wheels, see torch_peer.py's header). EAGER=0 leaves out the eager peer. Then a profile
-# of ours for 124m (top kernels; PROFILE=0 leaves it out); and the 2-GPU scaling of ours when the
-# machine has two GPUs. Prints a table at the end.
+# of ours for 124m (top kernels; with FP8=1 also of the FP8 run; PROFILE=0 leaves it out); and the
+# 2-GPU scaling of ours when the machine has two GPUs. Prints a table at the end.
 #   source .device-deps/gpu-env.sh && SIZES=124m bash bench/speed.sh
 set -uo pipefail
 source bench/common.sh
@@ -116,6 +116,15 @@ if [[ " $sizes " == *" 124m "* ]] && [ "${PROFILE:-1}" = 1 ]; then
     --log.metrics=none --checkpoint.resume=none --profile.steps=3 --profile.dir="$out/prof" >"$out/prof.log" 2>&1
   grep -A16 "trace of" "$out/prof.log" | sed 's/^\[[^]]*\] \[rank 0\/1\] \[info\] //'
   gzip -f "$out/prof/trace_rank0.json" 2>/dev/null
+  if [ "${FP8:-0}" = 1 ]; then
+    echo "== profile of ours, 124m, precision.fp8 with delayed scaling (16 steps)"
+    build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --data.train="$out/tok/train.h5" --data.val=none \
+      --train.micro_batch=32 --train.batch_tokens=32768 --train.max_steps=12 --train.sample_tokens=0 --log.every=5 \
+      --log.metrics=none --checkpoint.resume=none --precision.fp8=true --precision.fp8_amax_history=16 \
+      --profile.steps=3 --profile.dir="$out/prof_fp8" >"$out/prof_fp8.log" 2>&1
+    grep -A24 "trace of" "$out/prof_fp8.log" | sed 's/^\[[^]]*\] \[rank 0\/1\] \[info\] //'
+    gzip -f "$out/prof_fp8/trace_rank0.json" 2>/dev/null
+  fi
 fi
 
 gpus=$(nvidia-smi -L | wc -l)
