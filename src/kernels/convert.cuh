@@ -54,6 +54,15 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
+// GELU's tanh approximation, gelu_tanh(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in fp32
+// with ATen's CUDA kernel's order of operations, so a kernel that rounds it to the storage type
+// stores ATen's bits.
+constexpr float kGeluAlpha = 0.7978845608028654f, kGeluBeta = 0.044715f;  // sqrt(2/pi), the cubic term
+__device__ __forceinline__ float gelu_tanh(float x) {
+  const float x_cube = x * x * x;
+  return 0.5f * x * (1.0f + tanhf(kGeluAlpha * (x + kGeluBeta * x_cube)));
+}
+
 // VEC elements of T in one 16-byte (or smaller) load.
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC) Pack {

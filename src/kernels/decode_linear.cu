@@ -18,11 +18,6 @@ namespace {
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kUnroll = 4;  // 16-byte chunks of a W row in flight per lane
 
-__device__ __forceinline__ float gelu_tanh(float x) {
-  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);  // sqrt(2/pi) (x + 0.044715 x^3)
-  return 0.5f * x * (1.0f + tanhf(u));
-}
-
 // N consecutive staged elements (16-byte aligned) as floats.
 template <typename T, int N>
 __device__ __forceinline__ void load_staged(const T* p, float* out) {

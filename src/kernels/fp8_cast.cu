@@ -28,54 +28,26 @@ constexpr int kTile = 32;  // the cast's tile: 32 x 32 elements, 32 x 8 threads
 // reading 8 elements (16 bytes) and writing 8 bytes at a time, a block taking tiles in turn.
 constexpr int kPackedTile = 64, kPackedThreads = 256;
 
-// gelu_tanh as ATen's CUDA kernel computes it (fp32 arithmetic in the same order), rounded to T as
-// ATen's gelu stores it: a cast with GELU reads the value the composition gelu-then-cast would.
-template <typename T>
-__device__ __forceinline__ float aten_gelu_tanh(float x) {
-  constexpr float kBeta = M_SQRT2 * M_2_SQRTPI * 0.5f;
-  constexpr float kKappa = 0.044715f;
-  const float x_cube = x * x * x;
-  const float inner = kBeta * (x + kKappa * x_cube);
-  return to_float(from_float<T>(0.5f * x * (1.0f + tanhf(inner))));
-}
-
 // The value a cast reads: x, or with GELU its gelu_tanh.
 template <typename T, bool GELU>
 __device__ __forceinline__ float cast_input(T v) {
-  if constexpr (GELU) return aten_gelu_tanh<T>(to_float(v));
+  if constexpr (GELU) return to_float(from_float<T>(gelu_tanh(to_float(v))));  // ATen's gelu stores T
   return to_float(v);
 }
 
-// max |x| over n elements into *amax (zeroed by the launcher). |x| as fp32 bits orders as unsigned
-// integers (sign cleared), and NaN's bits lie above inf's, so a NaN anywhere wins, as ATen's
-// amax propagates NaN.
-template <typename T, bool GELU>
+// max |x| over n elements into *amax (zeroed by the launcher), VEC elements a load (8: 16-byte
+// packs of a 16-bit T, n a multiple of 8 and x 16-byte aligned; else 1). |x| as fp32 bits orders as
+// unsigned integers (sign cleared), and NaN's bits lie above inf's, so a NaN anywhere wins, as
+// ATen's amax propagates NaN.
+template <typename T, bool GELU, int VEC>
 __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const T* __restrict__ x, int64_t n, unsigned* amax) {
   unsigned best = 0;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+  const auto* packs = reinterpret_cast<const Pack<T, VEC>*>(x);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n / VEC;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    best = max(best, __float_as_uint(cast_input<T, GELU>(x[i])) & 0x7fffffffu);
-  }
-  for (int offset = 16; offset > 0; offset >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, offset));
-  __shared__ unsigned warp_best[kAmaxThreads / 32];
-  if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kAmaxThreads / 32; ++w) best = max(best, warp_best[w]);
-    atomicMax(amax, best);
-  }
-}
-
-// The same over 16-byte packs (n a multiple of 8, x 16-byte aligned, a 16-bit T).
-template <typename T, bool GELU>
-__global__ void __launch_bounds__(kAmaxThreads) amax_packed_kernel(const T* __restrict__ x, int64_t n, unsigned* amax) {
-  unsigned best = 0;
-  const auto* packs = reinterpret_cast<const Pack<T, 8>*>(x);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n / 8;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const Pack<T, 8> v = packs[i];
+    const Pack<T, VEC> v = packs[i];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) best = max(best, __float_as_uint(cast_input<T, GELU>(v.v[e])) & 0x7fffffffu);
+    for (int e = 0; e < VEC; ++e) best = max(best, __float_as_uint(cast_input<T, GELU>(v.v[e])) & 0x7fffffffu);
   }
   for (int offset = 16; offset > 0; offset >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, offset));
   __shared__ unsigned warp_best[kAmaxThreads / 32];
@@ -100,12 +72,14 @@ __device__ __forceinline__ __nv_fp8_storage_t cast_one(float v, float s, float t
   return __nv_cvt_float_to_fp8(fminf(fmaxf(scaled, -top), top), __NV_NOSAT, format);
 }
 
-// The scale of a cast (scale_for): from the amax at amax_bits, or else from the largest of
-// history[1..len-1] (delayed scaling: the steps before this one).
+// The scale of a cast (scale_for), called by a block's first warp: from the amax at amax_bits, or
+// else from the largest of history[1..len-1] (delayed scaling: the steps before this one; the
+// lanes take every 32nd, max being exact in any order). Every lane returns it.
 __device__ __forceinline__ float cast_scale(const Fp8CastArgs& a) {
   if (a.amax_bits != nullptr) return scale_for(__uint_as_float(*a.amax_bits), a.top);
   float amax = 0.0f;
-  for (int64_t i = 1; i < a.history_len; ++i) amax = fmaxf(amax, a.history[i]);
+  for (int64_t i = 1 + threadIdx.x % 32; i < a.history_len; i += 32) amax = fmaxf(amax, a.history[i]);
+  for (int offset = 16; offset > 0; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
   return scale_for(amax, a.top);
 }
 
@@ -117,10 +91,13 @@ __global__ void __launch_bounds__(kTile * 8) cast_kernel(Fp8CastArgs a, __nv_fp8
   __shared__ float scale_s;
   __shared__ unsigned block_amax;
   const int thread = threadIdx.y * kTile + threadIdx.x;
-  if (thread == 0) {
-    scale_s = cast_scale(a);
-    block_amax = 0;
-    if (blockIdx.x == 0 && blockIdx.y == 0) *a.scale_inv = 1.0f / scale_s;
+  if (thread < 32) {
+    const float scale = cast_scale(a);
+    if (thread == 0) {
+      scale_s = scale;
+      block_amax = 0;
+      if (blockIdx.x == 0 && blockIdx.y == 0) *a.scale_inv = 1.0f / scale;
+    }
   }
   __syncthreads();
   const float s = scale_s;
@@ -158,10 +135,9 @@ __global__ void __launch_bounds__(kTile * 8) cast_kernel(Fp8CastArgs a, __nv_fp8
 }
 
 // The packed cast: the same values as cast_kernel, read 16 bytes and written 8 bytes at a time.
-// A block computes the scale once (warp 0: the history's max in parallel, max being exact in any
-// order), then takes 64 x 64 tiles in turn: a thread converts 8 consecutive elements of a row, and
-// for out_t gathers 8 consecutive rows of a column from the shared tile. One atomic per block for
-// the recorded amax.
+// A block computes the scale once (cast_scale), then takes 64 x 64 tiles in turn: a thread converts 8 consecutive
+// elements of a row, and for out_t gathers 8 consecutive rows of a column from the shared tile. One atomic per block
+// for the recorded amax.
 template <typename T, bool GELU>
 __global__ void __launch_bounds__(kPackedThreads) cast_packed_kernel(Fp8CastArgs a, __nv_fp8_interpretation_t format) {
   __shared__ float scale_s;
@@ -169,15 +145,7 @@ __global__ void __launch_bounds__(kPackedThreads) cast_packed_kernel(Fp8CastArgs
   __shared__ __align__(16) __nv_fp8_storage_t tile[kPackedTile][kPackedTile + 8];
   const int tid = threadIdx.x;
   if (tid < 32) {
-    float scale;
-    if (a.amax_bits != nullptr) {
-      scale = scale_for(__uint_as_float(*a.amax_bits), a.top);
-    } else {
-      float amax = 0.0f;
-      for (int64_t i = 1 + tid; i < a.history_len; i += 32) amax = fmaxf(amax, a.history[i]);
-      for (int offset = 16; offset > 0; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-      scale = scale_for(amax, a.top);
-    }
+    const float scale = cast_scale(a);
     if (tid == 0) {
       scale_s = scale;
       block_amax = 0;
@@ -254,8 +222,8 @@ cudaError_t launch_fp8_amax(Dtype dtype, const void* x, int64_t n, unsigned* ama
   const int64_t blocks = std::min<int64_t>((work + kAmaxThreads - 1) / kAmaxThreads, 1024);
   return with_storage_type(dtype, [&](auto t) {
     using T = typename decltype(t)::type;
-    const auto kernel = packed && sizeof(T) == 2 ? (gelu ? amax_packed_kernel<T, true> : amax_packed_kernel<T, false>)
-                                                 : (gelu ? amax_kernel<T, true> : amax_kernel<T, false>);
+    const auto kernel = packed && sizeof(T) == 2 ? (gelu ? amax_kernel<T, true, 8> : amax_kernel<T, false, 8>)
+                                                 : (gelu ? amax_kernel<T, true, 1> : amax_kernel<T, false, 1>);
     kernel<<<static_cast<unsigned>(blocks), kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n, amax_bits);
     return cudaGetLastError();
   });

@@ -15,12 +15,11 @@ namespace gpt2::kernels {
 namespace {
 
 constexpr int kPacks = 32, kLanes = 8, kRowsPerChunk = 256;
-constexpr float kAlpha = 0.7978845608028654f, kBeta = 0.044715f;  // GELU's sqrt(2/pi) and cubic term
 
 // d gelu_tanh(x) / dx, gelu_tanh(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 __device__ __forceinline__ float gelu_tanh_grad(float x) {
-  const float t = tanhf(kAlpha * (x + kBeta * x * x * x));
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kAlpha * (1.0f + 3.0f * kBeta * x * x);
+  const float t = tanhf(kGeluAlpha * (x + kGeluBeta * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluAlpha * (1.0f + 3.0f * kGeluBeta * x * x);
 }
 
 // The same for 16-bit results, through e = exp(2u) (tanh u = 1 - 2 / (1 + e)) with the fast exp
@@ -30,9 +29,9 @@ __device__ __forceinline__ float gelu_tanh_grad(float x) {
 // 8192 x 6400 unchanged at 103 us: the pass is bound by memory). 2u is capped at 80 so e stays finite.
 __device__ __forceinline__ float gelu_tanh_grad_fast(float x) {
   const float x2 = x * x;
-  const float e = __expf(fminf(2.0f * kAlpha * x * (1.0f + kBeta * x2), 80.0f));
+  const float e = __expf(fminf(2.0f * kGeluAlpha * x * (1.0f + kGeluBeta * x2), 80.0f));
   const float r = __fdividef(1.0f, 1.0f + e), er = e * r;
-  return er + 2.0f * kAlpha * x * (1.0f + 3.0f * kBeta * x2) * r * er;
+  return er + 2.0f * kGeluAlpha * x * (1.0f + 3.0f * kGeluBeta * x2) * r * er;
 }
 
 // GELU = false: sums a. GELU = true: a is the output gradient, pre the GELU input; writes
