@@ -104,8 +104,7 @@ bool decode_linear_applies(c10::Device device, c10::ScalarType dtype, int64_t ro
                           ? aligned(w.int8->q) && w.int8->scale.dim() == 2 && w.int8->scale.size(1) >= 1 &&
                                 k % w.int8->scale.size(1) == 0 && (k / w.int8->scale.size(1)) % 16 == 0
                           : w.w.defined() && aligned(w.w);
-  const Dtype d = dtype == torch::kFloat ? Dtype::kF32 : dtype == torch::kHalf ? Dtype::kF16 : Dtype::kBF16;
-  return weight && decode_linear_supported(d, rows, k);
+  return weight && decode_linear_supported(dtype_of(dtype, "decode_linear"), rows, k);
 #else
   (void)dtype, (void)rows, (void)k, (void)w;
   return false;

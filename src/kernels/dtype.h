@@ -41,8 +41,8 @@ inline cudaStream_t stream_of(const torch::Tensor& t) {
   return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
 }
 
-inline Dtype dtype_of(const torch::Tensor& t, const char* who) {
-  switch (t.scalar_type()) {
+inline Dtype dtype_of(c10::ScalarType t, const char* who) {
+  switch (t) {
     case torch::kFloat:
       return Dtype::kF32;
     case torch::kHalf:
@@ -50,10 +50,10 @@ inline Dtype dtype_of(const torch::Tensor& t, const char* who) {
     case torch::kBFloat16:
       return Dtype::kBF16;
     default:
-      throw std::invalid_argument(std::string(who) + ": dtype " + c10::toString(t.scalar_type()) +
-                                  " is not fp32, fp16 or bf16");
+      throw std::invalid_argument(std::string(who) + ": dtype " + c10::toString(t) + " is not fp32, fp16 or bf16");
   }
 }
+inline Dtype dtype_of(const torch::Tensor& t, const char* who) { return dtype_of(t.scalar_type(), who); }
 #endif
 
 }  // namespace gpt2::kernels
