@@ -43,13 +43,18 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // asked) the bias gradient comes from src/kernels/linear.h.
 // With int8 weights (GPT2Impl::quantize_int8) the layer's own weight is empty: int8_linear. With
 // fp8 (GPT2Impl::set_fp8) the product runs in FP8 where its rows are a multiple of 16.
+// Whether precision.fp8 runs a product of x in FP8: its rows a multiple of 16 (a decoding step's
+// are not); and a layer's delayed scaling, or nullptr for current scaling.
+bool fp8_takes(const torch::Tensor& x) { return (x.numel() / x.size(-1)) % 16 == 0; }
+const kernels::Fp8DelayedScaling* delayed(const kernels::Fp8DelayedScaling& s) {
+  return s.amax.defined() ? &s : nullptr;
+}
+
 torch::Tensor project(const torch::nn::Linear& layer, const torch::Tensor& x, bool fused,
                       const std::optional<kernels::Int8Weight>& int8 = std::nullopt, bool fp8 = false,
                       const kernels::Fp8DelayedScaling& scaling = {}) {
   if (int8) return kernels::int8_linear(x.contiguous(), *int8, layer->bias);
-  if (fp8 && (x.numel() / x.size(-1)) % 16 == 0) {
-    return kernels::fp8_linear(x, layer->weight, layer->bias, scaling.amax.defined() ? &scaling : nullptr);
-  }
+  if (fp8 && fp8_takes(x)) return kernels::fp8_linear(x, layer->weight, layer->bias, delayed(scaling));
   if (fused && kernels::linear_applies(x, layer->weight, layer->bias)) {
     return kernels::linear(x, layer->weight, layer->bias);
   }
@@ -192,11 +197,10 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
       kernels::mlp_applies(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias)) {
     return kernels::mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias, keep_gelu_output);  // (B, T, C)
   }
-  if (fp8 && !c_fc_int8 && (x.numel() / x.size(-1)) % 16 == 0) {
+  if (fp8 && !c_fc_int8 && fp8_takes(x)) {
     // The GELU and c_proj as one FP8 node: the GELU's output goes to FP8 as it is computed.
-    const auto pre = project(c_fc, x, false, std::nullopt, true, fp8_scaling[0]);  // (B, T, 4C)
-    const auto* scaling = fp8_scaling[1].amax.defined() ? &fp8_scaling[1] : nullptr;
-    return kernels::fp8_gelu_linear(pre, c_proj->weight, c_proj->bias, scaling);  // (B, T, C)
+    const auto pre = project(c_fc, x, false, std::nullopt, true, fp8_scaling[0]);                 // (B, T, 4C)
+    return kernels::fp8_gelu_linear(pre, c_proj->weight, c_proj->bias, delayed(fp8_scaling[1]));  // (B, T, C)
   }
   const auto h = torch::gelu(project(c_fc, x, false, c_fc_int8, fp8, fp8_scaling[0]), "tanh");  // (B, T, 4C)
   return project(c_proj, h, false, c_proj_int8, fp8, fp8_scaling[1]);                           // (B, T, C)
