@@ -135,6 +135,17 @@ inline int device_attribute(cudaDeviceAttr attr) {
   return value;
 }
 
+// Lets `kernel` launch with `dynamic` bytes of dynamic shared memory: past the default 48 KiB,
+// static and dynamic together, a kernel must opt in (not a stream operation, so it may run while a
+// graph captures).
+template <typename... Params>
+cudaError_t allow_dynamic_shared_memory(void (*kernel)(Params...), int dynamic) {
+  cudaFuncAttributes attributes{};
+  cudaError_t e = cudaFuncGetAttributes(&attributes, kernel);
+  if (e != cudaSuccess || attributes.sharedSizeBytes + static_cast<size_t>(dynamic) <= 48 * 1024) return e;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic);
+}
+
 template <typename... Params, typename... Args>
 cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                              Args&&... args) {
