@@ -3,7 +3,8 @@
 # size in SIZES (default "124m 1558m"; random weights from bench/muon_peer.py: speed does not depend
 # on them), a 128-token prompt, 256 new tokens, greedy, ROUNDS (2) runs each, alternating, and bf16
 # with --cuda_graphs false (what the CUDA graphs of serve::generate_one save), and bf16 and int8 with
-# --fused_decode false (the blocks' ops: what Note [Fused decode step] saves). Prints each
+# --fused_decode false (the blocks' ops: what Note [Fused decode step] saves), and with
+# --one_kernel_decode true (the fused step as one cooperative kernel, against five a block). Prints each
 # run's tokens/s (gpt2-generate's own line: prefill + decode wall time), its ms per decode step after
 # the first (the first captures the CUDA graphs; its ms is the first_ms field), the weights it holds
 # on the GPU, and per size the means and int8/bf16 ratios.
@@ -27,6 +28,7 @@ for size in ${SIZES:-124m 1558m}; do
   echo "== gpt2-$size, batch 1, 128-token prompt, $new new tokens, bf16, $device ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
   for r in $(seq "${ROUNDS:-2}"); do
     for variant in "bf16|--quant none" "int8|--quant int8" "bf16-no-graphs|--quant none --cuda_graphs false" \
+      "bf16-one-kernel|--quant none --one_kernel_decode true" "int8-one-kernel|--quant int8 --one_kernel_decode true" \
       "bf16-blocks-ops|--quant none --fused_decode false" "int8-blocks-ops|--quant int8 --fused_decode false"; do
       name="${variant%%|*}" args="${variant#*|}" log="$out/decode-$size-${variant%%|*}-$r.log"
       # shellcheck disable=SC2086

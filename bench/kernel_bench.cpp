@@ -8,23 +8,31 @@
 // the tuned bf16 ones, and a per-tensor cast, the ceiling issue 40 works under.
 // `decode`: one batch-1 decode step's pieces per layer (slot attention over a context, the four
 // linear layers in bf16 and int8, a LayerNorm), each against the time its bytes take at 4.8 TB/s:
-// where gpt2-generate's milliseconds a token go (issue 41).
+// where gpt2-generate's milliseconds a token go (issue 41). `decode_step`: the whole step as one
+// kernel against five kernels a block, and the one kernel's time per phase (its trace).
 // Correctness lives in tests/kernels and tests/optim.
-//   build-gpu/bin/kernel_bench [passes | fp8 | decode]
+//   build-gpu/bin/kernel_bench [passes | fp8 | decode | decode_step]
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 #include <torch/torch.h>
 
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <deque>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "optim/adamw_step.h"
 #include "optim/moments_8bit.h"
 #include "src/base/cuda_check.h"
+#include "src/kernels/decode_step.h"
 #include "src/kernels/fp8_gemm.h"
 #include "src/kernels/gemm.h"
 #include "src/kernels/int8_linear.h"
@@ -344,9 +352,86 @@ void decode_layer(const char* name, int64_t C, int64_t heads) {
               us(per_layer), us(per_layer_int8));
 }
 
+// The whole batch-1 decode step of a model of `layers` blocks at n_embd C (random weights, bf16 or
+// int8, 384 positions into a 1024-position cache), replayed from a CUDA graph: one kernel
+// (kernels::decode_step, OneKernel::kYes) against five a block, then where the one kernel's time
+// goes, per phase kind and from its trace: staging the input rows (a LayerNorm or a copy), the
+// columns (or the attention), the wait for the slowest block, and the barrier after it.
+void decode_step_breakdown(const char* name, int64_t layers, int64_t C, int64_t heads, bool int8) {
+  namespace k = gpt2::kernels;
+  const auto bf16 = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
+  const int64_t capacity = 1024, hs = C / heads;
+  std::vector<torch::Tensor> keep;
+  std::deque<k::Int8Weight> quantized;
+  const auto weight = [&](int64_t n, int64_t kk) {
+    const auto w = torch::randn({n, kk}, bf16) * 0.02, bias = torch::randn({n}, bf16) * 0.02;
+    keep.push_back(w);
+    if (!int8) return k::DecodeWeight{w, nullptr, bias};
+    quantized.push_back(k::quantize_int8(w));
+    return k::DecodeWeight{torch::Tensor(), &quantized.back(), bias};
+  };
+  const auto norm = [&] { return k::DecodeNorm{torch::ones({C}, bf16), torch::zeros({C}, bf16), 1e-5}; };
+  std::vector<k::DecodeLayer> stack;
+  for (int64_t l = 0; l < layers; ++l) {
+    stack.push_back({norm(), weight(3 * C, C), weight(C, C), norm(), weight(4 * C, C), weight(C, 4 * C),
+                     torch::randn({1, heads, capacity, hs}, bf16), torch::randn({1, heads, capacity, hs}, bf16)});
+  }
+  const auto w_head = torch::randn({50304, C}, bf16) * 0.02;
+  std::optional<k::Int8Weight> head8;
+  if (int8) head8 = k::quantize_int8(w_head);
+  const k::DecodeWeight head{int8 ? torch::Tensor() : w_head, int8 ? &*head8 : nullptr, {}};
+  const auto positions = torch::full({1}, 383, torch::dtype(torch::kLong).device(torch::kCUDA));
+  auto x = torch::randn({1, C}, bf16);
+  if (!k::decode_step_in_one_kernel(x, stack, norm(), head)) {
+    std::printf("%s: the one kernel does not apply\n", name);
+    return;
+  }
+  const auto ln_f = norm();
+  const auto graph_ms = [&](k::OneKernel one) {
+    const auto side = c10::cuda::getStreamFromPool();
+    c10::cuda::CUDAStreamGuard guard(side);
+    k::decode_step(x, stack, ln_f, head, positions, one);  // warm-up, outside the capture
+    at::cuda::CUDAGraph graph;
+    graph.capture_begin();
+    k::decode_step(x, stack, ln_f, head, positions, one);
+    graph.capture_end();
+    return time_ms([&] { graph.replay(); }, 200);
+  };
+  const double one = graph_ms(k::OneKernel::kYes), five = graph_ms(k::OneKernel::kNo);
+  double bytes = 2.0 * 50304 * C;
+  for (int64_t l = 0; l < layers; ++l) bytes += 12.0 * C * C * (int8 ? 1 : 2) + 2.0 * 2 * heads * 384 * hs;
+  std::printf(
+      "decode step of %s at batch 1, %s weights, 384 positions (graph replay): one kernel %.1f us, "
+      "five kernels a block %.1f us; its bytes take %.1f us at 3.35 TB/s\n",
+      name, int8 ? "int8" : "bf16", one * 1000, five * 1000, bytes / 3.35e12 * 1e6);
+  torch::Tensor trace;
+  k::decode_step(x, stack, ln_f, head, positions, k::OneKernel::kYes, &trace);
+  const auto t = trace.to(torch::kCPU).to(torch::kDouble);  // (phases, 3, blocks) ns
+  const int64_t phases = t.size(0);
+  const char* kinds[6] = {"qkv + ln_1", "attention", "attn proj", "fc + ln_2", "mlp proj", "head + ln_f"};
+  double stage[6] = {}, work[6] = {}, slowest[6] = {}, barrier[6] = {};
+  int count[6] = {};
+  for (int64_t p = 0; p < phases; ++p) {
+    const int kind = p == phases - 1 ? 5 : static_cast<int>(p % 5);
+    const auto begin = t[p][0], staged = t[p][1], done = t[p][2];
+    stage[kind] += (staged - begin).mean().item<double>();
+    work[kind] += (done - staged).mean().item<double>();
+    slowest[kind] += (done.max() - done.mean()).item<double>();
+    if (p + 1 < phases) barrier[kind] += (t[p + 1][0].mean() - done.max()).item<double>();
+    ++count[kind];
+  }
+  std::printf("  %-12s %9s %9s %14s %9s   (us, a phase; mean over blocks)\n", "phase", "staging", "columns",
+              "slowest block", "barrier");
+  for (int i = 0; i < 6; ++i)
+    std::printf("  %-12s %9.2f %9.2f %14.2f %9.2f\n", kinds[i], stage[i] / count[i] / 1e3, work[i] / count[i] / 1e3,
+                slowest[i] / count[i] / 1e3, barrier[i] / count[i] / 1e3);
+  std::printf("  traced: %.1f us from the first begin to the last done\n",
+              (t[phases - 1][2].max() - t[0][0].min()).item<double>() / 1e3);
+}
+
 }  // namespace
 
-// kernel_bench [passes | fp8 | decode]: "passes" leaves out the GEMMs and times the memory-bound
+// kernel_bench [passes | fp8 | decode | decode_step]: "passes" leaves out the GEMMs and times the memory-bound
 // passes alone; "fp8" times the FP8 GEMMs alone; "decode" a batch-1 decode step's pieces.
 int main(int argc, char** argv) try {
   if (!torch::cuda::is_available()) {
@@ -361,6 +446,13 @@ int main(int argc, char** argv) try {
   if (argc > 1 && std::string(argv[1]) == "decode") {
     decode_layer("gpt2-124m", 768, 12);
     decode_layer("gpt2-1558m", 1600, 25);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "decode_step") {
+    for (const bool int8 : {false, true}) {
+      decode_step_breakdown("gpt2-124m", 12, 768, 12, int8);
+      decode_step_breakdown("gpt2-1558m", 48, 1600, 25, int8);
+    }
     return 0;
   }
   if (!(argc > 1 && std::string(argv[1]) == "passes")) {

@@ -157,4 +157,54 @@ struct DecodeLinearArgs {
 bool decode_linear_supported(Dtype dtype, int64_t rows, int64_t k);
 cudaError_t launch_decode_linear(Dtype dtype, const DecodeLinearArgs& args, cudaStream_t stream);
 
+// The whole decode step of a GPT-2 for rows <= 8 in one cooperative kernel (decode_step.h): every
+// layer's decode_linear phases (qkv with ln_1 and the cache write, attn proj added to x, c_fc with
+// ln_2 and GELU into h, mlp proj added to x) and its slot attention (q into y), a grid barrier
+// between phases, then ln_f and the head into logits (rows, vocab). Each phase computes what the
+// kernels above compute for it, so the bits are theirs. A weight: w (n, k) in dtype, or with int8 q
+// (n, k) int8 and scale (n, groups) fp32, and an optional bias. barrier: one unsigned, zero at the
+// launch. x (rows, c) is the stream, updated in place; q, y (rows, c) and h (rows, 4c) are scratch.
+inline constexpr int kDecodeStepMaxLayers = 64;
+struct DecodeStepWeight {
+  const void* w;  // or the int8 q
+  const float* scale;
+  int64_t groups;
+  const void* bias;
+};
+struct DecodeStepLayer {
+  const void* ln_1_gamma;
+  const void* ln_1_beta;
+  DecodeStepWeight c_attn, attn_proj;
+  const void* ln_2_gamma;
+  const void* ln_2_beta;
+  DecodeStepWeight c_fc, mlp_proj;
+  void* keys;  // (rows, heads, capacity, c / heads)
+  void* values;
+};
+struct DecodeStepArgs {
+  int64_t rows, c, heads, capacity, layers, vocab;
+  bool int8;         // every weight (blocks and head) int8, or none
+  float eps, scale;  // the LayerNorms' eps; the attention's 1 / sqrt(head size)
+  void* x;
+  void* q;
+  void* y;
+  void* h;
+  void* logits;
+  const int64_t* positions;
+  unsigned* barrier;
+  unsigned long long* trace;  // nullptr, or (layers * 5 + 1) * 3 * grid timestamps (kernel_bench)
+  const void* ln_f_gamma;
+  const void* ln_f_beta;
+  DecodeStepWeight head;
+  DecodeStepLayer layer[kDecodeStepMaxLayers];
+};
+// Whether the device and shapes take the one kernel: cooperative launch, rows <= 8, layers <=
+// kDecodeStepMaxLayers, c a multiple of 16 with the head size a multiple of 16 / sizeof(dtype) (and
+// at most 128), h's rows in shared memory; the launcher returns cudaErrorInvalidValue otherwise (or
+// for a cache or weight not 16-byte aligned).
+bool decode_step_supported(Dtype dtype, int64_t rows, int64_t c, int64_t heads, int64_t layers);
+// The grid the one kernel launches with (blocks, one an SM).
+int decode_step_grid();
+cudaError_t launch_decode_step(Dtype dtype, const DecodeStepArgs& args, cudaStream_t stream);
+
 }  // namespace gpt2::kernels

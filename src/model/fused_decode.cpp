@@ -2,6 +2,7 @@
 #include <torch/torch.h>
 
 #include "src/kernels/decode_linear.h"
+#include "src/kernels/decode_step.h"
 #include "src/kernels/int8_linear.h"
 #include "src/kernels/slot_attention.h"
 #include "src/model/gpt2_model.h"
@@ -26,6 +27,13 @@ namespace gpt2 {
 // products' summation order differs (and the GELU is computed on the fp32 sum), so the logits agree
 // to the dtype's rounding, not to the bit (tests/model/fused_decode_test.cpp on the CPU reference,
 // tests/serve/gpu_test.cpp for the kernels). int8 weights read q and scale in the same kernels.
+//
+// Five kernels a layer still cost a launch and a drain each, ~6 µs apiece against the ~1 µs their
+// weights take to read at gpt2-124m (0.39 ms a step, 60 kernels, on an H100). So on CUDA the whole
+// step, every layer and the head, runs as one cooperative kernel (kernels/decode_step.h): a block
+// an SM, a grid barrier where the next phase reads what the last wrote (five a layer), each phase
+// the same device code as the kernel it replaces, so the same bits. A warp requests the next phase's
+// first weights before it waits at a barrier.
 
 namespace {
 
@@ -34,6 +42,26 @@ kernels::DecodeNorm norm_of(const torch::nn::LayerNorm& ln) { return {ln->weight
 kernels::DecodeWeight weight_of(const torch::nn::Linear& linear, const std::optional<kernels::Int8Weight>& int8) {
   if (int8) return {torch::Tensor(), &*int8, linear->bias};
   return {linear->weight, nullptr, linear->bias};
+}
+
+// The tied head: wte, or its int8 copy once quantized.
+kernels::DecodeWeight head_of(const TransformerImpl& tr, const std::optional<kernels::Int8Weight>& wte_int8) {
+  return {wte_int8 ? torch::Tensor() : tr.wte->weight, wte_int8 ? &*wte_int8 : nullptr, {}};
+}
+
+// The blocks' weights and the cache's layers as kernels::decode_step takes them.
+std::vector<kernels::DecodeLayer> decode_layers(const TransformerImpl& tr, const KVCache& cache) {
+  std::vector<kernels::DecodeLayer> layers;
+  layers.reserve(tr.blocks.size());
+  for (size_t i = 0; i < tr.blocks.size(); ++i) {
+    const auto& block = *tr.blocks[i];
+    const auto& attn = *block.attn;
+    const auto& mlp = *block.mlp;
+    layers.push_back({norm_of(block.ln_1), weight_of(attn.c_attn, attn.c_attn_int8),
+                      weight_of(attn.c_proj, attn.c_proj_int8), norm_of(block.ln_2), weight_of(mlp.c_fc, mlp.c_fc_int8),
+                      weight_of(mlp.c_proj, mlp.c_proj_int8), cache.keys[i], cache.values[i]});
+  }
+  return layers;
 }
 
 }  // namespace
@@ -56,8 +84,15 @@ bool GPT2Impl::fused_decode_applies(const KVCache& cache, const torch::Tensor& p
         !kernels::decode_linear_applies(d, t, rows, 4 * C, weight_of(mlp.c_proj, mlp.c_proj_int8)))
       return false;
   }
-  const kernels::DecodeWeight head{transformer_->wte->weight, wte_int8_ ? &*wte_int8_ : nullptr, {}};
-  return kernels::decode_linear_applies(d, t, rows, C, head);
+  return kernels::decode_linear_applies(d, t, rows, C, head_of(*transformer_, wte_int8_));
+}
+
+bool GPT2Impl::one_kernel_decode_applies(const KVCache& cache, const torch::Tensor& positions) const {
+  if (!one_kernel_decode_ || !fused_decode_applies(cache, positions)) return false;
+  const auto& tr = *transformer_;
+  const auto& keys = cache.keys.front();
+  const auto x = torch::empty({keys.size(0), cfg_.n_embd}, keys.options());  // the stream's shape, dtype and device
+  return kernels::decode_step_in_one_kernel(x, decode_layers(tr, cache), norm_of(tr.ln_f), head_of(tr, wte_int8_));
 }
 
 torch::Tensor GPT2Impl::forward_slots_fused(const torch::Tensor& ids, const torch::Tensor& positions, KVCache& cache) {
@@ -68,25 +103,16 @@ torch::Tensor GPT2Impl::forward_slots_fused(const torch::Tensor& ids, const torc
               "GPT2::forward_slots_fused expects (B) int64 positions, got ", positions.sizes());
   torch::NoGradGuard no_grad;
   auto& tr = *transformer_;
-  const int64_t B = ids.size(0), C = cfg_.n_embd, nh = cfg_.n_head, hs = C / nh;
+  const int64_t B = ids.size(0);
   const auto flat = ids.view({B});
   const auto dtype = tr.wpe->weight.scalar_type();
   const auto embedded =
       wte_int8_ ? kernels::int8_embedding(flat, *wte_int8_, dtype) : tr.wte->weight.index_select(0, flat);
   torch::Tensor x = embedded + tr.wpe->weight.index_select(0, positions);  // (B, C): the stream, updated in place
-  for (size_t i = 0; i < tr.blocks.size(); ++i) {
-    auto& block = *tr.blocks[i];
-    auto& attn = *block.attn;
-    auto& mlp = *block.mlp;
-    const auto q = kernels::decode_qkv(x, norm_of(block.ln_1), weight_of(attn.c_attn, attn.c_attn_int8), cache.keys[i],
-                                       cache.values[i], positions);  // (B, C)
-    const auto y = kernels::slot_attention(q.view({B, nh, 1, hs}), cache.keys[i], cache.values[i], positions);
-    kernels::decode_linear_add_to(y.view({B, C}), weight_of(attn.c_proj, attn.c_proj_int8), x);
-    const auto h = kernels::decode_linear(x, norm_of(block.ln_2), weight_of(mlp.c_fc, mlp.c_fc_int8), /*gelu=*/true);
-    kernels::decode_linear_add_to(h, weight_of(mlp.c_proj, mlp.c_proj_int8), x);  // (B, 4C) -> x
-  }
-  const kernels::DecodeWeight head{wte_int8_ ? torch::Tensor() : tr.wte->weight, wte_int8_ ? &*wte_int8_ : nullptr, {}};
-  return kernels::decode_linear(x, norm_of(tr.ln_f), head, /*gelu=*/false).narrow(1, 0, cfg_.vocab_size);  // (B, V)
+  const auto one_kernel = one_kernel_decode_ ? kernels::OneKernel::kYes : kernels::OneKernel::kNo;
+  return kernels::decode_step(x, decode_layers(tr, cache), norm_of(tr.ln_f), head_of(tr, wte_int8_), positions,
+                              one_kernel)
+      .narrow(1, 0, cfg_.vocab_size);  // (B, V)
 }
 
 }  // namespace gpt2

@@ -183,11 +183,13 @@ class GPT2Impl : public torch::nn::Module {
   // On CUDA, where fused_decode_applies, it runs forward_slots_fused.
   torch::Tensor forward_slots(const torch::Tensor& ids, const torch::Tensor& positions, KVCache& cache,
                               int64_t attend = 0);
-  // forward_slots' step for few rows as five kernels a block (Note [Fused decode step] in
-  // fused_decode.cpp): the same sums in the same order, each projection with its LayerNorm,
+  // forward_slots' step for few rows (Note [Fused decode step] in fused_decode.cpp,
+  // kernels/decode_step.h): the same sums in the same order, each projection with its LayerNorm,
   // bias, GELU, residual add or cache write fused in (kernels/decode_linear.h), the attention
-  // kernels::slot_attention. On any device (the CPU runs the reference ops: what the tests compare
-  // the CUDA kernels against); throws where a kernel does not apply.
+  // kernels::slot_attention; on CUDA five kernels a block, or one kernel for the whole step
+  // (set_one_kernel_decode), the same bits either way. On any device (the
+  // CPU runs the reference ops: what the tests compare the CUDA kernels against); throws where a
+  // kernel does not apply.
   torch::Tensor forward_slots_fused(const torch::Tensor& ids, const torch::Tensor& positions, KVCache& cache);
   // Whether forward_slots takes forward_slots_fused for `rows` rows: on CUDA, with the fused kernels
   // and the slot attention on, set_fused_decode not off, and every kernel taking the shapes.
@@ -195,6 +197,12 @@ class GPT2Impl : public torch::nn::Module {
   // Not called: on. Off: forward_slots runs the blocks' ops (what gpt2-generate --fused_decode false
   // measures against).
   void set_fused_decode(bool on) { fused_decode_ = on; }
+  // Not called: off, the fused step launches five kernels a block. On: one kernel for the whole step
+  // where it applies (gpt2-generate --one_kernel_decode true): the same bits, not yet faster at
+  // every size (README, Deployment).
+  void set_one_kernel_decode(bool on) { one_kernel_decode_ = on; }
+  // Whether forward_slots runs its fused step as one kernel (kernels::decode_step_in_one_kernel).
+  bool one_kernel_decode_applies(const KVCache& cache, const torch::Tensor& positions) const;
 
   // true: loss() runs the head and the loss chunk by chunk without the batch's logits
   // (memory.chunked_loss, chunked_loss.h); false: logits, then cross_entropy (faster today).
@@ -294,6 +302,7 @@ class GPT2Impl : public torch::nn::Module {
   bool fused_kernels_ = true;                    // see set_fused_kernels
   bool slot_attention_ = true;                   // see set_slot_attention
   bool fused_decode_ = true;                     // see set_fused_decode
+  bool one_kernel_decode_ = false;               // see set_one_kernel_decode
   bool quantized_ = false;                       // see quantize_int8
   std::optional<kernels::Int8Weight> wte_int8_;  // the tied wte once quantized (its parameter emptied)
   torch::Tensor fp8_amax_;                       // see fp8_amax_history

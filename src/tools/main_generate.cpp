@@ -3,7 +3,7 @@
 //   gpt2-generate MODEL [--prompt TEXT]... [--prompt_file FILE] [--max_new_tokens N]
 //                 [--temperature T] [--top_k K] [--top_p P] [--seed S] [--device auto|cpu|cuda]
 //                 [--dtype auto|fp32|bf16|fp16] [--ids] [--no_kv_cache] [--ignore_eot] [--cuda_graphs BOOL]
-//                 [--fused_decode BOOL]
+//                 [--fused_decode BOOL] [--one_kernel_decode BOOL]
 // One prompt streams its tokens to stdout as they come; on CUDA it is decoded on the server's
 // one-row slot path (src/serve/generate_one.h: CUDA graphs), elsewhere, and for several prompts (one
 // batch, printed when done), by src/model/generate.h (on the CPU that path measured faster). Text
@@ -43,7 +43,7 @@ struct Options {
   gpt2::DtypeChoice dtype = gpt2::DtypeChoice::kAuto;
   gpt2::tools::QuantOptions quant;
   std::string tokenizer_dir;
-  bool ids = false, ignore_eot = false, cuda_graphs = true, fused_decode = true;
+  bool ids = false, ignore_eot = false, cuda_graphs = true, fused_decode = true, one_kernel_decode = false;
 };
 
 constexpr char kUsage[] =
@@ -80,7 +80,9 @@ std::optional<Options> parse_options(int argc, char** argv) {
       "cuda_graphs", po::value(&o.cuda_graphs)->default_value(true, "true"),
       "one prompt on CUDA: replay each decode step (and the prefill) from a CUDA graph")(
       "fused_decode", po::value(&o.fused_decode)->default_value(true, "true"),
-      "on CUDA: decode steps of up to 8 rows as five fused kernels a block (false: the blocks' ops)");
+      "on CUDA: decode steps of up to 8 rows through the fused kernels (false: the blocks' ops)")(
+      "one_kernel_decode", po::value(&o.one_kernel_decode)->default_value(false, "false"),
+      "with --fused_decode: the whole step as one cooperative kernel (false: five kernels a block; the same bits)");
   gpt2::tools::add_quant_options(named, &o.quant);
   po::positional_options_description positional;
   positional.add("model", 1);
@@ -142,6 +144,7 @@ int run(int argc, char** argv) {
       gpt2::load_model_to_run(o.model, o.device, o.dtype, false, o.quant.quant, o.quant.group);
   gpt2::GPT2& model = loaded.model;
   model->set_fused_decode(o.fused_decode);
+  model->set_one_kernel_decode(o.one_kernel_decode);
   const gpt2::WeightsSource& source = loaded.source;
   const torch::Device device = loaded.device;
   const char* dtype = gpt2::choice_name(loaded.dtype);

@@ -349,6 +349,17 @@ std::vector<torch::Tensor> slot_logits(GPT2& model, const std::vector<std::vecto
   return out;
 }
 
+// A continuation of kNewTokens random ids for each of `prompts` prompts, to force (teacher forcing).
+std::vector<std::vector<int64_t>> forced_continuations(size_t prompts, uint64_t seed) {
+  std::vector<std::vector<int64_t>> next;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  for (size_t b = 0; b < prompts; ++b) {
+    const auto r = torch::randint(0, 50257, {kNewTokens}, gen, torch::kLong);
+    next.emplace_back(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + kNewTokens);
+  }
+  return next;
+}
+
 // bf16, as gpt2-serve runs on a GPU: slot decoding within bf16 rounding of full recomputation
 // (the tolerance of the test below), and a prompt run alone gives the same bits as in the batch.
 TEST(ModelGpuDecode, Bf16SlotDecodingNearRecomputationAndTheSameAloneOrBatched) {
@@ -356,12 +367,7 @@ TEST(ModelGpuDecode, Bf16SlotDecodingNearRecomputationAndTheSameAloneOrBatched) 
   GPT2 model = lively_model(7);
   model->to(torch::kCUDA, torch::kBFloat16);
   const auto prompts = decode_prompts();
-  std::vector<std::vector<int64_t>> next;  // a continuation to force: random ids
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(12);
-  for (size_t b = 0; b < prompts.size(); ++b) {
-    const auto r = torch::randint(0, 50257, {kNewTokens}, gen, torch::kLong);
-    next.emplace_back(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + kNewTokens);
-  }
+  const auto next = forced_continuations(prompts.size(), 12);
   const auto batched = slot_logits(model, prompts, next);
   const double ulp = std::ldexp(1.0, -7);
   const double ulps = 4 * std::sqrt(static_cast<double>(model->config().n_layer));
@@ -389,12 +395,7 @@ TEST(ModelGpuDecode, FusedDecodeStepNearRecomputationAndTheSameAloneOrBatched) {
   GPT2 model = lively_model(7);
   model->to(torch::kCUDA, torch::kBFloat16);
   const auto prompts = decode_prompts();  // 8
-  std::vector<std::vector<int64_t>> next;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(12);
-  for (size_t b = 0; b < prompts.size(); ++b) {
-    const auto r = torch::randint(0, 50257, {kNewTokens}, gen, torch::kLong);
-    next.emplace_back(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + kNewTokens);
-  }
+  const auto next = forced_continuations(prompts.size(), 12);
   const auto on_cuda = torch::dtype(torch::kLong).device(torch::kCUDA);
   for (const int64_t rows : {1, 8, 9}) {
     const auto cache = model->make_kv_cache(16, std::vector<int64_t>(rows, 0));
@@ -428,6 +429,62 @@ TEST(ModelGpuDecode, FusedDecodeStepNearRecomputationAndTheSameAloneOrBatched) {
   const auto blocks8 = slot_logits(model, prompts, next, -1, S);
   model->set_fused_decode(true);
   check("int8 fused decode step vs the int8 blocks' ops", fused8, blocks8);
+}
+
+// The decode step as one kernel (kernels/decode_step.h, set_one_kernel_decode(true)) against the
+// same step as five kernels a block (forward_slots' default): each phase of the
+// one kernel is the device code of the kernel it replaces, so the logits must be the same bits, no
+// tolerance, at 1, 3 (fewer than the kernel's 4-row template) and 8 rows, in bf16, in fp32 and
+// with int8 weights; and at gpt2-124m's width, where 8 rows of the MLP's input fill the default
+// 48 KiB of shared memory exactly (the launches must opt in to more: gpt2-serve --max_batch 8). A
+// barrier that let a phase read before the last one had written, or a stale cached read of the
+// stream, would show here.
+TEST(ModelGpuDecode, OneKernelStepIsTheFiveKernelStepBitForBit) {
+  REQUIRE_CUDA();
+  const auto prompts = decode_prompts();  // 8
+  const auto next = forced_continuations(prompts.size(), 13);
+  const auto on_cuda = torch::dtype(torch::kLong).device(torch::kCUDA);
+  struct Case {
+    const char* name;
+    torch::Dtype dtype;
+    bool int8, wide;
+  };
+  for (const Case& c :
+       {Case{"bf16", torch::kBFloat16, false, false}, Case{"fp32", torch::kFloat, false, false},
+        Case{"bf16 int8", torch::kBFloat16, true, false}, Case{"bf16 C=768", torch::kBFloat16, false, true}}) {
+    GPT2Config wide;
+    wide.n_layer = 2;
+    wide.n_head = 12;
+    wide.n_embd = 768;
+    wide.vocab_size = 50257;
+    wide.block_size = 128;
+    GPT2 model = c.wide ? GPT2(wide) : lively_model(7);
+    model->to(torch::kCUDA, c.dtype);
+    if (c.int8) model->quantize_int8();
+    model->set_one_kernel_decode(true);
+    for (const int64_t rows : {1, 3, 8}) {
+      if (c.wide && rows != 8) continue;
+      const auto cache = model->make_kv_cache(16, std::vector<int64_t>(rows, 0));
+      ASSERT_TRUE(model->one_kernel_decode_applies(cache, torch::zeros({rows}, on_cuda))) << c.name << " " << rows;
+      const int64_t only = rows == 8 ? -1 : (rows == 1 ? 0 : 5);  // 8 rows: every prompt; else one, last row
+      const auto one = slot_logits(model, prompts, next, only, rows);
+      model->set_one_kernel_decode(false);
+      EXPECT_FALSE(model->one_kernel_decode_applies(cache, torch::zeros({rows}, on_cuda)));
+      const auto five = slot_logits(model, prompts, next, only, rows);
+      model->set_one_kernel_decode(true);
+      int64_t compared = 0;
+      for (size_t b = 0; b < prompts.size(); ++b) {
+        if (!one[b].defined()) continue;
+        ++compared;
+        EXPECT_TRUE(torch::equal(one[b], five[b]))
+            << c.name << ", " << rows << " rows, prompt " << b << ": max difference "
+            << (one[b] - five[b]).abs().max().item<double>();
+      }
+      EXPECT_EQ(compared, only >= 0 ? 1 : 8);
+      std::printf("[ measured ] %s one-kernel decode step, %lld rows: %lld prompts x %lld steps bit for bit\n", c.name,
+                  static_cast<long long>(rows), static_cast<long long>(compared), static_cast<long long>(kNewTokens));
+    }
+  }
 }
 
 // bf16: the logits of decoding with the cache within bf16 rounding of full recomputation at every
