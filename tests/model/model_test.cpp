@@ -651,7 +651,8 @@ TEST(ModelGenerate, SlotAttentionKernelMatchesCachedDecoding) {
 // writes agree within fp32 rounding (the same sums in the same order, only the LayerNorm and the
 // products grouped differently; the slot tests' 1e-4 relative, 1e-5 absolute), for fp32 weights
 // and for int8 ones, at 1 and 3 rows. On the CPU forward_slots itself keeps the blocks'
-// ops; a position outside the cache is refused by name.
+// ops, and asking for the one-kernel step (CUDA's) runs the same ops; a position outside the cache
+// is refused by name.
 TEST(ModelGenerate, FusedDecodeStepMatchesTheBlocksOps) {
   GPT2 model(tiny_config(100));
   randomise(model, 26);
@@ -679,6 +680,12 @@ TEST(ModelGenerate, FusedDecodeStepMatchesTheBlocksOps) {
         const auto id_tensor = torch::tensor(ids).view({S, 1});
         const auto pos_tensor = torch::tensor(pos);
         const auto got = model->forward_slots_fused(id_tensor, pos_tensor, fused);  // (S, V)
+        if (step == 0) {  // the one kernel is CUDA's: asked for on the CPU, the same ops run again
+          model->set_one_kernel_decode(true);
+          EXPECT_FALSE(model->one_kernel_decode_applies(fused, pos_tensor));
+          EXPECT_TRUE(torch::equal(model->forward_slots_fused(id_tensor, pos_tensor, fused), got));
+          model->set_one_kernel_decode(false);
+        }
         const auto want = model->forward_slots(id_tensor, pos_tensor, blocks);
         ASSERT_EQ(got.sizes(), want.sizes());
         EXPECT_TRUE(close(got, want)) << "int8 " << int8 << ", rows " << S << ", step " << step << ": max "
