@@ -361,11 +361,9 @@ void decode_step_breakdown(const char* name, int64_t layers, int64_t C, int64_t 
   namespace k = gpt2::kernels;
   const auto bf16 = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
   const int64_t capacity = 1024, hs = C / heads;
-  std::vector<torch::Tensor> keep;
-  std::deque<k::Int8Weight> quantized;
+  std::deque<k::Int8Weight> quantized;  // DecodeWeight points into it: no reallocation
   const auto weight = [&](int64_t n, int64_t kk) {
     const auto w = torch::randn({n, kk}, bf16) * 0.02, bias = torch::randn({n}, bf16) * 0.02;
-    keep.push_back(w);
     if (!int8) return k::DecodeWeight{w, nullptr, bias};
     quantized.push_back(k::quantize_int8(w));
     return k::DecodeWeight{torch::Tensor(), &quantized.back(), bias};

@@ -30,20 +30,19 @@ bool norm_fits(const DecodeNorm& norm, const torch::Tensor& x, int64_t c, double
   return like_x(norm.gamma, x, {c}) && like_x(norm.beta, x, {c}) && norm.eps == eps;
 }
 
-// A (n, k) weight as the one kernel reads it: int8 or not as `int8` says, 16-byte aligned, its
-// groups of a multiple of 16, its bias (n) or none.
+// A (n, k) weight as the one kernel reads it: int8 or not as `int8` says, laid out as decode_linear's
+// check wants (what the one kernel skips), its bias (n) or none, and taken by the decode_linear
+// kernels (alignment, int8 groups), whose device code the one kernel runs.
 bool weight_fits(const DecodeWeight& w, const torch::Tensor& x, int64_t n, int64_t k, bool int8) {
   if ((w.int8 != nullptr) != int8) return false;
   if (w.bias.defined() && !like_x(w.bias, x, {n})) return false;
-  if (int8) {
-    const auto& q = w.int8->q;
-    const auto& s = w.int8->scale;
-    return q.sizes() == at::IntArrayRef{n, k} && q.is_contiguous() && q.scalar_type() == torch::kChar &&
-           q.device() == x.device() && aligned16(q) && s.dim() == 2 && s.size(0) == n && s.size(1) >= 1 &&
-           k % s.size(1) == 0 && (k / s.size(1)) % 16 == 0 && s.is_contiguous() && s.scalar_type() == torch::kFloat &&
-           s.device() == x.device();
-  }
-  return like_x(w.w, x, {n, k}) && aligned16(w.w);
+  const bool layout = int8 ? w.int8->q.sizes() == at::IntArrayRef{n, k} && w.int8->q.is_contiguous() &&
+                                 w.int8->q.scalar_type() == torch::kChar && w.int8->q.device() == x.device() &&
+                                 w.int8->scale.dim() == 2 && w.int8->scale.size(0) == n &&
+                                 w.int8->scale.is_contiguous() && w.int8->scale.scalar_type() == torch::kFloat &&
+                                 w.int8->scale.device() == x.device()
+                           : like_x(w.w, x, {n, k});
+  return layout && decode_linear_applies(x.device(), x.scalar_type(), x.size(0), k, w);
 }
 
 #ifdef GPT2_WITH_CUDA

@@ -30,10 +30,11 @@ namespace gpt2 {
 //
 // Five kernels a layer still cost a launch and a drain each, ~6 µs apiece against the ~1 µs their
 // weights take to read at gpt2-124m (0.39 ms a step, 60 kernels, on an H100). So on CUDA the whole
-// step, every layer and the head, runs as one cooperative kernel (kernels/decode_step.h): a block
-// an SM, a grid barrier where the next phase reads what the last wrote (five a layer), each phase
-// the same device code as the kernel it replaces, so the same bits. A warp requests the next phase's
-// first weights before it waits at a barrier.
+// step, every layer and the head, can also run as one cooperative kernel (kernels/decode_step.h,
+// set_one_kernel_decode): a block an SM, a grid barrier where the next phase reads what the last
+// wrote (five a layer), each phase the same device code as the kernel it replaces, so the same
+// bits. A warp requests the next phase's first weights before it waits at a barrier. Measured, the
+// barriers (~1.4 µs each) cost about what the launches did, so it is off by default (README).
 
 namespace {
 

@@ -126,6 +126,17 @@ TEST(ModelGpu, TargetOutsideTheVocabularyIsRaisedByName) {
 
 constexpr int64_t kNewTokens = 64;
 
+// A decoding test's shape: GPT-2's vocabulary, 128 positions.
+GPT2Config decode_config(int64_t n_layer, int64_t n_head, int64_t n_embd) {
+  GPT2Config cfg;
+  cfg.n_layer = n_layer;
+  cfg.n_head = n_head;
+  cfg.n_embd = n_embd;
+  cfg.vocab_size = 50257;
+  cfg.block_size = 128;
+  return cfg;
+}
+
 // 4 blocks 256 wide, GPT-2's vocabulary. Random weights that keep greedy decoding lively (with
 // embeddings as strong as the blocks, the tied head makes a random model repeat one id, which
 // would make the check prove little): every projection of unit gain, N(0, 1/fan_in), LayerNorm
@@ -133,12 +144,7 @@ constexpr int64_t kNewTokens = 64;
 // N(0, 0.1), also the head: logits of about unit scale). On the CPU in fp32 this decodes 124
 // distinct ids in 512 steps. From a private generator, in fp32 on the CPU.
 GPT2 lively_model(uint64_t seed) {
-  GPT2Config cfg;
-  cfg.n_layer = 4;
-  cfg.n_head = 4;
-  cfg.n_embd = 256;
-  cfg.vocab_size = 50257;
-  cfg.block_size = 128;
+  const GPT2Config cfg = decode_config(4, 4, 256);
   GPT2 model(cfg);
   torch::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -452,13 +458,7 @@ TEST(ModelGpuDecode, OneKernelStepIsTheFiveKernelStepBitForBit) {
   for (const Case& c :
        {Case{"bf16", torch::kBFloat16, false, false}, Case{"fp32", torch::kFloat, false, false},
         Case{"bf16 int8", torch::kBFloat16, true, false}, Case{"bf16 C=768", torch::kBFloat16, false, true}}) {
-    GPT2Config wide;
-    wide.n_layer = 2;
-    wide.n_head = 12;
-    wide.n_embd = 768;
-    wide.vocab_size = 50257;
-    wide.block_size = 128;
-    GPT2 model = c.wide ? GPT2(wide) : lively_model(7);
+    GPT2 model = c.wide ? GPT2(decode_config(2, 12, 768)) : lively_model(7);
     model->to(torch::kCUDA, c.dtype);
     if (c.int8) model->quantize_int8();
     model->set_one_kernel_decode(true);
