@@ -252,6 +252,46 @@ void gemms(const char* name, int64_t M, int64_t C, int64_t layers, int64_t V = 5
               aten_total - best_total);
 }
 
+// The cast kernels alone on preallocated buffers (no allocation, no host work between launches),
+// against a device copy of x (one read and one write of its bytes: what this GPU's memory does):
+// tells a kernel's own time from the calls' host overhead in the line before.
+void fp8_cast_kernels_alone(const torch::Tensor& x) {
+  using namespace gpt2::kernels;
+  const auto stream = c10::cuda::getCurrentCUDAStream().stream();
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const auto f32 = torch::dtype(torch::kFloat).device(torch::kCUDA);
+  auto out = torch::empty({rows, cols}, x.options().dtype(at::kFloat8_e4m3fn));
+  auto out_t = torch::empty({cols, rows}, x.options().dtype(at::kFloat8_e4m3fn));
+  auto copy = torch::empty_like(x);
+  auto amax = torch::zeros({1}, f32.dtype(torch::kInt));
+  auto history = torch::full({16}, 4.0f, f32);
+  auto scale_inv = torch::empty({}, f32);
+  auto* bits = reinterpret_cast<unsigned*>(amax.data_ptr<int32_t>());
+  const Fp8CastArgs rows_only{x.data_ptr(), rows, cols,    false,          448.0f,  bits,
+                              nullptr,      0,    nullptr, out.data_ptr(), nullptr, scale_inv.data_ptr<float>(),
+                              false};
+  Fp8CastArgs both = rows_only, delayed = rows_only;
+  both.out_t = delayed.out_t = out_t.data_ptr();
+  delayed.amax_bits = nullptr;
+  delayed.history = history.data_ptr<float>();
+  delayed.history_len = history.numel();
+  const double copy_ms = time_ms([&] {
+    CUDA_CHECK(cudaMemcpyAsync(copy.data_ptr(), x.data_ptr(), x.nbytes(), cudaMemcpyDeviceToDevice, stream));
+  });
+  const double amax_ms =
+      time_ms([&] { CUDA_CHECK(launch_fp8_amax(Dtype::kBF16, x.data_ptr(), x.numel(), bits, stream)); });
+  const double rows_ms = time_ms([&] { CUDA_CHECK(launch_fp8_cast(Dtype::kBF16, rows_only, stream)); });
+  const double both_ms = time_ms([&] { CUDA_CHECK(launch_fp8_cast(Dtype::kBF16, both, stream)); });
+  const double delayed_ms = time_ms([&] { CUDA_CHECK(launch_fp8_cast(Dtype::kBF16, delayed, stream)); });
+  // The bytes each moves, in x's: the copy 2, amax 1, a cast 1.5, with the transpose 2.
+  const double gb = x.nbytes() / 1e6;  // ms -> GB/s
+  std::printf(
+      "  kernels alone, ms (GB/s): copy of x %.3f (%.0f), amax %.3f (%.0f), cast %.3f (%.0f), cast + transpose %.3f "
+      "(%.0f), delayed cast + transpose %.3f (%.0f)\n",
+      copy_ms, 2 * gb / copy_ms, amax_ms, gb / amax_ms, rows_ms, 1.5 * gb / rows_ms, both_ms, 2 * gb / both_ms,
+      delayed_ms, 2 * gb / delayed_ms);
+}
+
 // The blocks' GEMMs of a step as a · bᵀ (rows, inner) x (cols, inner): FP8 (the backward's
 // operands already transposed, as a cast kernel would write them) against the fastest bf16
 // candidate; then a per-tensor cast of one activation, amax included.
@@ -305,6 +345,7 @@ void fp8_gemms(const char* name, int64_t M, int64_t C, int64_t layers) {
       "  one (M, C) cast with its amax, ms: ATen ops %.3f, ours %.3f, ours + transpose %.3f, delayed + transpose "
       "%.3f (bytes of two reads and a write: %.3f)\n",
       aten_ms, ours_ms, both_ms, delayed_ms, bytes_ms);
+  fp8_cast_kernels_alone(x);
 }
 
 // One layer of a batch-1 decode step at n_embd C and `heads` heads of 64, `context` positions into
