@@ -11,6 +11,7 @@
 
 #include "src/base/errors.h"
 #include "src/kernels/dtype.h"
+#include "src/kernels/linear.h"
 
 #ifdef GPT2_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -292,7 +293,7 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     if (gelu) dx = at::gelu_backward(dx, saved[0], "tanh");
     std::vector<int64_t> x_shape = grads[0].sizes().vec();
     x_shape.back() = k;
-    const at::Tensor db = ctx->saved_data["has_bias"].toBool() ? gy.sum(0) : at::Tensor();
+    const at::Tensor db = ctx->saved_data["has_bias"].toBool() ? bias_grad(gy) : at::Tensor();
     return {dx.view(x_shape), dw, db, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

@@ -68,7 +68,7 @@ void fp8_amax_roll(torch::Tensor& amax);
 
 // A linear layer x wᵀ + b whose three products run in FP8 with current per-tensor scaling (each
 // tensor scaled by its own amax as it is cast): forward e4m3 x e4m3, backward dx = gy · w and
-// dw = gyᵀ · x with gy in e5m2; bias and its gradient stay in x's dtype. Backward keeps the fp8
+// dw = gyᵀ · x with gy in e5m2; bias and its gradient (linear.h's bias_grad) stay in x's dtype. Backward keeps the fp8
 // xᵀ (half the bytes of bf16) and w, a parameter, whose fp8 transpose it casts again (the same
 // scale: w has not changed) rather than keep a copy of every weight. x (..., K) bf16 or fp32, w (N, K) and bias (N) in
 // x's dtype; K, N and x's rows multiples of 16. The output has x's dtype. Outside that, a gpt2::Error naming

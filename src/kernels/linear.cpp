@@ -32,13 +32,8 @@ torch::Tensor partial_for(const torch::Tensor& rows_by_cols) {
 std::pair<torch::Tensor, torch::Tensor> weight_and_bias_grads(const torch::Tensor& dy, const torch::Tensor& x,
                                                               bool need_w, bool need_b) {
   torch::Tensor dw, db;
-  if (need_b) db = torch::empty({dy.size(1)}, dy.options());
   if (need_w) dw = gemm(dy.t(), x);
-  if (need_b) {
-    auto partial = partial_for(dy);
-    CUDA_CHECK(launch_column_sum(dtype_of(dy, "kernels::linear"), dy.data_ptr(), dy.size(0), dy.size(1),
-                                 partial.data_ptr<float>(), db.data_ptr(), stream_of(dy)));
-  }
+  if (need_b) db = bias_grad(dy);
   return {dw, db};
 }
 
@@ -110,6 +105,19 @@ class Mlp : public torch::autograd::Function<Mlp> {
 
 }  // namespace
 #endif
+
+torch::Tensor bias_grad(const torch::Tensor& dy) {
+#ifdef GPT2_WITH_CUDA
+  if (dy.is_cuda() && is_kernel_dtype(dy.scalar_type()) && dy.dim() == 2 && dy.is_contiguous()) {
+    auto db = torch::empty({dy.size(1)}, dy.options());
+    auto partial = partial_for(dy);
+    CUDA_CHECK(launch_column_sum(dtype_of(dy, "kernels::bias_grad"), dy.data_ptr(), dy.size(0), dy.size(1),
+                                 partial.data_ptr<float>(), db.data_ptr(), stream_of(dy)));
+    return db;
+  }
+#endif
+  return dy.sum(0);
+}
 
 bool linear_applies(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
 #ifdef GPT2_WITH_CUDA

@@ -15,6 +15,9 @@ namespace gpt2::kernels {
 bool linear_applies(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 bool mlp_applies(const torch::Tensor& x, const torch::Tensor& fc_weight, const torch::Tensor& fc_bias,
                  const torch::Tensor& proj_weight, const torch::Tensor& proj_bias);
+// A bias gradient: dy (rows, cols)'s column sums in dy's dtype; the column-sum kernel (fp32 sums)
+// for a contiguous CUDA kernel dtype, else dy.sum(0).
+torch::Tensor bias_grad(const torch::Tensor& dy);
 // x W^T + b. Throws std::invalid_argument outside the contract.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 // c_proj(gelu_tanh(c_fc(x))): (..., C) -> (..., C'). Throws std::invalid_argument outside the contract.

@@ -15,6 +15,7 @@
 
 #include "src/base/errors.h"
 #include "src/kernels/fp8_gemm.h"
+#include "src/kernels/linear.h"
 
 namespace gpt2::kernels {
 namespace {
@@ -263,7 +264,8 @@ TEST(Fp8Gemm, ALinearLayersProductsAreWithinTheQuantizationBound) {
 
 // fp8_linear is its documented composition, bit for bit: each operand cast with its own amax, the
 // forward e4m3 x e4m3 product plus bias, dx = gy8 · w8 and dw = gy8ᵀ · x8 with gy in e5m2, db = Σ gy
-// (the products' accuracy is the test above). A 3-D x keeps its leading dims.
+// through linear.h's bias_grad (the products' accuracy is the test above; bias_grad's, FusedLinear's). A 3-D x keeps
+// its leading dims.
 TEST(Fp8Linear, ForwardAndBackwardAreTheFp8ProductsOfItsCasts) {
   for (const auto& device : devices()) {
     for (const auto dtype : {at::kFloat, at::kBFloat16}) {
@@ -283,7 +285,7 @@ TEST(Fp8Linear, ForwardAndBackwardAreTheFp8ProductsOfItsCasts) {
       EXPECT_TRUE(torch::equal(y.view({64, 48}), fp8_gemm_nt(x8, w8, dtype, b))) << what;
       EXPECT_TRUE(torch::equal(x.grad().view({64, 96}), fp8_gemm_nt(g8, transpose_fp8(w8), dtype))) << what;
       EXPECT_TRUE(torch::equal(w.grad(), fp8_gemm_nt(transpose_fp8(g8), transpose_fp8(x8), dtype))) << what;
-      EXPECT_TRUE(torch::equal(b.grad(), gy.view({64, 48}).sum(0))) << what;
+      EXPECT_TRUE(torch::equal(b.grad(), bias_grad(gy.view({64, 48})))) << what;
     }
   }
   const auto x = torch::randn({24, 32}), w = torch::randn({16, 32});
