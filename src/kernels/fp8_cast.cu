@@ -39,15 +39,26 @@ __device__ __forceinline__ float cast_input(T v) {
 // packs of a 16-bit T, n a multiple of 8 and x 16-byte aligned; else 1). |x| as fp32 bits orders as
 // unsigned integers (sign cleared), and NaN's bits lie above inf's, so a NaN anywhere wins, as
 // ATen's amax propagates NaN.
+// A thread requests kAmaxLoads packs before it uses any (a loop that used each load before the
+// next waited out one round trip per pack); max is exact in any order.
+constexpr int kAmaxLoads = 4;
 template <typename T, bool GELU, int VEC>
 __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const T* __restrict__ x, int64_t n, unsigned* amax) {
   unsigned best = 0;
   const auto* packs = reinterpret_cast<const Pack<T, VEC>*>(x);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n / VEC;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const Pack<T, VEC> v = packs[i];
+  const int64_t count = n / VEC, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i0 = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i0 < count;
+       i0 += kAmaxLoads * stride) {
+    Pack<T, VEC> v[kAmaxLoads];
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) best = max(best, __float_as_uint(cast_input<T, GELU>(v.v[e])) & 0x7fffffffu);
+    for (int u = 0; u < kAmaxLoads; ++u)
+      if (i0 + u * stride < count) v[u] = packs[i0 + u * stride];
+#pragma unroll
+    for (int u = 0; u < kAmaxLoads; ++u) {
+      if (i0 + u * stride >= count) break;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) best = max(best, __float_as_uint(cast_input<T, GELU>(v[u].v[e])) & 0x7fffffffu);
+    }
   }
   for (int offset = 16; offset > 0; offset >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, offset));
   __shared__ unsigned warp_best[kAmaxThreads / 32];
@@ -163,12 +174,21 @@ __global__ void __launch_bounds__(kPackedThreads) cast_packed_kernel(Fp8CastArgs
   unsigned local = 0;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t r0 = t / tiles_c * kPackedTile, c0 = t % tiles_c * kPackedTile;
+    // Both passes' packs are requested before either is used: the stores between them may alias x
+    // for all the compiler knows, so it would not move the second load up by itself.
+    constexpr int kPasses = kPackedTile / 32;
+    Pack<T, 8> loaded[kPasses];
 #pragma unroll
-    for (int pass = 0; pass < kPackedTile / 32; ++pass) {
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int64_t r = r0 + pass * 32 + row_in_pass, c = c0 + col;
+      if (r < a.rows && c < a.cols) loaded[pass] = *reinterpret_cast<const Pack<T, 8>*>(x + r * a.cols + c);
+    }
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
       const int i = pass * 32 + row_in_pass;
       const int64_t r = r0 + i, c = c0 + col;
       if (r < a.rows && c < a.cols) {  // rows and cols are multiples of 8: a pack is wholly in or out
-        const Pack<T, 8> v = *reinterpret_cast<const Pack<T, 8>*>(x + r * a.cols + c);
+        const Pack<T, 8>& v = loaded[pass];
         uint2 packed;
         auto* q = reinterpret_cast<__nv_fp8_storage_t*>(&packed);
 #pragma unroll
