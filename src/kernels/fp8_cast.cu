@@ -2,14 +2,15 @@
 // quantize_fp8_current) in two kernels instead of ATen's chain of element-wise ops with fp32
 // temporaries: one pass reduces max |x| into a device scalar, one pass scales, saturates and
 // rounds every element, writing the row-major result and, if asked, its transpose (the backward
-// GEMMs' operand) through a shared-memory tile. Every value is computed as the ATen composition
-// computes it (fp32 multiply, clamp, round to nearest even), so the bits agree. Delayed scaling
-// takes its scale from an amax history and records the tensor's amax in the same pass: one read.
-// Where the shapes allow (16-bit inputs, sizes multiples of 8), both passes read 16 bytes and the
-// cast writes 8 bytes at a time: one element a thread with a block per 32 x 32 tile ran at about a
-// sixth of the memory bandwidth (kernel_bench fp8 on an H100: 0.15-0.18 ms for gpt2-124m's (M, C)
-// activation, whose bytes take 0.026 ms). With `gelu` a cast reads gelu_tanh(x) as ATen computes
-// and stores it, so the GELU's output goes to FP8 without being written in x's dtype first.
+// GEMMs' operand). Every value is computed as the ATen composition computes it (fp32 multiply,
+// clamp, round to nearest even), so the bits agree. Delayed scaling takes its scale from an amax
+// history and records the tensor's amax in the same pass: one read.
+// Where the shapes allow (16-bit inputs, sizes multiples of 8), the passes read 16 bytes and the
+// cast writes 8 bytes at a time, transposing 8 x 8 blocks in registers: one element a thread with a
+// block per 32 x 32 tile ran at about a sixth of the memory bandwidth (kernel_bench fp8 on an H100:
+// 0.15-0.18 ms for gpt2-124m's (M, C) activation, whose bytes take 0.026 ms). With `gelu` a cast
+// reads gelu_tanh(x) as ATen computes and stores it, so the GELU's output goes to FP8 without being
+// written in x's dtype first.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -24,9 +25,6 @@ namespace {
 
 constexpr int kAmaxThreads = 256;
 constexpr int kTile = 32;  // the cast's tile: 32 x 32 elements, 32 x 8 threads
-// The packed cast (16-bit inputs, rows and cols multiples of 8): 64 x 64 tiles, 256 threads, each
-// reading 8 elements (16 bytes) and writing 8 bytes at a time, a block taking tiles in turn.
-constexpr int kPackedTile = 64, kPackedThreads = 256;
 
 // The value a cast reads: x, or with GELU its gelu_tanh.
 template <typename T, bool GELU>
@@ -75,12 +73,32 @@ __device__ __forceinline__ float scale_for(float amax, float top) {
   return amax > 0.0f && isfinite(amax) ? top / amax : 1.0f;
 }
 
+// What a non-finite scaled value becomes, as the conversion without saturation (and ATen's) makes
+// it: NaN 0x7f; ±inf e5m2's ±inf, or in e4m3 (no inf) NaN with inf's sign.
+__device__ __forceinline__ unsigned non_finite_fp8(float v, __nv_fp8_interpretation_t format) {
+  if (isnan(v)) return 0x7fu;
+  return (format == __NV_E5M2 ? 0x7cu : 0x7fu) | (signbit(v) ? 0x80u : 0u);
+}
+
 // One element: finite values scaled, saturated to ±top and rounded to nearest even; inf and NaN
-// stay non-finite (NaN in e4m3, which has no inf), as quantize_fp8's where(isfinite, clamp, x).
+// stay non-finite, as quantize_fp8's where(isfinite, clamp, x). Finite values go through the
+// hardware conversion (cvt.rn.satfinite, sm_89+: saturating changes nothing once clamped to ±top);
+// without saturation CUDA's header converts in software through a double, which made the casts
+// compute-bound.
 __device__ __forceinline__ __nv_fp8_storage_t cast_one(float v, float s, float top, __nv_fp8_interpretation_t format) {
   const float scaled = v * s;
-  if (!isfinite(scaled)) return __nv_cvt_float_to_fp8(scaled, __NV_NOSAT, format);
-  return __nv_cvt_float_to_fp8(fminf(fmaxf(scaled, -top), top), __NV_NOSAT, format);
+  if (!isfinite(scaled)) return static_cast<__nv_fp8_storage_t>(non_finite_fp8(scaled, format));
+  return __nv_cvt_float_to_fp8(fminf(fmaxf(scaled, -top), top), __NV_SATFINITE, format);
+}
+
+// Two elements at once (the pair instruction), low byte a's: the bits of cast_one on each.
+__device__ __forceinline__ unsigned cast_two(float a, float b, float s, float top, __nv_fp8_interpretation_t format) {
+  const float sa = a * s, sb = b * s;
+  unsigned q = __nv_cvt_float2_to_fp8x2(make_float2(fminf(fmaxf(sa, -top), top), fminf(fmaxf(sb, -top), top)),
+                                        __NV_SATFINITE, format);
+  if (!isfinite(sa)) q = (q & 0xff00u) | non_finite_fp8(sa, format);
+  if (!isfinite(sb)) q = (q & 0x00ffu) | (non_finite_fp8(sb, format) << 8);
+  return q;
 }
 
 // The scale of a cast (scale_for), called by a block's first warp: from the amax at amax_bits, or
@@ -145,84 +163,65 @@ __global__ void __launch_bounds__(kTile * 8) cast_kernel(Fp8CastArgs a, __nv_fp8
   }
 }
 
-// The packed cast: the same values as cast_kernel, read 16 bytes and written 8 bytes at a time.
-// A block computes the scale once (cast_scale), then takes 64 x 64 tiles in turn: a thread converts 8 consecutive
-// elements of a row, and for out_t gathers 8 consecutive rows of a column from the shared tile. One atomic per block
-// for the recorded amax.
+// The packed cast: the same values as cast_kernel, with no shared memory and no block barrier. A
+// warp takes 32 x 64 tiles of x in turn; its lane l converts the 8 x 8 block at rows 8·(l / 8) and
+// columns 8·(l % 8) of the tile: eight 16-byte loads (one a row, all requested before any is used),
+// eight 8-byte row stores, and for out_t the block transposed in registers, eight 8-byte stores in
+// which four lanes write one 32-byte sector of an out_t row. One atomic a block for the recorded amax.
+constexpr int kCastWarps = 8, kCastTileRows = 32, kCastTileCols = 64;
 template <typename T, bool GELU>
-__global__ void __launch_bounds__(kPackedThreads) cast_packed_kernel(Fp8CastArgs a, __nv_fp8_interpretation_t format) {
-  __shared__ float scale_s;
-  __shared__ unsigned block_amax;
-  __shared__ __align__(16) __nv_fp8_storage_t tile[kPackedTile][kPackedTile + 8];
-  const int tid = threadIdx.x;
-  if (tid < 32) {
-    const float scale = cast_scale(a);
-    if (tid == 0) {
-      scale_s = scale;
-      block_amax = 0;
-      if (blockIdx.x == 0) *a.scale_inv = 1.0f / scale;
-    }
-  }
-  __syncthreads();
-  const float s = scale_s;
+__global__ void __launch_bounds__(kCastWarps * 32) cast_packed_kernel(Fp8CastArgs a, __nv_fp8_interpretation_t format) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const float s = cast_scale(a);  // every warp its own: no barrier
+  if (blockIdx.x == 0 && threadIdx.x == 0) *a.scale_inv = 1.0f / s;
   const T* x = static_cast<const T*>(a.x);
-  auto* out = static_cast<__nv_fp8_storage_t*>(a.out);
-  auto* out_t = static_cast<__nv_fp8_storage_t*>(a.out_t);
-  const int row_in_pass = tid / 8, col = (tid % 8) * 8;  // 32 rows a pass, 8 elements a thread
-  const int64_t tiles_c = (a.cols + kPackedTile - 1) / kPackedTile;
-  const int64_t tiles = (a.rows + kPackedTile - 1) / kPackedTile * tiles_c;
+  auto* out = static_cast<unsigned char*>(a.out);
+  auto* out_t = static_cast<unsigned char*>(a.out_t);
+  const int64_t tiles_c = (a.cols + kCastTileCols - 1) / kCastTileCols;
+  const int64_t tiles = (a.rows + kCastTileRows - 1) / kCastTileRows * tiles_c;
   unsigned local = 0;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t r0 = t / tiles_c * kPackedTile, c0 = t % tiles_c * kPackedTile;
-    // Both passes' packs are requested before either is used: the stores between them may alias x
-    // for all the compiler knows, so it would not move the second load up by itself.
-    constexpr int kPasses = kPackedTile / 32;
-    Pack<T, 8> loaded[kPasses];
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kCastWarps + warp; t < tiles;
+       t += static_cast<int64_t>(gridDim.x) * kCastWarps) {
+    const int64_t r0 = t / tiles_c * kCastTileRows + lane / 8 * 8, c0 = t % tiles_c * kCastTileCols + lane % 8 * 8;
+    if (r0 >= a.rows || c0 >= a.cols) continue;  // rows and cols are multiples of 8: a block is wholly in or out
+    Pack<T, 8> v[8];
 #pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int64_t r = r0 + pass * 32 + row_in_pass, c = c0 + col;
-      if (r < a.rows && c < a.cols) loaded[pass] = *reinterpret_cast<const Pack<T, 8>*>(x + r * a.cols + c);
-    }
+    for (int i = 0; i < 8; ++i) v[i] = *reinterpret_cast<const Pack<T, 8>*>(x + (r0 + i) * a.cols + c0);
+    unsigned lo[8], hi[8];  // row i's eight fp8 bytes, columns 0-3 and 4-7
 #pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int i = pass * 32 + row_in_pass;
-      const int64_t r = r0 + i, c = c0 + col;
-      if (r < a.rows && c < a.cols) {  // rows and cols are multiples of 8: a pack is wholly in or out
-        const Pack<T, 8>& v = loaded[pass];
-        uint2 packed;
-        auto* q = reinterpret_cast<__nv_fp8_storage_t*>(&packed);
+    for (int i = 0; i < 8; ++i) {
+      float f[8];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float f = cast_input<T, GELU>(v.v[e]);
-          local = max(local, __float_as_uint(f) & 0x7fffffffu);
-          q[e] = cast_one(f, s, a.top, format);
-        }
-        if (out != nullptr) *reinterpret_cast<uint2*>(out + r * a.cols + c) = packed;
-        if (out_t != nullptr) *reinterpret_cast<uint2*>(&tile[i][col]) = packed;
+      for (int e = 0; e < 8; ++e) {
+        f[e] = cast_input<T, GELU>(v[i].v[e]);
+        local = max(local, __float_as_uint(f[e]) & 0x7fffffffu);
       }
+      lo[i] = cast_two(f[0], f[1], s, a.top, format) | cast_two(f[2], f[3], s, a.top, format) << 16;
+      hi[i] = cast_two(f[4], f[5], s, a.top, format) | cast_two(f[6], f[7], s, a.top, format) << 16;
+      if (out != nullptr) *reinterpret_cast<uint2*>(out + (r0 + i) * a.cols + c0) = make_uint2(lo[i], hi[i]);
     }
     if (out_t == nullptr) continue;
-    __syncthreads();
+      // Column j of the block: byte j of each row. __byte_perm(p, q, sel) picks 4 of p's and q's 8 bytes.
 #pragma unroll
-    for (int pass = 0; pass < kPackedTile / 32; ++pass) {
-      const int j = pass * 32 + row_in_pass;     // the tile's column: out_t's row c0 + j
-      const int64_t tc = c0 + j, tr = r0 + col;  // out_t[tc, tr .. tr + 7] = x's rows tr .. tr + 7
-      if (tc < a.cols && tr < a.rows) {
-        uint2 packed;
-        auto* q = reinterpret_cast<__nv_fp8_storage_t*>(&packed);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) q[e] = tile[col + e][j];
-        *reinterpret_cast<uint2*>(out_t + tc * a.rows + tr) = packed;
-      }
+    for (int j = 0; j < 8; ++j) {
+      const unsigned* w = j < 4 ? lo : hi;
+      const unsigned b = j % 4;  // the byte within the word
+      const unsigned sel = b | (b + 4) << 4;
+      const unsigned r01 = __byte_perm(w[0], w[1], sel), r23 = __byte_perm(w[2], w[3], sel);
+      const unsigned r45 = __byte_perm(w[4], w[5], sel), r67 = __byte_perm(w[6], w[7], sel);
+      const uint2 column = make_uint2(__byte_perm(r01, r23, 0x5410), __byte_perm(r45, r67, 0x5410));
+      *reinterpret_cast<uint2*>(out_t + (c0 + j) * a.rows + r0) = column;
     }
-    __syncthreads();  // the next tile rewrites the shared one
   }
   if (a.record_bits == nullptr) return;
+  __shared__ unsigned block_amax;
+  if (threadIdx.x == 0) block_amax = 0;
+  __syncthreads();
   for (int offset = 16; offset > 0; offset >>= 1) local = max(local, __shfl_xor_sync(0xffffffffu, local, offset));
-  if (tid % 32 == 0) atomicMax(&block_amax, local);
+  if (lane == 0) atomicMax(&block_amax, local);
   __syncthreads();
   // A NaN is recorded as inf, as in cast_kernel.
-  if (tid == 0) atomicMax(a.record_bits, min(block_amax, 0x7f800000u));
+  if (threadIdx.x == 0) atomicMax(a.record_bits, min(block_amax, 0x7f800000u));
 }
 
 // Whether the packed kernels take the buffers: a 16-bit type, the sizes multiples of 8, x 16-byte
@@ -261,13 +260,16 @@ cudaError_t launch_fp8_cast(Dtype dtype, const Fp8CastArgs& args, cudaStream_t s
                       reinterpret_cast<uintptr_t>(args.out_t) % 8 == 0;
   if (packed) {
     static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
-    const int64_t tiles = (args.rows + kPackedTile - 1) / kPackedTile * ((args.cols + kPackedTile - 1) / kPackedTile);
-    const auto blocks = static_cast<unsigned>(std::min<int64_t>(tiles, 8 * static_cast<int64_t>(sms > 0 ? sms : 132)));
+    const int64_t tiles =
+        (args.rows + kCastTileRows - 1) / kCastTileRows * ((args.cols + kCastTileCols - 1) / kCastTileCols);
+    // Enough blocks to fill the GPU (4 an SM at 8 warps each), each warp then taking tiles in turn.
+    const auto blocks = static_cast<unsigned>(
+        std::min<int64_t>((tiles + kCastWarps - 1) / kCastWarps, 4 * static_cast<int64_t>(sms > 0 ? sms : 132)));
     return with_storage_type(dtype, [&](auto t) {
       using T = typename decltype(t)::type;
       if constexpr (sizeof(T) == 2) {
         const auto kernel = args.gelu ? cast_packed_kernel<T, true> : cast_packed_kernel<T, false>;
-        kernel<<<blocks, kPackedThreads, 0, stream>>>(args, format);
+        kernel<<<blocks, kCastWarps * 32, 0, stream>>>(args, format);
         return cudaGetLastError();
       }
       return cudaErrorInvalidValue;  // not reached: packs() takes 16-bit types only
