@@ -298,28 +298,101 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
   }
 };
 
-// fp8_linear's checks and the node, for x or (gelu) gelu_tanh(x).
-torch::Tensor apply_fp8_linear(const char* who, const torch::Tensor& x, const torch::Tensor& w,
-                               const torch::Tensor& bias, const Fp8DelayedScaling* delayed, bool gelu) {
-  const std::string name(who);
+// c_proj(gelu_tanh(c_fc(x))) in FP8 (fp8_mlp): forward the casts and products of fp8_linear then
+// fp8_gelu_linear; backward from what forward kept: x8ᵀ (c_fc's dw operand), pre (GELU's backward)
+// and gelu(pre)8ᵀ (c_proj's dw operand, so it is not cast again), and the GELU backward with c_fc's
+// bias gradient in one pass (linear.h's gelu_and_bias_backward).
+class Fp8MlpFunction : public torch::autograd::Function<Fp8MlpFunction> {
+ public:
+  // `fc_amax`, `proj_amax`: the layers' (3, L) histories (Fp8DelayedScaling), or no elements: current scaling.
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& fc_w,
+                               const torch::Tensor& fc_b, const torch::Tensor& proj_w, const torch::Tensor& proj_b,
+                               const torch::Tensor& fc_amax, const torch::Tensor& proj_amax, bool use_history,
+                               bool record) {
+    const bool delayed = fc_amax.numel() > 0;
+    auto row = [&](int layer, int what) { return delayed ? (layer == 0 ? fc_amax : proj_amax)[what] : at::Tensor(); };
+    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+    const auto [x8, x8_t] = cast(x2, at::kFloat8_e4m3fn, Fp8Layout::kBoth, row(0, 0), use_history, record);
+    const Fp8Tensor fc_w8 = cast(fc_w, at::kFloat8_e4m3fn, Fp8Layout::kRows, row(0, 1), use_history, record).first;
+    const at::Tensor pre = fp8_gemm_nt(x8, fc_w8, x.scalar_type(), fc_b);
+    const auto [h8, h8_t] =
+        cast(pre, at::kFloat8_e4m3fn, Fp8Layout::kBoth, row(1, 0), use_history, record, /*gelu=*/true);
+    const Fp8Tensor proj_w8 = cast(proj_w, at::kFloat8_e4m3fn, Fp8Layout::kRows, row(1, 1), use_history, record).first;
+    const at::Tensor y = fp8_gemm_nt(h8, proj_w8, x.scalar_type(), proj_b);
+    ctx->save_for_backward({x8_t.data, x8_t.scale_inv, pre, h8_t.data, h8_t.scale_inv, fc_w, proj_w});
+    // Not saved for backward: the backward's casts write into them, which a saved tensor may not see.
+    ctx->saved_data["fc_amax"] = fc_amax;
+    ctx->saved_data["proj_amax"] = proj_amax;
+    ctx->saved_data["use_history"] = use_history;
+    ctx->saved_data["record"] = record;
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = proj_w.size(0);
+    return y.view(shape);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Fp8Tensor x8_t{saved[0], saved[1]}, h8_t{saved[3], saved[4]};
+    const at::Tensor &pre = saved[2], &fc_w = saved[5], &proj_w = saved[6];
+    const at::Tensor fc_amax = ctx->saved_data["fc_amax"].toTensor(),
+                     proj_amax = ctx->saved_data["proj_amax"].toTensor();
+    const bool delayed = fc_amax.numel() > 0, use_history = ctx->saved_data["use_history"].toBool();
+    const bool record = ctx->saved_data["record"].toBool();
+    auto row = [&](int layer, int what) { return delayed ? (layer == 0 ? fc_amax : proj_amax)[what] : at::Tensor(); };
+    const at::Tensor gy = grads[0].reshape({-1, proj_w.size(0)}).contiguous();
+    const at::ScalarType dtype = gy.scalar_type();
+    // c_proj: its output gradient cast once for both products, its weight's transpose cast again.
+    const auto [g8, g8_t] = cast(gy, at::kFloat8_e5m2, Fp8Layout::kBoth, row(1, 2), use_history, record);
+    const Fp8Tensor proj_w8_t = cast(proj_w, at::kFloat8_e4m3fn, Fp8Layout::kTranspose, row(1, 1), use_history).second;
+    const at::Tensor dh = fp8_gemm_nt(g8, proj_w8_t, dtype);  // (M, 4C)
+    const at::Tensor dproj_w = fp8_gemm_nt(g8_t, h8_t, dtype);
+    const at::Tensor dproj_b = bias_grad(gy);
+    // c_fc: the GELU's backward and c_fc's bias gradient in one pass, then its two products.
+    const auto [dpre, dfc_b] = gelu_and_bias_backward(dh, pre);
+    const auto [d8, d8_t] = cast(dpre, at::kFloat8_e5m2, Fp8Layout::kBoth, row(0, 2), use_history, record);
+    const Fp8Tensor fc_w8_t = cast(fc_w, at::kFloat8_e4m3fn, Fp8Layout::kTranspose, row(0, 1), use_history).second;
+    const at::Tensor dx = fp8_gemm_nt(d8, fc_w8_t, dtype);  // (M, C)
+    const at::Tensor dfc_w = fp8_gemm_nt(d8_t, x8_t, dtype);
+    std::vector<int64_t> x_shape = grads[0].sizes().vec();
+    x_shape.back() = fc_w.size(1);
+    return {dx.view(x_shape), dfc_w, dfc_b, dproj_w, dproj_b, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// fp8_linear's checks of one layer: x's dtype and device, `rows` x `k` the layer's input, w (N, K),
+// bias (N) if any, the histories; a gpt2::Error naming `who` where one fails.
+void check_fp8_layer(const std::string& who, const torch::Tensor& x, int64_t rows, int64_t k, const torch::Tensor& w,
+                     const torch::Tensor& bias, const Fp8DelayedScaling* delayed) {
   GPT2_ASSERT(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
-              name + ": x must be bf16 or fp32 (the FP8 GEMM's outputs)");
-  GPT2_ASSERT(w.dim() == 2 && x.size(-1) == w.size(1) && w.scalar_type() == x.scalar_type(),
-              name + ": w must be (N, K) in x's dtype");
+              who + ": x must be bf16 or fp32 (the FP8 GEMM's outputs)");
+  GPT2_ASSERT(w.dim() == 2 && k == w.size(1) && w.scalar_type() == x.scalar_type(),
+              who + ": w must be (N, K) in x's dtype");
   GPT2_ASSERT(!bias.defined() || (bias.numel() == w.size(0) && bias.scalar_type() == x.scalar_type()),
-              name + ": bias must be (N) in x's dtype");
-  const int64_t rows = x.numel() / std::max<int64_t>(1, x.size(-1));
-  GPT2_ASSERT(x.size(-1) % 16 == 0 && w.size(0) % 16 == 0 && rows % 16 == 0 && rows > 0,
-              name + ": K, N and x's rows must be multiples of 16 (rows at least 16)");
+              who + ": bias must be (N) in x's dtype");
+  GPT2_ASSERT(k % 16 == 0 && w.size(0) % 16 == 0 && rows % 16 == 0 && rows > 0,
+              who + ": K, N and x's rows must be multiples of 16 (rows at least 16)");
   if (delayed) {
     const at::Tensor& h = delayed->amax;
     GPT2_ASSERT(h.dim() == 2 && h.size(0) == 3 && h.size(1) >= 2 && h.scalar_type() == at::kFloat &&
                     h.is_contiguous() && h.device() == x.device(),
-                name + ": the amax histories are (3, L >= 2) contiguous fp32 on x's device");
+                who + ": the amax histories are (3, L >= 2) contiguous fp32 on x's device");
   }
+}
+
+int64_t rows_of(const torch::Tensor& x) { return x.numel() / std::max<int64_t>(1, x.size(-1)); }
+
+// The histories a node takes: a layer's (3, L), or no elements for current scaling.
+at::Tensor histories(const Fp8DelayedScaling* delayed, const torch::Tensor& x) {
+  return delayed ? delayed->amax : at::empty({0}, x.options().dtype(at::kFloat));
+}
+
+// fp8_linear's checks and the node, for x or (gelu) gelu_tanh(x).
+torch::Tensor apply_fp8_linear(const char* who, const torch::Tensor& x, const torch::Tensor& w,
+                               const torch::Tensor& bias, const Fp8DelayedScaling* delayed, bool gelu) {
+  check_fp8_layer(who, x, rows_of(x), x.size(-1), w, bias, delayed);
   return Fp8LinearFunction::apply(x.contiguous(), w.contiguous(), bias.defined() ? bias : at::empty({0}, x.options()),
-                                  delayed ? delayed->amax : at::empty({0}, x.options().dtype(at::kFloat)),
-                                  delayed && delayed->use_history,
+                                  histories(delayed, x), delayed && delayed->use_history,
                                   /*record=*/delayed && at::GradMode::is_enabled(), gelu);
 }
 
@@ -333,6 +406,21 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& w, const t
 torch::Tensor fp8_gelu_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
                               const Fp8DelayedScaling* delayed) {
   return apply_fp8_linear("fp8_gelu_linear", x, w, bias, delayed, /*gelu=*/true);
+}
+
+torch::Tensor fp8_mlp(const torch::Tensor& x, const torch::Tensor& fc_w, const torch::Tensor& fc_b,
+                      const torch::Tensor& proj_w, const torch::Tensor& proj_b, const Fp8DelayedScaling* fc_delayed,
+                      const Fp8DelayedScaling* proj_delayed) {
+  GPT2_ASSERT((fc_delayed == nullptr) == (proj_delayed == nullptr) &&
+                  (fc_delayed == nullptr || fc_delayed->use_history == proj_delayed->use_history),
+              "fp8_mlp: both layers scale alike (current, or delayed with or without their histories)");
+  GPT2_ASSERT(fc_b.defined() && proj_b.defined(), "fp8_mlp: both layers have a bias");
+  check_fp8_layer("fp8_mlp (c_fc)", x, rows_of(x), x.size(-1), fc_w, fc_b, fc_delayed);
+  check_fp8_layer("fp8_mlp (c_proj)", x, rows_of(x), fc_w.size(0), proj_w, proj_b, proj_delayed);
+  return Fp8MlpFunction::apply(x.contiguous(), fc_w.contiguous(), fc_b, proj_w.contiguous(), proj_b,
+                               histories(fc_delayed, x), histories(proj_delayed, x),
+                               fc_delayed && fc_delayed->use_history,
+                               /*record=*/fc_delayed && at::GradMode::is_enabled());
 }
 
 }  // namespace gpt2::kernels

@@ -83,5 +83,14 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& w, const t
 // gelu(x)ᵀ again for dw, then dx = gelu'(x) · (gy · w). The same checks, naming fp8_gelu_linear.
 torch::Tensor fp8_gelu_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
                               const Fp8DelayedScaling* delayed = nullptr);
+// The MLP, c_proj(gelu_tanh(c_fc(x))), as one node: forward fp8_gelu_linear(fp8_linear(x, fc_w, fc_b),
+// proj_w, proj_b) bit for bit, keeping gelu's FP8 transpose from forward (no second cast of it in
+// backward); backward the same products, with the GELU backward and c_fc's bias gradient in one pass
+// (linear.h's gelu_and_bias_backward: on CUDA our kernel's derivative, not ATen's bits, on the CPU ATen's, so
+// there the composition's bits). Both layers biased and scaled alike (both current or both delayed);
+// fp8_linear's checks on each, naming fp8_mlp.
+torch::Tensor fp8_mlp(const torch::Tensor& x, const torch::Tensor& fc_w, const torch::Tensor& fc_b,
+                      const torch::Tensor& proj_w, const torch::Tensor& proj_b,
+                      const Fp8DelayedScaling* fc_delayed = nullptr, const Fp8DelayedScaling* proj_delayed = nullptr);
 
 }  // namespace gpt2::kernels

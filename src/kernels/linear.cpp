@@ -90,12 +90,7 @@ class Mlp : public torch::autograd::Function<Mlp> {
     const auto dy = grads[0].contiguous().view({-1, proj_w.size(0)});
     auto [dproj_w, dproj_b] = weight_and_bias_grads(dy, h, ctx->needs_input_grad(3), ctx->needs_input_grad(4));
     // The GELU input gradient and c_fc's bias gradient in one pass.
-    auto dpre = torch::empty_like(pre);
-    auto dfc_b = torch::empty({fc_w.size(0)}, dy.options());
-    const auto dh = gemm(dy, proj_w);
-    auto partial = partial_for(dh);
-    CUDA_CHECK(launch_gelu_backward(dtype_of(dh, "kernels::mlp"), dh.data_ptr(), pre.data_ptr(), dh.size(0), dh.size(1),
-                                    dpre.data_ptr(), partial.data_ptr<float>(), dfc_b.data_ptr(), stream_of(dh)));
+    const auto [dpre, dfc_b] = gelu_and_bias_backward(gemm(dy, proj_w), pre);
     torch::Tensor dx, dfc_w;
     if (ctx->needs_input_grad(0)) dx = gemm(dpre, fc_w).view(x.sizes());
     if (ctx->needs_input_grad(1)) dfc_w = gemm(dpre.t(), x.reshape({-1, x.size(-1)}));
@@ -117,6 +112,23 @@ torch::Tensor bias_grad(const torch::Tensor& dy) {
   }
 #endif
   return dy.sum(0);
+}
+
+std::pair<torch::Tensor, torch::Tensor> gelu_and_bias_backward(const torch::Tensor& dh, const torch::Tensor& pre) {
+#ifdef GPT2_WITH_CUDA
+  if (dh.is_cuda() && is_kernel_dtype(dh.scalar_type()) && dh.dim() == 2 && dh.is_contiguous() &&
+      pre.sizes() == dh.sizes() && pre.scalar_type() == dh.scalar_type() && pre.is_contiguous()) {
+    auto dpre = torch::empty_like(dh);
+    auto dbias = torch::empty({dh.size(1)}, dh.options());
+    auto partial = partial_for(dh);
+    CUDA_CHECK(launch_gelu_backward(dtype_of(dh, "kernels::gelu_and_bias_backward"), dh.data_ptr(), pre.data_ptr(),
+                                    dh.size(0), dh.size(1), dpre.data_ptr(), partial.data_ptr<float>(),
+                                    dbias.data_ptr(), stream_of(dh)));
+    return {dpre, dbias};
+  }
+#endif
+  auto dpre = at::gelu_backward(dh, pre, "tanh");
+  return {dpre, dpre.sum(0)};
 }
 
 bool linear_applies(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {

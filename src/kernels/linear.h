@@ -9,6 +9,8 @@
 // mlp) up to the order of summation.
 #include <torch/types.h>
 
+#include <utility>
+
 namespace gpt2::kernels {
 
 // Whether linear / mlp take these tensors (this build has CUDA, contract above).
@@ -18,6 +20,10 @@ bool mlp_applies(const torch::Tensor& x, const torch::Tensor& fc_weight, const t
 // A bias gradient: dy (rows, cols)'s column sums in dy's dtype; the column-sum kernel (fp32 sums)
 // for a contiguous CUDA kernel dtype, else dy.sum(0).
 torch::Tensor bias_grad(const torch::Tensor& dy);
+// The GELU (tanh) backward with the bias gradient of the layer before it: dpre = dh · gelu'(pre)
+// and dpre's column sums, dh and pre (rows, cols) in one dtype. One pass of our kernel for contiguous
+// CUDA kernel dtypes (its GELU derivative, not ATen's bits), else ATen's gelu_backward and sum(0).
+std::pair<torch::Tensor, torch::Tensor> gelu_and_bias_backward(const torch::Tensor& dh, const torch::Tensor& pre);
 // x W^T + b. Throws std::invalid_argument outside the contract.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 // c_proj(gelu_tanh(c_fc(x))): (..., C) -> (..., C'). Throws std::invalid_argument outside the contract.

@@ -198,9 +198,9 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
     return kernels::mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias, keep_gelu_output);  // (B, T, C)
   }
   if (fp8 && !c_fc_int8 && fp8_takes(x)) {
-    // The GELU and c_proj as one FP8 node: the GELU's output goes to FP8 as it is computed.
-    const auto pre = project(c_fc, x, false, std::nullopt, true, fp8_scaling[0]);                 // (B, T, 4C)
-    return kernels::fp8_gelu_linear(pre, c_proj->weight, c_proj->bias, delayed(fp8_scaling[1]));  // (B, T, C)
+    // One FP8 node: the GELU's output goes to FP8 as it is computed, its backward is one pass.
+    return kernels::fp8_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias, delayed(fp8_scaling[0]),
+                            delayed(fp8_scaling[1]));  // (B, T, C)
   }
   const auto h = torch::gelu(project(c_fc, x, false, c_fc_int8, fp8, fp8_scaling[0]), "tanh");  // (B, T, 4C)
   return project(c_proj, h, false, c_proj_int8, fp8, fp8_scaling[1]);                           // (B, T, C)

@@ -421,6 +421,68 @@ TEST(Fp8Linear, GeluLinearIsTheCompositionBitForBit) {
   }
 }
 
+// fp8_mlp is its documented composition bit for bit, on every device and in every scaling mode:
+// forward fp8_gelu_linear(fp8_linear(x)); backward c_proj's products as fp8_linear of the GELU's
+// output (whose cast has fp8_gelu_linear's bits: the test above), then dpre and c_fc's bias gradient
+// from linear.h's gelu_and_bias_backward (on CUDA our kernel, not ATen's GELU backward), then c_fc's
+// products of dpre; and the same amaxes recorded.
+TEST(Fp8Mlp, IsItsLayersCompositionWithOneGeluBackwardPass) {
+  for (const auto& device : devices()) {
+    for (const int mode : {0, 1, 2}) {  // current scaling; delayed, first step; delayed from the history
+      const std::string what = device.str() + " mode " + std::to_string(mode);
+      const auto opts = torch::TensorOptions(device).dtype(torch::kBFloat16);
+      const auto fopt = torch::TensorOptions(device).dtype(torch::kFloat);
+      const auto x0 = (values(32, 64, 21, device) * 0.5).to(torch::kBFloat16).view({2, 16, 64});
+      const auto fc_w0 = (values(128, 64, 22, device) * 0.05).to(torch::kBFloat16);
+      const auto proj_w0 = (values(48, 128, 23, device) * 0.05).to(torch::kBFloat16);
+      const auto fc_b0 = torch::randn({128}, opts), proj_b0 = torch::randn({48}, opts);
+      const auto gy = (values(32, 48, 24, device) * 1e-3).to(torch::kBFloat16).view({2, 16, 48});
+      const auto history = torch::tensor({0.0f, 3.0f, 2.0f, 0.0f, 0.1f, 0.2f, 0.0f, 5e-4f, 1e-3f}, fopt).view({3, 3});
+      Fp8DelayedScaling fc{history.clone(), mode == 2}, proj{history.clone(), mode == 2};
+      Fp8DelayedScaling fc_ref{history.clone(), mode == 2}, proj_ref{history.clone(), mode == 2};
+      auto scaling = [&](Fp8DelayedScaling& s) { return mode == 0 ? nullptr : &s; };
+      auto x = x0.clone().requires_grad_(), fc_w = fc_w0.clone().requires_grad_();
+      auto fc_b = fc_b0.clone().requires_grad_(), proj_w = proj_w0.clone().requires_grad_();
+      auto proj_b = proj_b0.clone().requires_grad_();
+      const auto y = fp8_mlp(x, fc_w, fc_b, proj_w, proj_b, scaling(fc), scaling(proj));
+      y.backward(gy);
+      // The reference, node by node.
+      auto xr = x0.clone().requires_grad_(), fc_wr = fc_w0.clone().requires_grad_();
+      auto fc_br = fc_b0.clone().requires_grad_(), proj_wr = proj_w0.clone().requires_grad_();
+      auto proj_br = proj_b0.clone().requires_grad_();
+      const auto pre = fp8_linear(xr, fc_wr, fc_br, scaling(fc_ref));
+      const auto h = torch::gelu(pre.detach(), "tanh").requires_grad_();
+      const auto yr = fp8_linear(h, proj_wr, proj_br, scaling(proj_ref));
+      yr.backward(gy);
+      const auto [dpre, dfc_b] = gelu_and_bias_backward(h.grad().view({32, 128}), pre.detach().view({32, 128}));
+      pre.backward(dpre.view({2, 16, 128}));
+      const std::vector<std::pair<const char*, std::pair<torch::Tensor, torch::Tensor>>> pairs{
+          {"y", {y, yr}},
+          {"dx", {x.grad(), xr.grad()}},
+          {"d fc_w", {fc_w.grad(), fc_wr.grad()}},
+          {"d fc_b", {fc_b.grad(), dfc_b}},
+          {"d proj_w", {proj_w.grad(), proj_wr.grad()}},
+          {"d proj_b", {proj_b.grad(), proj_br.grad()}}};
+      for (const auto& [name, got_want] : pairs) {
+        const auto& [got, want] = got_want;
+        EXPECT_TRUE(torch::equal(got, want))
+            << what << " " << name << ": max " << (got - want).abs().max().item<double>();
+      }
+      if (mode > 0) {
+        EXPECT_TRUE(torch::equal(fc.amax, fc_ref.amax)) << what << fc.amax << fc_ref.amax;
+        EXPECT_TRUE(torch::equal(proj.amax, proj_ref.amax)) << what << proj.amax << proj_ref.amax;
+      }
+    }
+  }
+  // Mixed scaling and missing biases are named errors.
+  const auto x = torch::randn({16, 32}), fc_w = torch::randn({64, 32}), proj_w = torch::randn({16, 64});
+  const auto fc_b = torch::randn({64}), proj_b = torch::randn({16});
+  Fp8DelayedScaling delayed{torch::zeros({3, 4}), false};
+  EXPECT_THROW(fp8_mlp(x, fc_w, fc_b, proj_w, proj_b, &delayed, nullptr), Error);
+  EXPECT_THROW(fp8_mlp(x, fc_w, {}, proj_w, proj_b), Error);
+  EXPECT_THROW(fp8_mlp(x, fc_w, fc_b, torch::randn({16, 48}), proj_b), Error);
+}
+
 TEST(Fp8Gemm, ShapesAndFormatsOutsideTheContractAreNamedErrors) {
   const auto one = torch::ones({});
   auto fp8 = [&](int64_t r, int64_t c, at::ScalarType f) { return Fp8Tensor{torch::zeros({r, c}).to(f), one}; };
