@@ -6,9 +6,10 @@
 // clamp, round to nearest even), so the bits agree. Delayed scaling takes its scale from an amax
 // history and records the tensor's amax in the same pass: one read.
 // Where the shapes allow (16-bit inputs, sizes multiples of 8), the passes read 16 bytes and the
-// cast writes 8 bytes at a time, transposing 8 x 8 blocks in registers: one element a thread with a
-// block per 32 x 32 tile ran at about a sixth of the memory bandwidth (kernel_bench fp8 on an H100:
-// 0.15-0.18 ms for gpt2-124m's (M, C) activation, whose bytes take 0.026 ms). With `gelu` a cast
+// cast writes 8 bytes at a time, transposing 8 x 8 blocks in registers. kernel_bench fp8 on an
+// H100, gpt2-124m's (M, C) activation: cast + transpose 0.042 ms (2.4 TB/s; a copy of x: 2.8),
+// where one element a thread with a block per 32 x 32 tile and the software conversion had taken
+// 0.15-0.18 ms (bench/results/2026-12-06-fp8-fused-casts-h100.log). With `gelu` a cast
 // reads gelu_tanh(x) as ATen computes and stores it, so the GELU's output goes to FP8 without being
 // written in x's dtype first.
 #include <cuda_fp8.h>
