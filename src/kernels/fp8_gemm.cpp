@@ -304,13 +304,16 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
 // bias gradient in one pass (linear.h's gelu_and_bias_backward).
 class Fp8MlpFunction : public torch::autograd::Function<Fp8MlpFunction> {
  public:
+  // Layer 0's (c_fc) or 1's (c_proj) history row `what` (0 x, 1 w, 2 gy); undefined for current scaling.
+  static at::Tensor history_row(const at::Tensor& fc_amax, const at::Tensor& proj_amax, int layer, int what) {
+    return fc_amax.numel() > 0 ? (layer == 0 ? fc_amax : proj_amax)[what] : at::Tensor();
+  }
   // `fc_amax`, `proj_amax`: the layers' (3, L) histories (Fp8DelayedScaling), or no elements: current scaling.
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& fc_w,
                                const torch::Tensor& fc_b, const torch::Tensor& proj_w, const torch::Tensor& proj_b,
                                const torch::Tensor& fc_amax, const torch::Tensor& proj_amax, bool use_history,
                                bool record) {
-    const bool delayed = fc_amax.numel() > 0;
-    auto row = [&](int layer, int what) { return delayed ? (layer == 0 ? fc_amax : proj_amax)[what] : at::Tensor(); };
+    auto row = [&](int layer, int what) { return history_row(fc_amax, proj_amax, layer, what); };
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
     const auto [x8, x8_t] = cast(x2, at::kFloat8_e4m3fn, Fp8Layout::kBoth, row(0, 0), use_history, record);
     const Fp8Tensor fc_w8 = cast(fc_w, at::kFloat8_e4m3fn, Fp8Layout::kRows, row(0, 1), use_history, record).first;
@@ -337,9 +340,9 @@ class Fp8MlpFunction : public torch::autograd::Function<Fp8MlpFunction> {
     const at::Tensor &pre = saved[2], &fc_w = saved[5], &proj_w = saved[6];
     const at::Tensor fc_amax = ctx->saved_data["fc_amax"].toTensor(),
                      proj_amax = ctx->saved_data["proj_amax"].toTensor();
-    const bool delayed = fc_amax.numel() > 0, use_history = ctx->saved_data["use_history"].toBool();
+    const bool use_history = ctx->saved_data["use_history"].toBool();
     const bool record = ctx->saved_data["record"].toBool();
-    auto row = [&](int layer, int what) { return delayed ? (layer == 0 ? fc_amax : proj_amax)[what] : at::Tensor(); };
+    auto row = [&](int layer, int what) { return history_row(fc_amax, proj_amax, layer, what); };
     const at::Tensor gy = grads[0].reshape({-1, proj_w.size(0)}).contiguous();
     const at::ScalarType dtype = gy.scalar_type();
     // c_proj: its output gradient cast once for both products, its weight's transpose cast again.
