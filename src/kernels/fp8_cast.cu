@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "src/kernels/convert.cuh"
+#include "src/kernels/fp8_convert.cuh"
 #include "src/kernels/launch.h"
 
 namespace gpt2::kernels {
@@ -67,50 +68,6 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const T* __restrict_
     for (int w = 1; w < kAmaxThreads / 32; ++w) best = max(best, warp_best[w]);
     atomicMax(amax, best);
   }
-}
-
-// fp8_scale_for: top / amax, or 1 where amax is 0 or not finite.
-__device__ __forceinline__ float scale_for(float amax, float top) {
-  return amax > 0.0f && isfinite(amax) ? top / amax : 1.0f;
-}
-
-// What a non-finite scaled value becomes, as the conversion without saturation (and ATen's) makes
-// it: NaN 0x7f; ±inf e5m2's ±inf, or in e4m3 (no inf) NaN with inf's sign.
-__device__ __forceinline__ unsigned non_finite_fp8(float v, __nv_fp8_interpretation_t format) {
-  if (isnan(v)) return 0x7fu;
-  return (format == __NV_E5M2 ? 0x7cu : 0x7fu) | (signbit(v) ? 0x80u : 0u);
-}
-
-// One element: finite values scaled, saturated to ±top and rounded to nearest even; inf and NaN
-// stay non-finite, as quantize_fp8's where(isfinite, clamp, x). Finite values go through the
-// hardware conversion (cvt.rn.satfinite, sm_89+: saturating changes nothing once clamped to ±top);
-// without saturation CUDA's header converts in software through a double, which made the casts
-// compute-bound.
-__device__ __forceinline__ __nv_fp8_storage_t cast_one(float v, float s, float top, __nv_fp8_interpretation_t format) {
-  const float scaled = v * s;
-  if (!isfinite(scaled)) return static_cast<__nv_fp8_storage_t>(non_finite_fp8(scaled, format));
-  return __nv_cvt_float_to_fp8(fminf(fmaxf(scaled, -top), top), __NV_SATFINITE, format);
-}
-
-// Two elements at once (the pair instruction), low byte a's: the bits of cast_one on each.
-__device__ __forceinline__ unsigned cast_two(float a, float b, float s, float top, __nv_fp8_interpretation_t format) {
-  const float sa = a * s, sb = b * s;
-  unsigned q = __nv_cvt_float2_to_fp8x2(make_float2(fminf(fmaxf(sa, -top), top), fminf(fmaxf(sb, -top), top)),
-                                        __NV_SATFINITE, format);
-  if (!isfinite(sa)) q = (q & 0xff00u) | non_finite_fp8(sa, format);
-  if (!isfinite(sb)) q = (q & 0x00ffu) | (non_finite_fp8(sb, format) << 8);
-  return q;
-}
-
-// The scale of a cast (scale_for), called by a block's first warp: from the amax at amax_bits, or
-// else from the largest of history[1..len-1] (delayed scaling: the steps before this one; the
-// lanes take every 32nd, max being exact in any order). Every lane returns it.
-__device__ __forceinline__ float cast_scale(const Fp8CastArgs& a) {
-  if (a.amax_bits != nullptr) return scale_for(__uint_as_float(*a.amax_bits), a.top);
-  float amax = 0.0f;
-  for (int64_t i = 1 + threadIdx.x % 32; i < a.history_len; i += 32) amax = fmaxf(amax, a.history[i]);
-  for (int offset = 16; offset > 0; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-  return scale_for(amax, a.top);
 }
 
 // Block (32 x 8 threads) per 32 x 32 tile of x (rows x cols; grid x over row tiles, y over column

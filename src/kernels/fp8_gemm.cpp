@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "src/base/errors.h"
@@ -298,6 +301,51 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
   }
 };
 
+// gelu_and_bias_backward(dh, pre) with its dpre cast to e5m2 in the same pass (launch_gelu_backward_fp8:
+// the bits of the two in turn, dpre never stored), where a history fixes the scale before dpre exists
+// (delayed scaling after its first step); nullopt elsewhere (current scaling, the first step, the
+// CPU, fp32, other shapes), for the caller to take the two steps.
+std::optional<std::tuple<Fp8Tensor, Fp8Tensor, at::Tensor>> gelu_backward_to_fp8(const at::Tensor& dh,
+                                                                                 const at::Tensor& pre,
+                                                                                 const at::Tensor& row,
+                                                                                 bool use_history, bool record) {
+#ifdef GPT2_WITH_CUDA
+  auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  if (!row.defined() || !use_history || !dh.is_cuda() ||
+      (dh.scalar_type() != at::kBFloat16 && dh.scalar_type() != at::kHalf) || dh.dim() != 2 || dh.size(0) % 16 != 0 ||
+      dh.size(1) % 8 != 0 || !dh.is_contiguous() || !pre.is_contiguous() || pre.sizes() != dh.sizes() ||
+      pre.scalar_type() != dh.scalar_type() || !aligned(dh) || !aligned(pre)) {
+    return std::nullopt;
+  }
+  at::NoGradGuard no_grad;
+  const int64_t rows = dh.size(0), cols = dh.size(1);
+  at::Tensor data = at::empty({rows, cols}, dh.options().dtype(at::kFloat8_e5m2));
+  at::Tensor data_t = at::empty({cols, rows}, dh.options().dtype(at::kFloat8_e5m2));
+  at::Tensor scale_inv = at::empty({}, dh.options().dtype(at::kFloat));
+  at::Tensor dbias = at::empty({cols}, dh.options());
+  at::Tensor partial = at::empty({column_sum_chunks(rows) * cols}, dh.options().dtype(at::kFloat));
+  const Fp8CastArgs args{nullptr,
+                         rows,
+                         cols,
+                         true,
+                         fp8_max(at::kFloat8_e5m2),
+                         nullptr,
+                         row.data_ptr<float>(),
+                         row.size(0),
+                         record ? reinterpret_cast<unsigned*>(row.data_ptr<float>()) : nullptr,
+                         data.data_ptr(),
+                         data_t.data_ptr(),
+                         scale_inv.data_ptr<float>(),
+                         false};
+  CUDA_CHECK(launch_gelu_backward_fp8(dtype_of(dh, "kernels::fp8_mlp"), dh.data_ptr(), pre.data_ptr(), rows, cols, args,
+                                      partial.data_ptr<float>(), dbias.data_ptr(), stream_of(dh)));
+  return std::make_tuple(Fp8Tensor{data, scale_inv}, Fp8Tensor{data_t, scale_inv}, dbias);
+#else
+  (void)dh, (void)pre, (void)row, (void)use_history, (void)record;
+  return std::nullopt;
+#endif
+}
+
 // c_proj(gelu_tanh(c_fc(x))) in FP8 (fp8_mlp): forward the casts and products of fp8_linear then
 // fp8_gelu_linear; backward from what forward kept: x8ᵀ (c_fc's dw operand), pre (GELU's backward)
 // and gelu(pre)8ᵀ (c_proj's dw operand, so it is not cast again), and the GELU backward with c_fc's
@@ -352,8 +400,15 @@ class Fp8MlpFunction : public torch::autograd::Function<Fp8MlpFunction> {
     const at::Tensor dproj_w = fp8_gemm_nt(g8_t, h8_t, dtype);
     const at::Tensor dproj_b = bias_grad(gy);
     // c_fc: the GELU's backward and c_fc's bias gradient in one pass, then its two products.
-    const auto [dpre, dfc_b] = gelu_and_bias_backward(dh, pre);
-    const auto [d8, d8_t] = cast(dpre, at::kFloat8_e5m2, Fp8Layout::kBoth, row(0, 2), use_history, record);
+    Fp8Tensor d8, d8_t;
+    at::Tensor dfc_b;
+    if (auto fused = gelu_backward_to_fp8(dh, pre, row(0, 2), use_history, record)) {
+      std::tie(d8, d8_t, dfc_b) = *fused;  // dpre never stored in bf16
+    } else {
+      at::Tensor dpre;
+      std::tie(dpre, dfc_b) = gelu_and_bias_backward(dh, pre);
+      std::tie(d8, d8_t) = cast(dpre, at::kFloat8_e5m2, Fp8Layout::kBoth, row(0, 2), use_history, record);
+    }
     const Fp8Tensor fc_w8_t = cast(fc_w, at::kFloat8_e4m3fn, Fp8Layout::kTranspose, row(0, 1), use_history).second;
     const at::Tensor dx = fp8_gemm_nt(d8, fc_w8_t, dtype);  // (M, C)
     const at::Tensor dfc_w = fp8_gemm_nt(d8_t, x8_t, dtype);

@@ -117,6 +117,12 @@ struct Fp8CastArgs {
 cudaError_t launch_fp8_amax(Dtype dtype, const void* x, int64_t n, unsigned* amax_bits, cudaStream_t stream,
                             bool gelu = false);
 cudaError_t launch_fp8_cast(Dtype dtype, const Fp8CastArgs& args, cudaStream_t stream);
+// launch_gelu_backward whose dpre (rounded to dtype, the same bits) is cast as launch_fp8_cast casts
+// x into cast.out and cast.out_t instead of stored (cast.x and cast.gelu unused), with the same
+// dbias: a 16-bit dtype, rows % 16 == 0, cols % 8 == 0, dout and pre 16-byte, out 8-byte and out_t
+// 16-byte aligned; else cudaErrorInvalidValue.
+cudaError_t launch_gelu_backward_fp8(Dtype dtype, const void* dout, const void* pre, int64_t rows, int64_t cols,
+                                     const Fp8CastArgs& cast, float* partial, void* dbias, cudaStream_t stream);
 
 // Weight-only int8 rows (int8_linear.h): y[r, j] = sum_g scale[j, g] sum_{i in g} q[j, i] x[r, i]
 // (+ bias[j]) for r < rows (<= 16), j < n; x, bias, y in `dtype`, fp32 sums; k % 16 == 0 and

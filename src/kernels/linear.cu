@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "src/kernels/convert.cuh"
+#include "src/kernels/fp8_convert.cuh"
 #include "src/kernels/launch.h"
 
 namespace gpt2::kernels {
@@ -16,22 +17,32 @@ namespace {
 
 constexpr int kPacks = 32, kLanes = 8, kRowsPerChunk = 256;
 
-// d gelu_tanh(x) / dx, gelu_tanh(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-__device__ __forceinline__ float gelu_tanh_grad(float x) {
-  const float t = tanhf(kGeluAlpha * (x + kGeluBeta * x * x * x));
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluAlpha * (1.0f + 3.0f * kGeluBeta * x * x);
+// dpre = dout · gelu'(pre), rounded to T as stored (the fast derivative for 16-bit T).
+template <typename T>
+__device__ __forceinline__ T gelu_input_grad(T dout, T pre) {
+  const float x = to_float(pre);
+  const float d = sizeof(T) == 2 ? gelu_tanh_grad_fast(x) : gelu_tanh_grad(x);
+  return from_float<T>(to_float(dout) * d);
 }
 
-// The same for 16-bit results, through e = exp(2u) (tanh u = 1 - 2 / (1 + e)) with the fast exp
-// and reciprocal: (1 - t) / 2 = r = 1 / (1 + e) and (1 + t) / 2 = e r keep their relative accuracy
-// (~1e-6) even where t is near -1, far below a bf16 or fp16 rounding of the result, in about half
-// tanhf's instructions (H200, kernel_bench: gpt2-124m's 32768 x 3072 168.9 -> 165.9 us; gpt2-1558m's
-// 8192 x 6400 unchanged at 103 us: the pass is bound by memory). 2u is capped at 80 so e stays finite.
-__device__ __forceinline__ float gelu_tanh_grad_fast(float x) {
-  const float x2 = x * x;
-  const float e = __expf(fminf(2.0f * kGeluAlpha * x * (1.0f + kGeluBeta * x2), 80.0f));
-  const float r = __fdividef(1.0f, 1.0f + e), er = e * r;
-  return er + 2.0f * kGeluAlpha * x * (1.0f + 3.0f * kGeluBeta * x2) * r * er;
+// A block's (kPacks packs x kLanes row lanes) column sums of its chunk into partial[chunk][column]:
+// lane 0 adds the lanes' sums in order.
+template <int VEC>
+__device__ __forceinline__ void store_partial_sums(const float (&acc)[VEC], int64_t p, int64_t packs, int64_t cols,
+                                                   float* __restrict__ partial) {
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  __shared__ float red[kLanes][VEC][kPacks];  // [lane][element][pack]: conflict-free writes
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) red[ty][k][tx] = acc[k];
+  __syncthreads();
+  if (ty == 0 && p < packs) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      float s = acc[k];
+      for (int i = 1; i < kLanes; ++i) s += red[i][k][tx];
+      partial[blockIdx.y * cols + p * VEC + k] = s;
+    }
+  }
 }
 
 // GELU = false: sums a. GELU = true: a is the output gradient, pre the GELU input; writes
@@ -58,9 +69,7 @@ __global__ void __launch_bounds__(kPacks* kLanes)
         P o;
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const float x = to_float(pv.v[k]);
-          const float d = sizeof(T) == 2 ? gelu_tanh_grad_fast(x) : gelu_tanh_grad(x);
-          o.v[k] = from_float<T>(to_float(av.v[k]) * d);
+          o.v[k] = gelu_input_grad(av.v[k], pv.v[k]);
           acc[k] += to_float(o.v[k]);
         }
         reinterpret_cast<P*>(out + r * cols)[p] = o;
@@ -70,18 +79,86 @@ __global__ void __launch_bounds__(kPacks* kLanes)
       }
     }
   }
-  __shared__ float red[kLanes][VEC][kPacks];  // [lane][element][pack]: conflict-free writes
+  store_partial_sums<VEC>(acc, p, packs, cols, partial);
+}
+
+// The GELU variant whose dpre goes to FP8 (Fp8CastArgs: scale, out, out_t, the recorded amax)
+// instead of T: each lane takes the rows bias_grad_kernel gives it, in the same order, so the sums
+// and dpre's bits are that kernel's; each kFp8TileRows rows' bytes gather in a shared tile and a
+// thread writes one column of it to out_t, 32 bytes at a time. 16-bit T, 8-element packs.
+constexpr int kFp8TileRows = 32;
+template <typename T>
+__global__ void __launch_bounds__(kPacks* kLanes)
+    gelu_backward_fp8_kernel(const T* __restrict__ a, const T* __restrict__ pre, int64_t rows, int64_t cols,
+                             Fp8CastArgs c, float* __restrict__ partial) {
+  constexpr int VEC = 8;
+  using P = Pack<T, VEC>;
+  const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * kPacks + tx;
+  const __nv_fp8_interpretation_t format = c.e5m2 ? __NV_E5M2 : __NV_E4M3;
+  const float s = cast_scale(c);  // a warp is one row lane's kPacks threads: each its own
+  if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) *c.scale_inv = 1.0f / s;
+  auto* out = static_cast<unsigned char*>(c.out);
+  auto* out_t = static_cast<unsigned char*>(c.out_t);
+  const int64_t packs = cols / VEC;
+  const int64_t p = static_cast<int64_t>(blockIdx.x) * kPacks + tx;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRowsPerChunk;
+  const int64_t r1 = r0 + kRowsPerChunk < rows ? r0 + kRowsPerChunk : rows;
+  __shared__ __align__(16) unsigned char tile[kFp8TileRows][kPacks * VEC + 16];
+  float acc[VEC];
 #pragma unroll
-  for (int k = 0; k < VEC; ++k) red[ty][k][tx] = acc[k];
-  __syncthreads();
-  if (ty == 0 && p < packs) {
+  for (int k = 0; k < VEC; ++k) acc[k] = 0.0f;
+  unsigned local = 0;
+  for (int64_t base = r0; base < r1; base += kFp8TileRows) {
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      float s = acc[k];
-      for (int i = 1; i < kLanes; ++i) s += red[i][k][tx];
-      partial[blockIdx.y * cols + p * VEC + k] = s;
+    for (int i = 0; i < kFp8TileRows / kLanes; ++i) {
+      const int64_t r = base + i * kLanes + ty;
+      if (p < packs && r < r1) {
+        const P av = reinterpret_cast<const P*>(a + r * cols)[p];
+        const P pv = reinterpret_cast<const P*>(pre + r * cols)[p];
+        float f[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          f[k] = to_float(gelu_input_grad(av.v[k], pv.v[k]));
+          acc[k] += f[k];
+          local = max(local, __float_as_uint(f[k]) & 0x7fffffffu);
+        }
+        const uint2 q =
+            make_uint2(cast_two(f[0], f[1], s, c.top, format) | cast_two(f[2], f[3], s, c.top, format) << 16,
+                       cast_two(f[4], f[5], s, c.top, format) | cast_two(f[6], f[7], s, c.top, format) << 16);
+        if (out != nullptr) *reinterpret_cast<uint2*>(out + r * cols + p * VEC) = q;
+        *reinterpret_cast<uint2*>(&tile[i * kLanes + ty][tx * VEC]) = q;
+      }
     }
+    __syncthreads();
+    const int64_t col = static_cast<int64_t>(blockIdx.x) * kPacks * VEC + tid;  // the block's threads = its columns
+    const int64_t valid = r1 - base < kFp8TileRows ? r1 - base : kFp8TileRows;  // rows % 8 == 0
+    if (out_t != nullptr && col < cols) {
+      unsigned w[kFp8TileRows / 4];
+#pragma unroll
+      for (int j = 0; j < kFp8TileRows / 4; ++j) {
+        w[j] = tile[4 * j][tid] | tile[4 * j + 1][tid] << 8 | tile[4 * j + 2][tid] << 16 |
+               static_cast<unsigned>(tile[4 * j + 3][tid]) << 24;
+      }
+      unsigned char* dst = out_t + col * rows + base;  // 16-byte aligned: rows % 16 == 0, base % 32 == 0
+      if (valid == kFp8TileRows) {
+        reinterpret_cast<uint4*>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        reinterpret_cast<uint4*>(dst)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+      } else {
+        for (int g = 0; g < valid / 8; ++g) reinterpret_cast<uint2*>(dst)[g] = make_uint2(w[2 * g], w[2 * g + 1]);
+      }
+    }
+    __syncthreads();  // the next rows rewrite the tile
   }
+  store_partial_sums<VEC>(acc, p, packs, cols, partial);
+  if (c.record_bits == nullptr) return;
+  __shared__ unsigned block_amax;
+  if (tid == 0) block_amax = 0;
+  __syncthreads();
+  for (int offset = 16; offset > 0; offset >>= 1) local = max(local, __shfl_xor_sync(0xffffffffu, local, offset));
+  if (tx == 0) atomicMax(&block_amax, local);
+  __syncthreads();
+  // A NaN is recorded as inf, as the cast kernels record it.
+  if (tid == 0) atomicMax(c.record_bits, min(block_amax, 0x7f800000u));
 }
 
 template <typename T, bool GELU>
@@ -128,6 +205,28 @@ cudaError_t launch_column_sum(Dtype dtype, const void* a, int64_t rows, int64_t 
 cudaError_t launch_gelu_backward(Dtype dtype, const void* dout, const void* pre, int64_t rows, int64_t cols, void* dpre,
                                  float* partial, void* dbias, cudaStream_t stream) {
   return dispatch<true>(dtype, dout, pre, rows, cols, dpre, partial, dbias, stream);
+}
+
+cudaError_t launch_gelu_backward_fp8(Dtype dtype, const void* dout, const void* pre, int64_t rows, int64_t cols,
+                                     const Fp8CastArgs& cast, float* partial, void* dbias, cudaStream_t stream) {
+  const bool aligned = reinterpret_cast<uintptr_t>(dout) % 16 == 0 && reinterpret_cast<uintptr_t>(pre) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(cast.out) % 8 == 0 &&
+                       reinterpret_cast<uintptr_t>(cast.out_t) % 16 == 0;
+  if (dtype == Dtype::kF32 || rows <= 0 || rows % 16 != 0 || cols <= 0 || cols % 8 != 0 || !aligned ||
+      (cast.amax_bits == nullptr && cast.history == nullptr) || cast.scale_inv == nullptr)
+    return cudaErrorInvalidValue;
+  const int64_t chunks = column_sum_chunks(rows);
+  const dim3 grid(static_cast<unsigned>((cols / 8 + kPacks - 1) / kPacks), static_cast<unsigned>(chunks));
+  return with_storage_type(dtype, [&](auto t) {
+    using T = typename decltype(t)::type;
+    if constexpr (sizeof(T) == 2) {
+      gelu_backward_fp8_kernel<T><<<grid, dim3(kPacks, kLanes), 0, stream>>>(
+          static_cast<const T*>(dout), static_cast<const T*>(pre), rows, cols, cast, partial);
+      launch_finish_column_sums<T>(partial, chunks, cols, dbias, nullptr, stream);
+      return cudaGetLastError();
+    }
+    return cudaErrorInvalidValue;  // not reached: fp32 is refused above
+  });
 }
 
 }  // namespace gpt2::kernels
