@@ -171,15 +171,7 @@ __global__ void __launch_bounds__(kCastWarps * 32) cast_packed_kernel(Fp8CastArg
       *reinterpret_cast<uint2*>(out_t + (c0 + j) * a.rows + r0) = column;
     }
   }
-  if (a.record_bits == nullptr) return;
-  __shared__ unsigned block_amax;
-  if (threadIdx.x == 0) block_amax = 0;
-  __syncthreads();
-  for (int offset = 16; offset > 0; offset >>= 1) local = max(local, __shfl_xor_sync(0xffffffffu, local, offset));
-  if (lane == 0) atomicMax(&block_amax, local);
-  __syncthreads();
-  // A NaN is recorded as inf, as in cast_kernel.
-  if (threadIdx.x == 0) atomicMax(a.record_bits, min(block_amax, 0x7f800000u));
+  if (a.record_bits != nullptr) record_block_amax(local, a.record_bits);
 }
 
 // Whether the packed kernels take the buffers: a 16-bit type, the sizes multiples of 8, x 16-byte

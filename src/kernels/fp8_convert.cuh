@@ -52,4 +52,18 @@ __device__ __forceinline__ float cast_scale(const Fp8CastArgs& a) {
   return scale_for(amax, a.top);
 }
 
+// The block's largest |value| (each thread's `local`, fp32 bits) raised into *record_bits with one
+// atomic; a NaN is recorded as inf (a history holds only numbers and inf, whose max every all-reduce
+// takes alike; fp8_amax_roll replaces inf). Every thread of the block calls it (a barrier).
+__device__ __forceinline__ void record_block_amax(unsigned local, unsigned* record_bits) {
+  __shared__ unsigned block_amax;
+  const int tid = threadIdx.x + threadIdx.y * blockDim.x;
+  if (tid == 0) block_amax = 0;
+  __syncthreads();
+  for (int offset = 16; offset > 0; offset >>= 1) local = max(local, __shfl_xor_sync(0xffffffffu, local, offset));
+  if (tid % 32 == 0) atomicMax(&block_amax, local);
+  __syncthreads();
+  if (tid == 0) atomicMax(record_bits, min(block_amax, 0x7f800000u));
+}
+
 }  // namespace gpt2::kernels

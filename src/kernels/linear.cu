@@ -150,15 +150,7 @@ __global__ void __launch_bounds__(kPacks* kLanes)
     __syncthreads();  // the next rows rewrite the tile
   }
   store_partial_sums<VEC>(acc, p, packs, cols, partial);
-  if (c.record_bits == nullptr) return;
-  __shared__ unsigned block_amax;
-  if (tid == 0) block_amax = 0;
-  __syncthreads();
-  for (int offset = 16; offset > 0; offset >>= 1) local = max(local, __shfl_xor_sync(0xffffffffu, local, offset));
-  if (tx == 0) atomicMax(&block_amax, local);
-  __syncthreads();
-  // A NaN is recorded as inf, as the cast kernels record it.
-  if (tid == 0) atomicMax(c.record_bits, min(block_amax, 0x7f800000u));
+  if (c.record_bits != nullptr) record_block_amax(local, c.record_bits);
 }
 
 template <typename T, bool GELU>
