@@ -6,8 +6,8 @@
 # eval, no spike) and each run's tokens/s.
 #   source .device-deps/gpu-env.sh && bash bench/fp8_curves.sh       (logs under $OUT/fp8-curves)
 # Env: SIZES, STEPS, CORPUS (.device-deps/corpus, from bash bench/time_to_loss.sh --prepare), GPT2_BIN,
-# FP8_HISTORY (N >= 2: the fp8 run takes delayed scaling, precision.fp8_amax_history = N; 0, the
-# default: current scaling).
+# FP8_HISTORY (the fp8 run's precision.fp8_amax_history: N >= 2, default 16, delayed scaling over N
+# steps; 0 current scaling).
 set -uo pipefail
 source bench/common.sh
 bin="${GPT2_BIN:-build-gpu/bin}" steps="${STEPS:-400}"
@@ -21,7 +21,7 @@ for size in ${SIZES:-124m 350m}; do
       --train.micro_batch=16 --train.batch_tokens=16384 --train.max_steps="$steps" --train.warmup_steps=20 \
       --train.eval_every=25 --train.eval_steps=4 --train.sample_tokens=0 --train.sample_every=0 --log.every=25 \
       --precision.dtype=bf16 --precision.fp8="$([ $run = fp8 ] && echo true || echo false)" \
-      --precision.fp8_amax_history="$([ $run = fp8 ] && echo "${FP8_HISTORY:-0}" || echo 0)" \
+      --precision.fp8_amax_history="${FP8_HISTORY:-16}" \
       --log.metrics="$work/$size-$run.jsonl" --checkpoint.resume=none --checkpoint.every=0 \
       >"$work/$size-$run.log" 2>&1 || { echo "$size $run failed:"; tail -5 "$work/$size-$run.log"; }
   done

@@ -11,7 +11,7 @@
 # paid once a step, so its share falls with the batch: 524288 is GPT-2's 0.5M tokens, 16 micro-batches
 # at 124m and 64 at 1558m; 6 steps each, the mean of the last three). PEERS=0 leaves out the
 # PyTorch peers (rows that compare ours with ours need none). FP8=1 adds ours with precision.fp8 at
-# each size (issue 40), with current scaling and with delayed (16 steps), and, with the peers, torchao's
+# each size (issue 40), with delayed scaling (the default, 16 steps) and with current, and, with the peers, torchao's
 # float8 training + torch.compile for each recipe in FP8_PEERS (default "tensorwise"; the wheel from
 # .device-deps/wheels, see torch_peer.py's header). EAGER=0 leaves out the eager peer. Then a profile
 # of ours for 124m (top kernels; with FP8=1 also of the FP8 run; PROFILE=0 leaves it out); and the
@@ -77,8 +77,8 @@ for size in $sizes; do
   [ "${UNTUNED:-0}" = 1 ] && ours "${size}_untuned_gemms" "$size" "$B" 30 --train.gemm_tuning=false
   [ "$size" = 1558m ] && [ "${KEEP_GELU:-0}" = 1 ] && ours "${size}_keep_gelu_output" "$size" "$B" 30 --memory.recompute_gelu=false
   [ "${MUON:-0}" = 1 ] && ours "${size}_muon" "$size" "$B" 30 --optim.name=muon
+  [ "${FP8:-0}" = 1 ] && ours "${size}_fp8_current" "$size" "$B" 30 --precision.fp8=true --precision.fp8_amax_history=0
   [ "${FP8:-0}" = 1 ] && ours "${size}_fp8" "$size" "$B" 30 --precision.fp8=true
-  [ "${FP8:-0}" = 1 ] && ours "${size}_fp8_delayed" "$size" "$B" 30 --precision.fp8=true --precision.fp8_amax_history=16
   if [ "${MUON:-0}" = 1 ] && [ -n "${MUON_BATCH_TOKENS:-}" ]; then
     accum=$((MUON_BATCH_TOKENS / (B * 1024)))
     for opt in adamw muon; do
@@ -120,7 +120,7 @@ if [[ " $sizes " == *" 124m "* ]] && [ "${PROFILE:-1}" = 1 ]; then
     echo "== profile of ours, 124m, precision.fp8 with delayed scaling (16 steps)"
     build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --data.train="$out/tok/train.h5" --data.val=none \
       --train.micro_batch=32 --train.batch_tokens=32768 --train.max_steps=12 --train.sample_tokens=0 --log.every=5 \
-      --log.metrics=none --checkpoint.resume=none --precision.fp8=true --precision.fp8_amax_history=16 \
+      --log.metrics=none --checkpoint.resume=none --precision.fp8=true \
       --profile.steps=3 --profile.dir="$out/prof_fp8" >"$out/prof_fp8.log" 2>&1
     grep -A24 "trace of" "$out/prof_fp8.log" | sed 's/^\[[^]]*\] \[rank 0\/1\] \[info\] //'
     gzip -f "$out/prof_fp8/trace_rank0.json" 2>/dev/null

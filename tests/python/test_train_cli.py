@@ -98,7 +98,7 @@ with tempfile.TemporaryDirectory() as d:
         (base + ["--config", d], f"config file {d}: is a directory"),
         (base + ["--precision.fp8=true"], "precision.fp8 = true: needs a CUDA GPU with FP8 tensor cores"),
         (base + ["--precision.fp8=true", "--precision.fp8_amax_history=1"], "precision.fp8_amax_history = 1"),
-        (base + ["--precision.fp8_amax_history=16"], "precision.fp8_amax_history = 16: needs precision.fp8 = true"),
+        (base + ["--precision.fp8=true", "--precision.fp8_amax_history=1025"], "precision.fp8_amax_history = 1025"),
     ]
     bad_ids = os.path.join(d, "bad_ids.h5")
     token_file(bad_ids, [1, 2, 3] * 100 + [600] + [4] * 100)
