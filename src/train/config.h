@@ -63,7 +63,7 @@ struct TrainConfig {
 struct PrecisionConfig {
   DtypeChoice dtype = DtypeChoice::kBf16;  // bf16 | fp16 | fp32 | auto (Note [bf16 on CPU]); CPU runs honour it too
   DtypeChoice reduce_dtype = DtypeChoice::kFp32;  // gradient buffer: fp32, or dtype itself (half the all-reduce bytes)
-  bool fp8 = false;              // the blocks' linear layers in FP8 (GPT2Impl::set_fp8): CUDA sm_89+, dtype bf16
+  bool fp8 = false;               // the blocks' linear layers in FP8 (GPT2Impl::set_fp8): CUDA sm_89+, dtype bf16
   int64_t fp8_amax_history = 16;  // 0: current scaling; N >= 2: delayed scaling over N steps' amaxes (measured faster)
 };
 
