@@ -348,8 +348,9 @@ std::optional<std::tuple<Fp8Tensor, Fp8Tensor, at::Tensor>> gelu_backward_to_fp8
 
 // c_proj(gelu_tanh(c_fc(x))) in FP8 (fp8_mlp): forward the casts and products of fp8_linear then
 // fp8_gelu_linear; backward from what forward kept: x8ᵀ (c_fc's dw operand), pre (GELU's backward)
-// and gelu(pre)8ᵀ (c_proj's dw operand, so it is not cast again), and the GELU backward with c_fc's
-// bias gradient in one pass (linear.h's gelu_and_bias_backward).
+// and, with keep_gelu, gelu(pre)8ᵀ (c_proj's dw operand; without, backward casts it from pre again,
+// with the forward's scale and so its bits), and the GELU backward with c_fc's bias gradient in one
+// pass (linear.h's gelu_and_bias_backward).
 class Fp8MlpFunction : public torch::autograd::Function<Fp8MlpFunction> {
  public:
   // Layer 0's (c_fc) or 1's (c_proj) history row `what` (0 x, 1 w, 2 gy); undefined for current scaling.
@@ -360,17 +361,18 @@ class Fp8MlpFunction : public torch::autograd::Function<Fp8MlpFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& fc_w,
                                const torch::Tensor& fc_b, const torch::Tensor& proj_w, const torch::Tensor& proj_b,
                                const torch::Tensor& fc_amax, const torch::Tensor& proj_amax, bool use_history,
-                               bool record) {
+                               bool record, bool keep_gelu) {
     auto row = [&](int layer, int what) { return history_row(fc_amax, proj_amax, layer, what); };
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
     const auto [x8, x8_t] = cast(x2, at::kFloat8_e4m3fn, Fp8Layout::kBoth, row(0, 0), use_history, record);
     const Fp8Tensor fc_w8 = cast(fc_w, at::kFloat8_e4m3fn, Fp8Layout::kRows, row(0, 1), use_history, record).first;
     const at::Tensor pre = fp8_gemm_nt(x8, fc_w8, x.scalar_type(), fc_b);
-    const auto [h8, h8_t] =
-        cast(pre, at::kFloat8_e4m3fn, Fp8Layout::kBoth, row(1, 0), use_history, record, /*gelu=*/true);
+    const auto [h8, h8_t] = cast(pre, at::kFloat8_e4m3fn, keep_gelu ? Fp8Layout::kBoth : Fp8Layout::kRows, row(1, 0),
+                                 use_history, record, /*gelu=*/true);
     const Fp8Tensor proj_w8 = cast(proj_w, at::kFloat8_e4m3fn, Fp8Layout::kRows, row(1, 1), use_history, record).first;
     const at::Tensor y = fp8_gemm_nt(h8, proj_w8, x.scalar_type(), proj_b);
-    ctx->save_for_backward({x8_t.data, x8_t.scale_inv, pre, h8_t.data, h8_t.scale_inv, fc_w, proj_w});
+    ctx->save_for_backward(
+        {x8_t.data, x8_t.scale_inv, pre, h8_t.data, h8_t.scale_inv, fc_w, proj_w});  // h8_t: maybe none
     // Not saved for backward: the backward's casts write into them, which a saved tensor may not see.
     ctx->saved_data["fc_amax"] = fc_amax;
     ctx->saved_data["proj_amax"] = proj_amax;
@@ -384,13 +386,19 @@ class Fp8MlpFunction : public torch::autograd::Function<Fp8MlpFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const Fp8Tensor x8_t{saved[0], saved[1]}, h8_t{saved[3], saved[4]};
     const at::Tensor &pre = saved[2], &fc_w = saved[5], &proj_w = saved[6];
     const at::Tensor fc_amax = ctx->saved_data["fc_amax"].toTensor(),
                      proj_amax = ctx->saved_data["proj_amax"].toTensor();
     const bool use_history = ctx->saved_data["use_history"].toBool();
     const bool record = ctx->saved_data["record"].toBool();
     auto row = [&](int layer, int what) { return history_row(fc_amax, proj_amax, layer, what); };
+    const Fp8Tensor x8_t{saved[0], saved[1]};
+    // The forward's cast of gelu(pre) again where it was not kept: the same scale (a history fixed
+    // for the step, or the same amax), so the same bits; not recorded a second time.
+    const Fp8Tensor h8_t =
+        saved[3].defined()
+            ? Fp8Tensor{saved[3], saved[4]}
+            : cast(pre, at::kFloat8_e4m3fn, Fp8Layout::kTranspose, row(1, 0), use_history, false, /*gelu=*/true).second;
     const at::Tensor gy = grads[0].reshape({-1, proj_w.size(0)}).contiguous();
     const at::ScalarType dtype = gy.scalar_type();
     // c_proj: its output gradient cast once for both products, its weight's transpose cast again.
@@ -414,7 +422,8 @@ class Fp8MlpFunction : public torch::autograd::Function<Fp8MlpFunction> {
     const at::Tensor dfc_w = fp8_gemm_nt(d8_t, x8_t, dtype);
     std::vector<int64_t> x_shape = grads[0].sizes().vec();
     x_shape.back() = fc_w.size(1);
-    return {dx.view(x_shape), dfc_w, dfc_b, dproj_w, dproj_b, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx.view(x_shape), dfc_w,        dfc_b,        dproj_w,      dproj_b,
+            at::Tensor(),     at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -468,7 +477,7 @@ torch::Tensor fp8_gelu_linear(const torch::Tensor& x, const torch::Tensor& w, co
 
 torch::Tensor fp8_mlp(const torch::Tensor& x, const torch::Tensor& fc_w, const torch::Tensor& fc_b,
                       const torch::Tensor& proj_w, const torch::Tensor& proj_b, const Fp8DelayedScaling* fc_delayed,
-                      const Fp8DelayedScaling* proj_delayed) {
+                      const Fp8DelayedScaling* proj_delayed, bool keep_gelu_output) {
   GPT2_ASSERT((fc_delayed == nullptr) == (proj_delayed == nullptr) &&
                   (fc_delayed == nullptr || fc_delayed->use_history == proj_delayed->use_history),
               "fp8_mlp: both layers scale alike (current, or delayed with or without their histories)");
@@ -478,7 +487,7 @@ torch::Tensor fp8_mlp(const torch::Tensor& x, const torch::Tensor& fc_w, const t
   return Fp8MlpFunction::apply(x.contiguous(), fc_w.contiguous(), fc_b, proj_w.contiguous(), proj_b,
                                histories(fc_delayed, x), histories(proj_delayed, x),
                                fc_delayed && fc_delayed->use_history,
-                               /*record=*/fc_delayed && at::GradMode::is_enabled());
+                               /*record=*/fc_delayed && at::GradMode::is_enabled(), keep_gelu_output);
 }
 
 }  // namespace gpt2::kernels

@@ -85,12 +85,14 @@ torch::Tensor fp8_gelu_linear(const torch::Tensor& x, const torch::Tensor& w, co
                               const Fp8DelayedScaling* delayed = nullptr);
 // The MLP, c_proj(gelu_tanh(c_fc(x))), as one node: forward fp8_gelu_linear(fp8_linear(x, fc_w, fc_b),
 // proj_w, proj_b) bit for bit, keeping gelu's FP8 transpose from forward (no second cast of it in
-// backward); backward the same products, with the GELU backward and c_fc's bias gradient in one pass
-// (linear.h's gelu_and_bias_backward: on CUDA our kernel's derivative, not ATen's bits, on the CPU ATen's, so
-// there the composition's bits). Both layers biased and scaled alike (both current or both delayed);
+// backward; keep_gelu_output false, memory.recompute_gelu, casts it again from the GELU's input there
+// instead, the same bits, a byte an element less held); backward the same products, with the GELU backward and c_fc's
+// bias gradient in one pass (linear.h's gelu_and_bias_backward: on CUDA our kernel's derivative, not ATen's bits, on
+// the CPU ATen's, so there the composition's bits). Both layers biased and scaled alike (both current or both delayed);
 // fp8_linear's checks on each, naming fp8_mlp.
 torch::Tensor fp8_mlp(const torch::Tensor& x, const torch::Tensor& fc_w, const torch::Tensor& fc_b,
                       const torch::Tensor& proj_w, const torch::Tensor& proj_b,
-                      const Fp8DelayedScaling* fc_delayed = nullptr, const Fp8DelayedScaling* proj_delayed = nullptr);
+                      const Fp8DelayedScaling* fc_delayed = nullptr, const Fp8DelayedScaling* proj_delayed = nullptr,
+                      bool keep_gelu_output = true);
 
 }  // namespace gpt2::kernels

@@ -200,7 +200,7 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   if (fp8 && !c_fc_int8 && fp8_takes(x)) {
     // One FP8 node: the GELU's output goes to FP8 as it is computed, its backward is one pass.
     return kernels::fp8_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias, delayed(fp8_scaling[0]),
-                            delayed(fp8_scaling[1]));  // (B, T, C)
+                            delayed(fp8_scaling[1]), keep_gelu_output);  // (B, T, C)
   }
   const auto h = torch::gelu(project(c_fc, x, false, c_fc_int8, fp8, fp8_scaling[0]), "tanh");  // (B, T, 4C)
   return project(c_proj, h, false, c_proj_int8, fp8, fp8_scaling[1]);                           // (B, T, C)

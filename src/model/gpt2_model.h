@@ -104,7 +104,7 @@ class MLPImpl : public torch::nn::Module {
   torch::nn::Linear c_proj{nullptr};                          // 4C -> C, residual projection
   std::optional<kernels::Int8Weight> c_fc_int8, c_proj_int8;  // as the attention's
   bool fused_kernels = true;                  // CUDA: c_fc + GELU and c_proj through src/kernels/linear.h
-  bool keep_gelu_output = true;               // fused: false recomputes it in backward (kernels::mlp)
+  bool keep_gelu_output = true;               // false recomputes it in backward (kernels::mlp, kernels::fp8_mlp)
   bool fp8 = false;                           // c_fc through kernels::fp8_linear, GELU + c_proj through fp8_gelu_linear
   kernels::Fp8DelayedScaling fp8_scaling[2];  // c_fc's, c_proj's; amax undefined: current scaling
 };
@@ -238,7 +238,8 @@ class GPT2Impl : public torch::nn::Module {
   void fp8_step_done();
   void load_fp8_amax_history(const torch::Tensor& history, int64_t steps);
   // memory.recompute_gelu: the fused MLP keeps only its GELU input for backward and recomputes the
-  // output there (B x T x 4C fewer activations per block; no effect without the fused kernels).
+  // output there (B x T x 4C fewer activations per block: bf16, or under precision.fp8 the output's
+  // FP8 transpose; no effect without the fused kernels or fp8).
   void set_recompute_gelu(bool on);
   // Activation recomputation (memory.activation_checkpointing; recompute.h): 0 = none,
   // 1 = every block (full), K = blocks 0, K, 2K, ... A recomputed block keeps only its input for

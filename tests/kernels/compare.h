@@ -8,6 +8,10 @@
 #include <cstdio>
 #include <string>
 
+#ifdef GPT2_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 #include "src/kernels/cross_entropy.h"  // have_cuda_kernels
 
 namespace gpt2 {
@@ -62,6 +66,16 @@ inline Errors expect_as_accurate(const std::string& what, const torch::Tensor& f
 }
 
 inline bool have_gpu() { return kernels::have_cuda_kernels() && torch::cuda::is_available(); }
+
+// Bytes the caching allocator has handed out on the current GPU (0 without CUDA: the tests skip).
+inline int64_t allocated_bytes() {
+#ifdef GPT2_WITH_CUDA
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device());
+  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+#else
+  return 0;
+#endif
+}
 
 }  // namespace gpt2
 

@@ -16,6 +16,7 @@
 #include "src/base/errors.h"
 #include "src/kernels/fp8_gemm.h"
 #include "src/kernels/linear.h"
+#include "tests/kernels/compare.h"  // allocated_bytes
 
 namespace gpt2::kernels {
 namespace {
@@ -427,6 +428,8 @@ TEST(Fp8Linear, GeluLinearIsTheCompositionBitForBit) {
 // from linear.h's gelu_and_bias_backward (on CUDA our kernel, not ATen's GELU backward), then c_fc's
 // products of dpre; and the same amaxes recorded. On CUDA, with delayed scaling from a history, the
 // node casts dpre in the GELU backward's own pass (launch_gelu_backward_fp8): the same bits again.
+// Both with the GELU output's FP8 transpose kept from forward and cast again in backward
+// (keep_gelu_output false, memory.recompute_gelu).
 TEST(Fp8Mlp, IsItsLayersCompositionWithOneGeluBackwardPass) {
   for (const auto& device : devices()) {
     // (rows, hidden): on CUDA the second gives the fused GELU backward + cast (mode 2) two chunks of
@@ -444,14 +447,8 @@ TEST(Fp8Mlp, IsItsLayersCompositionWithOneGeluBackwardPass) {
       const auto fc_b0 = torch::randn({hidden}, opts), proj_b0 = torch::randn({48}, opts);
       const auto gy = (values(n, 48, 24, device) * 1e-3).to(torch::kBFloat16).view({n / 16, 16, 48});
       const auto history = torch::tensor({0.0f, 3.0f, 2.0f, 0.0f, 0.1f, 0.2f, 0.0f, 5e-4f, 1e-3f}, fopt).view({3, 3});
-      Fp8DelayedScaling fc{history.clone(), mode == 2}, proj{history.clone(), mode == 2};
       Fp8DelayedScaling fc_ref{history.clone(), mode == 2}, proj_ref{history.clone(), mode == 2};
       auto scaling = [&](Fp8DelayedScaling& s) { return mode == 0 ? nullptr : &s; };
-      auto x = x0.clone().requires_grad_(), fc_w = fc_w0.clone().requires_grad_();
-      auto fc_b = fc_b0.clone().requires_grad_(), proj_w = proj_w0.clone().requires_grad_();
-      auto proj_b = proj_b0.clone().requires_grad_();
-      const auto y = fp8_mlp(x, fc_w, fc_b, proj_w, proj_b, scaling(fc), scaling(proj));
-      y.backward(gy);
       // The reference, node by node.
       auto xr = x0.clone().requires_grad_(), fc_wr = fc_w0.clone().requires_grad_();
       auto fc_br = fc_b0.clone().requires_grad_(), proj_wr = proj_w0.clone().requires_grad_();
@@ -463,21 +460,31 @@ TEST(Fp8Mlp, IsItsLayersCompositionWithOneGeluBackwardPass) {
       const auto [dpre, dfc_b] =
           gelu_and_bias_backward(h.grad().view({n, hidden}), pre.detach().view({n, hidden}).contiguous());
       pre.backward(dpre.view({n / 16, 16, hidden}));
-      const std::vector<std::pair<const char*, std::pair<torch::Tensor, torch::Tensor>>> pairs{
-          {"y", {y, yr}},
-          {"dx", {x.grad(), xr.grad()}},
-          {"d fc_w", {fc_w.grad(), fc_wr.grad()}},
-          {"d fc_b", {fc_b.grad(), dfc_b}},
-          {"d proj_w", {proj_w.grad(), proj_wr.grad()}},
-          {"d proj_b", {proj_b.grad(), proj_br.grad()}}};
-      for (const auto& [name, got_want] : pairs) {
-        const auto& [got, want] = got_want;
-        EXPECT_TRUE(torch::equal(got, want))
-            << what << " " << name << ": max " << (got - want).abs().max().item<double>();
-      }
-      if (mode > 0) {
-        EXPECT_TRUE(torch::equal(fc.amax, fc_ref.amax)) << what << fc.amax << fc_ref.amax;
-        EXPECT_TRUE(torch::equal(proj.amax, proj_ref.amax)) << what << proj.amax << proj_ref.amax;
+      // The node, keeping the GELU output's FP8 transpose or casting it again in backward.
+      for (bool keep : {true, false}) {
+        const std::string case_name = what + (keep ? " kept" : " recast");
+        Fp8DelayedScaling fc{history.clone(), mode == 2}, proj{history.clone(), mode == 2};
+        auto x = x0.clone().requires_grad_(), fc_w = fc_w0.clone().requires_grad_();
+        auto fc_b = fc_b0.clone().requires_grad_(), proj_w = proj_w0.clone().requires_grad_();
+        auto proj_b = proj_b0.clone().requires_grad_();
+        const auto y = fp8_mlp(x, fc_w, fc_b, proj_w, proj_b, scaling(fc), scaling(proj), keep);
+        y.backward(gy);
+        const std::vector<std::pair<const char*, std::pair<torch::Tensor, torch::Tensor>>> pairs{
+            {"y", {y, yr}},
+            {"dx", {x.grad(), xr.grad()}},
+            {"d fc_w", {fc_w.grad(), fc_wr.grad()}},
+            {"d fc_b", {fc_b.grad(), dfc_b}},
+            {"d proj_w", {proj_w.grad(), proj_wr.grad()}},
+            {"d proj_b", {proj_b.grad(), proj_br.grad()}}};
+        for (const auto& [name, got_want] : pairs) {
+          const auto& [got, want] = got_want;
+          EXPECT_TRUE(torch::equal(got, want))
+              << case_name << " " << name << ": max " << (got - want).abs().max().item<double>();
+        }
+        if (mode > 0) {
+          EXPECT_TRUE(torch::equal(fc.amax, fc_ref.amax)) << case_name << fc.amax << fc_ref.amax;
+          EXPECT_TRUE(torch::equal(proj.amax, proj_ref.amax)) << case_name << proj.amax << proj_ref.amax;
+        }
       }
     }
   }
@@ -488,6 +495,31 @@ TEST(Fp8Mlp, IsItsLayersCompositionWithOneGeluBackwardPass) {
   EXPECT_THROW(fp8_mlp(x, fc_w, fc_b, proj_w, proj_b, &delayed, nullptr), Error);
   EXPECT_THROW(fp8_mlp(x, fc_w, {}, proj_w, proj_b), Error);
   EXPECT_THROW(fp8_mlp(x, fc_w, fc_b, torch::randn({16, 48}), proj_b), Error);
+}
+
+// memory.recompute_gelu under fp8: between forward and backward the node holds the GELU output's
+// FP8 transpose only when it keeps it, rows x hidden bytes (sizes the caching allocator's 512-byte
+// rounding leaves exact). CUDA only: the CPU allocator keeps no counts.
+TEST(Fp8Mlp, CastingTheGeluOutputAgainHoldsItsFp8TransposeLess) {
+  if (!torch::cuda::is_available() || !fp8_supported(torch::Device(torch::kCUDA))) {
+    GTEST_SKIP() << "needs a CUDA GPU with FP8 tensor cores (runs on the GPU machine)";
+  }
+  const auto opts = torch::TensorOptions(torch::kCUDA).dtype(torch::kBFloat16);
+  const int64_t rows = 1024, C = 256, hidden = 1024;
+  auto x = torch::randn({rows, C}, opts).requires_grad_();
+  auto fw = (torch::randn({hidden, C}, opts) * 0.05).requires_grad_(),
+       fb = torch::randn({hidden}, opts).requires_grad_();
+  auto pw = (torch::randn({C, hidden}, opts) * 0.05).requires_grad_(), pb = torch::randn({C}, opts).requires_grad_();
+  fp8_mlp(x, fw, fb, pw, pb).sum().backward();  // first use: cuBLASLt's workspace, the allocator's pools
+  int64_t held[2] = {0, 0};
+  for (bool keep : {true, false}) {
+    const int64_t before = allocated_bytes();
+    auto y = fp8_mlp(x, fw, fb, pw, pb, nullptr, nullptr, keep);
+    held[keep] = allocated_bytes() - before - static_cast<int64_t>(y.nbytes());  // what backward will read
+    y.sum().backward();
+  }
+  EXPECT_EQ(held[true] - held[false], rows * hidden)
+      << "kept " << held[true] << " bytes, casting again " << held[false];
 }
 
 TEST(Fp8Gemm, ShapesAndFormatsOutsideTheContractAreNamedErrors) {

@@ -11,26 +11,12 @@
 #include <string>
 #include <vector>
 
-#ifdef GPT2_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
-
 #include "src/kernels/gemm.h"
 #include "src/kernels/linear.h"
 #include "tests/kernels/compare.h"
 
 namespace gpt2 {
 namespace {
-
-// Bytes the caching allocator has handed out on the current GPU (0 without CUDA: the tests skip).
-int64_t allocated_bytes() {
-#ifdef GPT2_WITH_CUDA
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device());
-  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
-#else
-  return 0;
-#endif
-}
 
 enum Path { kUnfused, kFused, kReference };
 
