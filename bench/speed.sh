@@ -13,7 +13,8 @@
 # PyTorch peers (rows that compare ours with ours need none). FP8=1 adds ours with precision.fp8 at
 # each size (issue 40), with delayed scaling (the default, 16 steps) and with current, and, with the peers, torchao's
 # float8 training + torch.compile for each recipe in FP8_PEERS (default "tensorwise"; the wheel from
-# .device-deps/wheels, see torch_peer.py's header). EAGER=0 leaves out the eager peer. Then a profile
+# .device-deps/wheels, see torch_peer.py's header); FP8_CURRENT=0 leaves out current scaling, and BF16=0
+# ours in bf16, for a call that only needs FP8 against its peers. EAGER=0 leaves out the eager peer. Then a profile
 # of ours for 124m (top kernels; with FP8=1 also of the FP8 run; PROFILE=0 leaves it out); and the
 # 2-GPU scaling of ours when the machine has two GPUs. Prints a table at the end.
 #   source .device-deps/gpu-env.sh && SIZES=124m bash bench/speed.sh
@@ -72,12 +73,12 @@ for size in $sizes; do
   case $size in 124m) B=32 ;; 350m|774m) B=16 ;; *) B=8 ;; esac
   S=${size^^}
   echo "== $size B=$B T=1024 bf16"
-  ours "${size}" "$size" "$B" 30
+  [ "${BF16:-1}" = 1 ] && ours "${size}" "$size" "$B" 30
   [ "${UNFUSED:-0}" = 1 ] && ours "${size}_unfused" "$size" "$B" 30 --train.fused_kernels=false
   [ "${UNTUNED:-0}" = 1 ] && ours "${size}_untuned_gemms" "$size" "$B" 30 --train.gemm_tuning=false
   [ "$size" = 1558m ] && [ "${KEEP_GELU:-0}" = 1 ] && ours "${size}_keep_gelu_output" "$size" "$B" 30 --memory.recompute_gelu=false
   [ "${MUON:-0}" = 1 ] && ours "${size}_muon" "$size" "$B" 30 --optim.name=muon
-  [ "${FP8:-0}" = 1 ] && ours "${size}_fp8_current" "$size" "$B" 30 --precision.fp8=true --precision.fp8_amax_history=0
+  [ "${FP8:-0}" = 1 ] && [ "${FP8_CURRENT:-1}" = 1 ] && ours "${size}_fp8_current" "$size" "$B" 30 --precision.fp8=true --precision.fp8_amax_history=0
   [ "${FP8:-0}" = 1 ] && ours "${size}_fp8" "$size" "$B" 30 --precision.fp8=true
   if [ "${MUON:-0}" = 1 ] && [ -n "${MUON_BATCH_TOKENS:-}" ]; then
     accum=$((MUON_BATCH_TOKENS / (B * 1024)))
