@@ -28,13 +28,6 @@ namespace {
 constexpr int kAmaxThreads = 256;
 constexpr int kTile = 32;  // the cast's tile: 32 x 32 elements, 32 x 8 threads
 
-// The value a cast reads: x, or with GELU its gelu_tanh.
-template <typename T, bool GELU>
-__device__ __forceinline__ float cast_input(T v) {
-  if constexpr (GELU) return to_float(from_float<T>(gelu_tanh(to_float(v))));  // ATen's gelu stores T
-  return to_float(v);
-}
-
 // max |x| over n elements into *amax (zeroed by the launcher), VEC elements a load (8: 16-byte
 // packs of a 16-bit T, n a multiple of 8 and x 16-byte aligned; else 1). |x| as fp32 bits orders as
 // unsigned integers (sign cleared), and NaN's bits lie above inf's, so a NaN anywhere wins, as

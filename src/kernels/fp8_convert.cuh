@@ -4,9 +4,17 @@
 // (fp8_gemm.h's quantize_fp8). For nvcc only.
 #include <cuda_fp8.h>
 
+#include "src/kernels/convert.cuh"
 #include "src/kernels/launch.h"
 
 namespace gpt2::kernels {
+
+// The value a cast reads: x, or with GELU its gelu_tanh (rounded to T: ATen's gelu stores T).
+template <typename T, bool GELU>
+__device__ __forceinline__ float cast_input(T v) {
+  if constexpr (GELU) return to_float(from_float<T>(gelu_tanh(to_float(v))));
+  return to_float(v);
+}
 
 // fp8_scale_for: top / amax, or 1 where amax is 0 or not finite.
 __device__ __forceinline__ float scale_for(float amax, float top) {

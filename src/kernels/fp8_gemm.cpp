@@ -301,14 +301,21 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
   }
 };
 
+// What the FP8 GELU backward pass gives: dpre in e5m2 (rows and transpose), c_fc's bias gradient,
+// and, where asked, gelu(pre)'s e4m3 transpose (c_proj's dw operand, not kept from forward).
+struct GeluBackwardFp8 {
+  Fp8Tensor d8, d8_t;
+  at::Tensor dbias;
+  Fp8Tensor h8_t;
+};
+
 // gelu_and_bias_backward(dh, pre) with its dpre cast to e5m2 in the same pass (launch_gelu_backward_fp8:
 // the bits of the two in turn, dpre never stored), where a history fixes the scale before dpre exists
-// (delayed scaling after its first step); nullopt elsewhere (current scaling, the first step, the
-// CPU, fp32, other shapes), for the caller to take the two steps.
-std::optional<std::tuple<Fp8Tensor, Fp8Tensor, at::Tensor>> gelu_backward_to_fp8(const at::Tensor& dh,
-                                                                                 const at::Tensor& pre,
-                                                                                 const at::Tensor& row,
-                                                                                 bool use_history, bool record) {
+// (delayed scaling after its first step); with `gelu_row` (c_proj's x history) defined, the pass also
+// casts gelu(pre)ᵀ as the forward's cast did (same scale, same bits; not recorded). nullopt elsewhere
+// (current scaling, the first step, the CPU, fp32, other shapes), for the caller to take the steps.
+std::optional<GeluBackwardFp8> gelu_backward_to_fp8(const at::Tensor& dh, const at::Tensor& pre, const at::Tensor& row,
+                                                    bool use_history, bool record, const at::Tensor& gelu_row) {
 #ifdef GPT2_WITH_CUDA
   auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
   if (!row.defined() || !use_history || !dh.is_cuda() ||
@@ -319,10 +326,14 @@ std::optional<std::tuple<Fp8Tensor, Fp8Tensor, at::Tensor>> gelu_backward_to_fp8
   }
   at::NoGradGuard no_grad;
   const int64_t rows = dh.size(0), cols = dh.size(1);
-  at::Tensor data = at::empty({rows, cols}, dh.options().dtype(at::kFloat8_e5m2));
-  at::Tensor data_t = at::empty({cols, rows}, dh.options().dtype(at::kFloat8_e5m2));
-  at::Tensor scale_inv = at::empty({}, dh.options().dtype(at::kFloat));
-  at::Tensor dbias = at::empty({cols}, dh.options());
+  auto fp8_pair = [&](at::ScalarType format) {  // a transposed cast's bytes and its scale
+    return Fp8Tensor{at::empty({cols, rows}, dh.options().dtype(format)),
+                     at::empty({}, dh.options().dtype(at::kFloat))};
+  };
+  GeluBackwardFp8 out;
+  out.d8_t = fp8_pair(at::kFloat8_e5m2);
+  out.d8 = {at::empty({rows, cols}, dh.options().dtype(at::kFloat8_e5m2)), out.d8_t.scale_inv};
+  out.dbias = at::empty({cols}, dh.options());
   at::Tensor partial = at::empty({column_sum_chunks(rows) * cols}, dh.options().dtype(at::kFloat));
   const Fp8CastArgs args{nullptr,
                          rows,
@@ -333,15 +344,33 @@ std::optional<std::tuple<Fp8Tensor, Fp8Tensor, at::Tensor>> gelu_backward_to_fp8
                          row.data_ptr<float>(),
                          row.size(0),
                          record ? reinterpret_cast<unsigned*>(row.data_ptr<float>()) : nullptr,
-                         data.data_ptr(),
-                         data_t.data_ptr(),
-                         scale_inv.data_ptr<float>(),
+                         out.d8.data.data_ptr(),
+                         out.d8_t.data.data_ptr(),
+                         out.d8_t.scale_inv.data_ptr<float>(),
                          false};
+  Fp8CastArgs gelu_args{};
+  if (gelu_row.defined()) {
+    out.h8_t = fp8_pair(at::kFloat8_e4m3fn);
+    gelu_args = {nullptr,
+                 rows,
+                 cols,
+                 false,
+                 fp8_max(at::kFloat8_e4m3fn),
+                 nullptr,
+                 gelu_row.data_ptr<float>(),
+                 gelu_row.size(0),
+                 nullptr,
+                 nullptr,
+                 out.h8_t.data.data_ptr(),
+                 out.h8_t.scale_inv.data_ptr<float>(),
+                 true};
+  }
   CUDA_CHECK(launch_gelu_backward_fp8(dtype_of(dh, "kernels::fp8_mlp"), dh.data_ptr(), pre.data_ptr(), rows, cols, args,
-                                      partial.data_ptr<float>(), dbias.data_ptr(), stream_of(dh)));
-  return std::make_tuple(Fp8Tensor{data, scale_inv}, Fp8Tensor{data_t, scale_inv}, dbias);
+                                      partial.data_ptr<float>(), out.dbias.data_ptr(), stream_of(dh),
+                                      gelu_row.defined() ? &gelu_args : nullptr));
+  return out;
 #else
-  (void)dh, (void)pre, (void)row, (void)use_history, (void)record;
+  (void)dh, (void)pre, (void)row, (void)use_history, (void)record, (void)gelu_row;
   return std::nullopt;
 #endif
 }
@@ -393,30 +422,32 @@ class Fp8MlpFunction : public torch::autograd::Function<Fp8MlpFunction> {
     const bool record = ctx->saved_data["record"].toBool();
     auto row = [&](int layer, int what) { return history_row(fc_amax, proj_amax, layer, what); };
     const Fp8Tensor x8_t{saved[0], saved[1]};
-    // The forward's cast of gelu(pre) again where it was not kept: the same scale (a history fixed
-    // for the step, or the same amax), so the same bits; not recorded a second time.
-    const Fp8Tensor h8_t =
-        saved[3].defined()
-            ? Fp8Tensor{saved[3], saved[4]}
-            : cast(pre, at::kFloat8_e4m3fn, Fp8Layout::kTranspose, row(1, 0), use_history, false, /*gelu=*/true).second;
     const at::Tensor gy = grads[0].reshape({-1, proj_w.size(0)}).contiguous();
     const at::ScalarType dtype = gy.scalar_type();
     // c_proj: its output gradient cast once for both products, its weight's transpose cast again.
     const auto [g8, g8_t] = cast(gy, at::kFloat8_e5m2, Fp8Layout::kBoth, row(1, 2), use_history, record);
     const Fp8Tensor proj_w8_t = cast(proj_w, at::kFloat8_e4m3fn, Fp8Layout::kTranspose, row(1, 1), use_history).second;
     const at::Tensor dh = fp8_gemm_nt(g8, proj_w8_t, dtype);  // (M, 4C)
-    const at::Tensor dproj_w = fp8_gemm_nt(g8_t, h8_t, dtype);
     const at::Tensor dproj_b = bias_grad(gy);
-    // c_fc: the GELU's backward and c_fc's bias gradient in one pass, then its two products.
-    Fp8Tensor d8, d8_t;
+    // c_fc's GELU backward and bias gradient in one pass; where forward did not keep gelu(pre)8ᵀ, the
+    // same pass casts it again from pre, with the forward's scale (a history fixed for the step), so
+    // the same bits; else (the composition) the forward's cast again, not recorded a second time.
+    const bool kept = saved[3].defined();
+    Fp8Tensor d8, d8_t, h8_t = kept ? Fp8Tensor{saved[3], saved[4]} : Fp8Tensor{};
     at::Tensor dfc_b;
-    if (auto fused = gelu_backward_to_fp8(dh, pre, row(0, 2), use_history, record)) {
-      std::tie(d8, d8_t, dfc_b) = *fused;  // dpre never stored in bf16
+    if (auto fused = gelu_backward_to_fp8(dh, pre, row(0, 2), use_history, record, kept ? at::Tensor() : row(1, 0))) {
+      d8 = fused->d8, d8_t = fused->d8_t, dfc_b = fused->dbias;  // dpre never stored in bf16
+      if (!kept) h8_t = fused->h8_t;
     } else {
       at::Tensor dpre;
       std::tie(dpre, dfc_b) = gelu_and_bias_backward(dh, pre);
       std::tie(d8, d8_t) = cast(dpre, at::kFloat8_e5m2, Fp8Layout::kBoth, row(0, 2), use_history, record);
+      if (!kept) {
+        h8_t =
+            cast(pre, at::kFloat8_e4m3fn, Fp8Layout::kTranspose, row(1, 0), use_history, false, /*gelu=*/true).second;
+      }
     }
+    const at::Tensor dproj_w = fp8_gemm_nt(g8_t, h8_t, dtype);
     const Fp8Tensor fc_w8_t = cast(fc_w, at::kFloat8_e4m3fn, Fp8Layout::kTranspose, row(0, 1), use_history).second;
     const at::Tensor dx = fp8_gemm_nt(d8, fc_w8_t, dtype);  // (M, C)
     const at::Tensor dfc_w = fp8_gemm_nt(d8_t, x8_t, dtype);

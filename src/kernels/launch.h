@@ -120,9 +120,12 @@ cudaError_t launch_fp8_cast(Dtype dtype, const Fp8CastArgs& args, cudaStream_t s
 // launch_gelu_backward whose dpre (rounded to dtype, the same bits) is cast as launch_fp8_cast casts
 // x into cast.out and cast.out_t instead of stored (cast.x and cast.gelu unused), with the same
 // dbias: a 16-bit dtype, rows % 16 == 0, cols % 8 == 0, dout and pre 16-byte, out 8-byte and out_t
-// 16-byte aligned; else cudaErrorInvalidValue.
+// 16-byte aligned; else cudaErrorInvalidValue. With gelu_out, the same pass also writes
+// gelu_tanh(pre) in e4m3 to gelu_out->out_t, transposed, as launch_fp8_cast with gelu writes it
+// (the scale from gelu_out->history; out and record_bits null, out_t 16-byte aligned).
 cudaError_t launch_gelu_backward_fp8(Dtype dtype, const void* dout, const void* pre, int64_t rows, int64_t cols,
-                                     const Fp8CastArgs& cast, float* partial, void* dbias, cudaStream_t stream);
+                                     const Fp8CastArgs& cast, float* partial, void* dbias, cudaStream_t stream,
+                                     const Fp8CastArgs* gelu_out = nullptr);
 
 // Weight-only int8 rows (int8_linear.h): y[r, j] = sum_g scale[j, g] sum_{i in g} q[j, i] x[r, i]
 // (+ bias[j]) for r < rows (<= 16), j < n; x, bias, y in `dtype`, fp32 sums; k % 16 == 0 and

@@ -82,28 +82,58 @@ __global__ void __launch_bounds__(kPacks* kLanes)
   store_partial_sums<VEC>(acc, p, packs, cols, partial);
 }
 
+constexpr int kFp8TileRows = 32;
+
+// One column of a tile of kFp8TileRows rows' FP8 bytes (the block's thread `tid` = its column)
+// written to out_t's row `col` from row `base` on, 32 bytes at a time (`valid` rows, a multiple of 8).
+template <int W>
+__device__ __forceinline__ void store_tile_column(const unsigned char (&tile)[kFp8TileRows][W], int tid,
+                                                  unsigned char* out_t, int64_t col, int64_t rows, int64_t base,
+                                                  int64_t valid) {
+  unsigned w[kFp8TileRows / 4];
+#pragma unroll
+  for (int j = 0; j < kFp8TileRows / 4; ++j) {
+    w[j] = tile[4 * j][tid] | tile[4 * j + 1][tid] << 8 | tile[4 * j + 2][tid] << 16 |
+           static_cast<unsigned>(tile[4 * j + 3][tid]) << 24;
+  }
+  unsigned char* dst = out_t + col * rows + base;  // 16-byte aligned: rows % 16 == 0, base % 32 == 0
+  if (valid == kFp8TileRows) {
+    reinterpret_cast<uint4*>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    reinterpret_cast<uint4*>(dst)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+  } else {
+    for (int g = 0; g < valid / 8; ++g) reinterpret_cast<uint2*>(dst)[g] = make_uint2(w[2 * g], w[2 * g + 1]);
+  }
+}
+
 // The GELU variant whose dpre goes to FP8 (Fp8CastArgs: scale, out, out_t, the recorded amax)
 // instead of T: each lane takes the rows bias_grad_kernel gives it, in the same order, so the sums
 // and dpre's bits are that kernel's; each kFp8TileRows rows' bytes gather in a shared tile and a
-// thread writes one column of it to out_t, 32 bytes at a time. 16-bit T, 8-element packs.
-constexpr int kFp8TileRows = 32;
+// thread writes one column of it to out_t, 32 bytes at a time. With g.out_t, the same pass also
+// casts gelu_tanh(pre) into g.out_t, transposed, as launch_fp8_cast with gelu would (its scale from
+// g's history; not recorded). 16-bit T, 8-element packs.
 template <typename T>
 __global__ void __launch_bounds__(kPacks* kLanes)
     gelu_backward_fp8_kernel(const T* __restrict__ a, const T* __restrict__ pre, int64_t rows, int64_t cols,
-                             Fp8CastArgs c, float* __restrict__ partial) {
-  constexpr int VEC = 8;
+                             Fp8CastArgs c, Fp8CastArgs g, float* __restrict__ partial) {
+  constexpr int VEC = 8, W = kPacks * VEC + 16;
   using P = Pack<T, VEC>;
   const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * kPacks + tx;
   const __nv_fp8_interpretation_t format = c.e5m2 ? __NV_E5M2 : __NV_E4M3;
+  const bool with_gelu = g.out_t != nullptr;
   const float s = cast_scale(c);  // a warp is one row lane's kPacks threads: each its own
-  if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) *c.scale_inv = 1.0f / s;
+  const float sg = with_gelu ? cast_scale(g) : 1.0f;
+  if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
+    *c.scale_inv = 1.0f / s;
+    if (with_gelu) *g.scale_inv = 1.0f / sg;
+  }
   auto* out = static_cast<unsigned char*>(c.out);
   auto* out_t = static_cast<unsigned char*>(c.out_t);
   const int64_t packs = cols / VEC;
   const int64_t p = static_cast<int64_t>(blockIdx.x) * kPacks + tx;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRowsPerChunk;
   const int64_t r1 = r0 + kRowsPerChunk < rows ? r0 + kRowsPerChunk : rows;
-  __shared__ __align__(16) unsigned char tile[kFp8TileRows][kPacks * VEC + 16];
+  __shared__ __align__(16) unsigned char tile[kFp8TileRows][W];
+  __shared__ __align__(16) unsigned char tile_g[kFp8TileRows][W];
   float acc[VEC];
 #pragma unroll
   for (int k = 0; k < VEC; ++k) acc[k] = 0.0f;
@@ -127,27 +157,24 @@ __global__ void __launch_bounds__(kPacks* kLanes)
                        cast_two(f[4], f[5], s, c.top, format) | cast_two(f[6], f[7], s, c.top, format) << 16);
         if (out != nullptr) *reinterpret_cast<uint2*>(out + r * cols + p * VEC) = q;
         *reinterpret_cast<uint2*>(&tile[i * kLanes + ty][tx * VEC]) = q;
+        if (with_gelu) {
+          float h[VEC];
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) h[k] = cast_input<T, true>(pv.v[k]);
+          *reinterpret_cast<uint2*>(&tile_g[i * kLanes + ty][tx * VEC]) =
+              make_uint2(cast_two(h[0], h[1], sg, g.top, __NV_E4M3) | cast_two(h[2], h[3], sg, g.top, __NV_E4M3) << 16,
+                         cast_two(h[4], h[5], sg, g.top, __NV_E4M3) | cast_two(h[6], h[7], sg, g.top, __NV_E4M3) << 16);
+        }
       }
     }
     __syncthreads();
     const int64_t col = static_cast<int64_t>(blockIdx.x) * kPacks * VEC + tid;  // the block's threads = its columns
     const int64_t valid = r1 - base < kFp8TileRows ? r1 - base : kFp8TileRows;  // rows % 8 == 0
-    if (out_t != nullptr && col < cols) {
-      unsigned w[kFp8TileRows / 4];
-#pragma unroll
-      for (int j = 0; j < kFp8TileRows / 4; ++j) {
-        w[j] = tile[4 * j][tid] | tile[4 * j + 1][tid] << 8 | tile[4 * j + 2][tid] << 16 |
-               static_cast<unsigned>(tile[4 * j + 3][tid]) << 24;
-      }
-      unsigned char* dst = out_t + col * rows + base;  // 16-byte aligned: rows % 16 == 0, base % 32 == 0
-      if (valid == kFp8TileRows) {
-        reinterpret_cast<uint4*>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
-        reinterpret_cast<uint4*>(dst)[1] = make_uint4(w[4], w[5], w[6], w[7]);
-      } else {
-        for (int g = 0; g < valid / 8; ++g) reinterpret_cast<uint2*>(dst)[g] = make_uint2(w[2 * g], w[2 * g + 1]);
-      }
+    if (col < cols) {
+      if (out_t != nullptr) store_tile_column(tile, tid, out_t, col, rows, base, valid);
+      if (with_gelu) store_tile_column(tile_g, tid, static_cast<unsigned char*>(g.out_t), col, rows, base, valid);
     }
-    __syncthreads();  // the next rows rewrite the tile
+    __syncthreads();  // the next rows rewrite the tiles
   }
   store_partial_sums<VEC>(acc, p, packs, cols, partial);
   if (c.record_bits != nullptr) record_block_amax(local, c.record_bits);
@@ -200,11 +227,17 @@ cudaError_t launch_gelu_backward(Dtype dtype, const void* dout, const void* pre,
 }
 
 cudaError_t launch_gelu_backward_fp8(Dtype dtype, const void* dout, const void* pre, int64_t rows, int64_t cols,
-                                     const Fp8CastArgs& cast, float* partial, void* dbias, cudaStream_t stream) {
+                                     const Fp8CastArgs& cast, float* partial, void* dbias, cudaStream_t stream,
+                                     const Fp8CastArgs* gelu_out) {
+  const Fp8CastArgs g = gelu_out != nullptr ? *gelu_out : Fp8CastArgs{};
   const bool aligned = reinterpret_cast<uintptr_t>(dout) % 16 == 0 && reinterpret_cast<uintptr_t>(pre) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(cast.out) % 8 == 0 &&
-                       reinterpret_cast<uintptr_t>(cast.out_t) % 16 == 0;
-  if (dtype == Dtype::kF32 || rows <= 0 || rows % 16 != 0 || cols <= 0 || cols % 8 != 0 || !aligned ||
+                       reinterpret_cast<uintptr_t>(cast.out_t) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(g.out_t) % 16 == 0;
+  const bool gelu_ok =
+      gelu_out == nullptr || (g.out_t != nullptr && g.out == nullptr && !g.e5m2 && g.history != nullptr &&
+                              g.record_bits == nullptr && g.scale_inv != nullptr);
+  if (dtype == Dtype::kF32 || rows <= 0 || rows % 16 != 0 || cols <= 0 || cols % 8 != 0 || !aligned || !gelu_ok ||
       (cast.amax_bits == nullptr && cast.history == nullptr) || cast.scale_inv == nullptr)
     return cudaErrorInvalidValue;
   const int64_t chunks = column_sum_chunks(rows);
@@ -213,7 +246,7 @@ cudaError_t launch_gelu_backward_fp8(Dtype dtype, const void* dout, const void* 
     using T = typename decltype(t)::type;
     if constexpr (sizeof(T) == 2) {
       gelu_backward_fp8_kernel<T><<<grid, dim3(kPacks, kLanes), 0, stream>>>(
-          static_cast<const T*>(dout), static_cast<const T*>(pre), rows, cols, cast, partial);
+          static_cast<const T*>(dout), static_cast<const T*>(pre), rows, cols, cast, g, partial);
       launch_finish_column_sums<T>(partial, chunks, cols, dbias, nullptr, stream);
       return cudaGetLastError();
     }

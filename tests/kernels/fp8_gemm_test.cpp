@@ -429,7 +429,7 @@ TEST(Fp8Linear, GeluLinearIsTheCompositionBitForBit) {
 // products of dpre; and the same amaxes recorded. On CUDA, with delayed scaling from a history, the
 // node casts dpre in the GELU backward's own pass (launch_gelu_backward_fp8): the same bits again.
 // Both with the GELU output's FP8 transpose kept from forward and cast again in backward
-// (keep_gelu_output false, memory.recompute_gelu).
+// (keep_gelu_output false, memory.recompute_gelu: on CUDA from a history, in that same pass).
 TEST(Fp8Mlp, IsItsLayersCompositionWithOneGeluBackwardPass) {
   for (const auto& device : devices()) {
     // (rows, hidden): on CUDA the second gives the fused GELU backward + cast (mode 2) two chunks of
