@@ -335,35 +335,28 @@ std::optional<GeluBackwardFp8> gelu_backward_to_fp8(const at::Tensor& dh, const 
   out.d8 = {at::empty({rows, cols}, dh.options().dtype(at::kFloat8_e5m2)), out.d8_t.scale_inv};
   out.dbias = at::empty({cols}, dh.options());
   at::Tensor partial = at::empty({column_sum_chunks(rows) * cols}, dh.options().dtype(at::kFloat));
-  const Fp8CastArgs args{nullptr,
-                         rows,
-                         cols,
-                         true,
-                         fp8_max(at::kFloat8_e5m2),
-                         nullptr,
-                         row.data_ptr<float>(),
-                         row.size(0),
-                         record ? reinterpret_cast<unsigned*>(row.data_ptr<float>()) : nullptr,
-                         out.d8.data.data_ptr(),
-                         out.d8_t.data.data_ptr(),
-                         out.d8_t.scale_inv.data_ptr<float>(),
-                         false};
+  // A cast scaled from history row `h` into `t` (and `rows_out`, if given), recording if asked.
+  auto args_for = [&](at::ScalarType format, const at::Tensor& h, bool rec, const Fp8Tensor& t,
+                      const at::Tensor& rows_out, bool gelu) {
+    return Fp8CastArgs{nullptr,
+                       rows,
+                       cols,
+                       format == at::kFloat8_e5m2,
+                       fp8_max(format),
+                       nullptr,
+                       h.data_ptr<float>(),
+                       h.size(0),
+                       rec ? reinterpret_cast<unsigned*>(h.data_ptr<float>()) : nullptr,
+                       rows_out.defined() ? rows_out.data_ptr() : nullptr,
+                       t.data.data_ptr(),
+                       t.scale_inv.data_ptr<float>(),
+                       gelu};
+  };
+  const Fp8CastArgs args = args_for(at::kFloat8_e5m2, row, record, out.d8_t, out.d8.data, false);
   Fp8CastArgs gelu_args{};
   if (gelu_row.defined()) {
     out.h8_t = fp8_pair(at::kFloat8_e4m3fn);
-    gelu_args = {nullptr,
-                 rows,
-                 cols,
-                 false,
-                 fp8_max(at::kFloat8_e4m3fn),
-                 nullptr,
-                 gelu_row.data_ptr<float>(),
-                 gelu_row.size(0),
-                 nullptr,
-                 nullptr,
-                 out.h8_t.data.data_ptr(),
-                 out.h8_t.scale_inv.data_ptr<float>(),
-                 true};
+    gelu_args = args_for(at::kFloat8_e4m3fn, gelu_row, false, out.h8_t, at::Tensor(), true);
   }
   CUDA_CHECK(launch_gelu_backward_fp8(dtype_of(dh, "kernels::fp8_mlp"), dh.data_ptr(), pre.data_ptr(), rows, cols, args,
                                       partial.data_ptr<float>(), out.dbias.data_ptr(), stream_of(dh),
