@@ -451,6 +451,129 @@ class Fp8MlpFunction : public torch::autograd::Function<Fp8MlpFunction> {
   }
 };
 
+// The stride between consecutive rows of g viewed as (rows, g.size(-1)) without a copy: its
+// leading dims merge and its last is unit-strided; nullopt otherwise.
+std::optional<int64_t> row_stride_of(const at::Tensor& g) {
+  if (g.dim() < 2 || g.stride(-1) != 1) return std::nullopt;
+  int64_t stride = g.stride(-2), span = g.size(-2);  // the rows merged so far and their stride
+  for (int64_t d = g.dim() - 3; d >= 0; --d) {
+    if (g.size(d) != 1 && g.stride(d) != stride * span) return std::nullopt;
+    span *= g.size(d);
+  }
+  return stride;
+}
+
+// The q/k/v projection's output gradient, given as its three parts (each (..., c) in one 16-bit
+// dtype on CUDA, rows x c), cast to e5m2 (rows and transpose) with its column sums (the bias
+// gradient) in one pass (launch_parts_fp8: the bits of cat, cast and bias_grad in turn), where a
+// history fixes the scale before the gradient exists; nullopt elsewhere, for the caller's steps.
+std::optional<std::tuple<Fp8Tensor, Fp8Tensor, at::Tensor>> parts_to_fp8(const torch::autograd::variable_list& parts,
+                                                                         int64_t rows, int64_t c, const at::Tensor& row,
+                                                                         bool use_history, bool record) {
+#ifdef GPT2_WITH_CUDA
+  if (!row.defined() || !use_history || parts.size() != 3 || c % 8 != 0) return std::nullopt;
+  const void* ptrs[3];
+  int64_t strides[3];
+  for (int i = 0; i < 3; ++i) {
+    const at::Tensor& g = parts[i];
+    if (!g.defined() || !g.is_cuda() || g.scalar_type() != parts[0].scalar_type() ||
+        (g.scalar_type() != at::kBFloat16 && g.scalar_type() != at::kHalf) || g.numel() != rows * c ||
+        g.size(-1) != c) {
+      return std::nullopt;
+    }
+    const auto stride = row_stride_of(g);
+    if (!stride || *stride % 8 != 0 || reinterpret_cast<uintptr_t>(g.data_ptr()) % 16 != 0) return std::nullopt;
+    ptrs[i] = g.data_ptr();
+    strides[i] = *stride;
+  }
+  at::NoGradGuard no_grad;
+  const auto opts = parts[0].options();
+  const Fp8Tensor g8{at::empty({rows, 3 * c}, opts.dtype(at::kFloat8_e5m2)), at::empty({}, opts.dtype(at::kFloat))};
+  const Fp8Tensor g8_t{at::empty({3 * c, rows}, opts.dtype(at::kFloat8_e5m2)), g8.scale_inv};
+  at::Tensor dbias = at::empty({3 * c}, opts);
+  at::Tensor partial = at::empty({column_sum_chunks(rows) * 3 * c}, opts.dtype(at::kFloat));
+  const Fp8CastArgs args{nullptr,
+                         rows,
+                         3 * c,
+                         true,
+                         fp8_max(at::kFloat8_e5m2),
+                         nullptr,
+                         row.data_ptr<float>(),
+                         row.size(0),
+                         record ? reinterpret_cast<unsigned*>(row.data_ptr<float>()) : nullptr,
+                         g8.data.data_ptr(),
+                         g8_t.data.data_ptr(),
+                         g8.scale_inv.data_ptr<float>(),
+                         false};
+  CUDA_CHECK(launch_parts_fp8(dtype_of(parts[0], "kernels::fp8_qkv_linear"), ptrs, strides, rows, c, args,
+                              partial.data_ptr<float>(), dbias.data_ptr(), stream_of(parts[0])));
+  return std::make_tuple(g8, g8_t, dbias);
+#else
+  (void)parts, (void)rows, (void)c, (void)row, (void)use_history, (void)record;
+  return std::nullopt;
+#endif
+}
+
+// fp8_linear(x, w, bias).split(N / 3, -1) as one node with three outputs (fp8_qkv_linear): forward
+// fp8_linear's casts and product; backward takes the three output gradients as they come (never
+// concatenated in bf16 on CUDA with a history: parts_to_fp8), then fp8_linear's two products.
+class Fp8QkvFunction : public torch::autograd::Function<Fp8QkvFunction> {
+ public:
+  // `amax`: (3, L) histories of x, w and gy, or no elements: current scaling (as Fp8LinearFunction).
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                                const torch::Tensor& w, const torch::Tensor& bias,
+                                                const torch::Tensor& amax, bool use_history, bool record) {
+    const bool delayed = amax.numel() > 0;
+    const int64_t k = x.size(-1), c = w.size(0) / 3;
+    const at::Tensor x2 = x.reshape({-1, k});
+    const auto [x8, x8_t] =
+        cast(x2, at::kFloat8_e4m3fn, Fp8Layout::kBoth, delayed ? amax[0] : at::Tensor(), use_history, record);
+    const Fp8Tensor w8 =
+        cast(w, at::kFloat8_e4m3fn, Fp8Layout::kRows, delayed ? amax[1] : at::Tensor(), use_history, record).first;
+    const at::Tensor y = fp8_gemm_nt(x8, w8, x.scalar_type(), bias);  // (M, 3C)
+    ctx->save_for_backward({x8_t.data, x8_t.scale_inv, w});
+    // Not saved for backward: the backward's cast writes into it, which a saved tensor may not see.
+    ctx->saved_data["amax"] = amax;
+    ctx->saved_data["use_history"] = use_history;
+    ctx->saved_data["record"] = record;
+    ctx->saved_data["x_shape"] = x.sizes().vec();
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = c;
+    return {y.narrow(1, 0, c).view(shape), y.narrow(1, c, c).view(shape), y.narrow(1, 2 * c, c).view(shape)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Fp8Tensor x8_t{saved[0], saved[1]};
+    const at::Tensor& w = saved[2];
+    const int64_t rows = x8_t.data.size(1), c = w.size(0) / 3;
+    const at::Tensor amax = ctx->saved_data["amax"].toTensor();
+    const bool delayed = amax.numel() > 0, use_history = ctx->saved_data["use_history"].toBool();
+    const bool record = ctx->saved_data["record"].toBool();
+    Fp8Tensor g8, g8_t;
+    at::Tensor db;
+    if (auto fused = parts_to_fp8(grads, rows, c, delayed ? amax[2] : at::Tensor(), use_history, record)) {
+      std::tie(g8, g8_t, db) = *fused;
+    } else {  // the composition: autograd's split backward (zeros for an unused part), then fp8_linear's
+      std::vector<at::Tensor> parts;
+      for (int i = 0; i < 3; ++i) {
+        const at::Tensor& g = grads[i];
+        parts.push_back(g.defined() ? g.reshape({rows, c}) : at::zeros({rows, c}, w.options()));
+      }
+      const at::Tensor gy = at::cat(parts, 1);
+      std::tie(g8, g8_t) =
+          cast(gy, at::kFloat8_e5m2, Fp8Layout::kBoth, delayed ? amax[2] : at::Tensor(), use_history, record);
+      db = bias_grad(gy);
+    }
+    const Fp8Tensor w8_t =
+        cast(w, at::kFloat8_e4m3fn, Fp8Layout::kTranspose, delayed ? amax[1] : at::Tensor(), use_history).second;
+    const at::Tensor dx = fp8_gemm_nt(g8, w8_t, w.scalar_type());  // (M, K)
+    const at::Tensor dw = fp8_gemm_nt(g8_t, x8_t, w.scalar_type());
+    return {dx.view(ctx->saved_data["x_shape"].toIntVector()), dw, db, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 // fp8_linear's checks of one layer: x's dtype and device, `rows` x `k` the layer's input, w (N, K),
 // bias (N) if any, the histories; a gpt2::Error naming `who` where one fails.
 void check_fp8_layer(const std::string& who, const torch::Tensor& x, int64_t rows, int64_t k, const torch::Tensor& w,
@@ -497,6 +620,14 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& w, const t
 torch::Tensor fp8_gelu_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
                               const Fp8DelayedScaling* delayed) {
   return apply_fp8_linear("fp8_gelu_linear", x, w, bias, delayed, /*gelu=*/true);
+}
+
+std::vector<torch::Tensor> fp8_qkv_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
+                                          const Fp8DelayedScaling* delayed) {
+  check_fp8_layer("fp8_qkv_linear", x, rows_of(x), x.size(-1), w, bias, delayed);
+  GPT2_ASSERT(w.size(0) % 3 == 0 && bias.defined(), "fp8_qkv_linear: w's rows are three equal parts, with a bias");
+  return Fp8QkvFunction::apply(x.contiguous(), w.contiguous(), bias, histories(delayed, x),
+                               delayed && delayed->use_history, /*record=*/delayed && at::GradMode::is_enabled());
 }
 
 torch::Tensor fp8_mlp(const torch::Tensor& x, const torch::Tensor& fc_w, const torch::Tensor& fc_b,

@@ -13,6 +13,7 @@
 #include <torch/types.h>
 
 #include <utility>
+#include <vector>
 
 namespace gpt2::kernels {
 
@@ -83,6 +84,14 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& w, const t
 // gelu(x)ᵀ again for dw, then dx = gelu'(x) · (gy · w). The same checks, naming fp8_gelu_linear.
 torch::Tensor fp8_gelu_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
                               const Fp8DelayedScaling* delayed = nullptr);
+// The attention's q/k/v projection: fp8_linear(x, w, bias).split(N / 3, -1) bit for bit (w (3C, K),
+// bias (3C)) as one node with three outputs, whose backward takes the three gradients as autograd
+// hands them over: on CUDA, with delayed scaling from a history, one pass casts them to e5m2 and sums
+// the bias gradient, where the composition concatenates them in x's dtype first (a copy) and reads
+// that twice. The outputs are views of one (M, 3C) product: not to be written in place. fp8_linear's
+// checks, naming fp8_qkv_linear.
+std::vector<torch::Tensor> fp8_qkv_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
+                                          const Fp8DelayedScaling* delayed = nullptr);
 // The MLP, c_proj(gelu_tanh(c_fc(x))), as one node: forward fp8_gelu_linear(fp8_linear(x, fc_w, fc_b),
 // proj_w, proj_b) bit for bit, keeping gelu's FP8 transpose from forward (no second cast of it in
 // backward; keep_gelu_output false, memory.recompute_gelu, casts it again from the GELU's input there

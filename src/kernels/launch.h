@@ -126,6 +126,12 @@ cudaError_t launch_fp8_cast(Dtype dtype, const Fp8CastArgs& args, cudaStream_t s
 cudaError_t launch_gelu_backward_fp8(Dtype dtype, const void* dout, const void* pre, int64_t rows, int64_t cols,
                                      const Fp8CastArgs& cast, float* partial, void* dbias, cudaStream_t stream,
                                      const Fp8CastArgs* gelu_out = nullptr);
+// The same pass over a (rows, 3 x part_cols) matrix given as its three column blocks, parts[i] with
+// row stride strides[i] (elements): cast as launch_fp8_cast casts the concatenation, and its column
+// sums into dbias; the parts 16-byte aligned, part_cols and the strides multiples of 8.
+cudaError_t launch_parts_fp8(Dtype dtype, const void* const parts[3], const int64_t strides[3], int64_t rows,
+                             int64_t part_cols, const Fp8CastArgs& cast, float* partial, void* dbias,
+                             cudaStream_t stream);
 
 // Weight-only int8 rows (int8_linear.h): y[r, j] = sum_g scale[j, g] sum_{i in g} q[j, i] x[r, i]
 // (+ bias[j]) for r < rows (<= 16), j < n; x, bias, y in `dtype`, fp32 sums; k % 16 == 0 and

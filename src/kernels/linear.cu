@@ -105,18 +105,53 @@ __device__ __forceinline__ void store_tile_column(const unsigned char (&tile)[kF
   }
 }
 
-// The GELU variant whose dpre goes to FP8 (Fp8CastArgs: scale, out, out_t, the recorded amax)
-// instead of T: each lane takes the rows bias_grad_kernel gives it, in the same order, so the sums
-// and dpre's bits are that kernel's; each kFp8TileRows rows' bytes gather in a shared tile and a
-// thread writes one column of it to out_t, 32 bytes at a time. With g.out_t, the same pass also
-// casts gelu_tanh(pre) into g.out_t, transposed, as launch_fp8_cast with gelu would (its scale from
-// g's history; not recorded). 16-bit T, 8-element packs.
+// The rows an FP8 column pass casts, 8 values (a 16-byte pack of T) of row r at pack p at a time:
+// the GELU backward's dpre from its output gradient and input (rounded to T as stored), also giving
+// gelu(pre) as a cast reads it (fp8_mlp's recomputed GELU output) ...
 template <typename T>
+struct GeluGradRows {
+  const T* a;
+  const T* pre;
+  int64_t cols;
+  __device__ __forceinline__ void load(int64_t r, int64_t p, bool with_gelu, float (&f)[8], float (&h)[8]) const {
+    using P = Pack<T, 8>;
+    const P av = reinterpret_cast<const P*>(a + r * cols)[p];
+    const P pv = reinterpret_cast<const P*>(pre + r * cols)[p];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) f[k] = to_float(gelu_input_grad(av.v[k], pv.v[k]));
+    if (with_gelu) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) h[k] = cast_input<T, true>(pv.v[k]);
+    }
+  }
+};
+// ... or a matrix given as three column blocks of part_cols, each its own rows at its own row
+// stride (the q/k/v projection's output gradient, never concatenated).
+template <typename T>
+struct PartRows {
+  const T* part[3];
+  int64_t stride[3];
+  int64_t part_cols;
+  __device__ __forceinline__ void load(int64_t r, int64_t p, bool, float (&f)[8], float (&)[8]) const {
+    using P = Pack<T, 8>;
+    const int64_t col = p * 8, which = col / part_cols;
+    const P v = *reinterpret_cast<const P*>(part[which] + r * stride[which] + (col - which * part_cols));
+#pragma unroll
+    for (int k = 0; k < 8; ++k) f[k] = to_float(v.v[k]);
+  }
+};
+
+// A column pass whose rows (Rows) go to FP8 (Fp8CastArgs c: scale, out, out_t, the recorded amax)
+// instead of T, with their column sums: each lane takes the rows bias_grad_kernel gives it, in the
+// same order, so the sums are that kernel's; each kFp8TileRows rows' bytes gather in a shared tile
+// and a thread writes one column of it to out_t, 32 bytes at a time. With g.out_t (GeluGradRows
+// only), the same pass also casts gelu_tanh(pre) into g.out_t, transposed, as launch_fp8_cast with
+// gelu would (its scale from g's history; not recorded). 16-bit T, 8-element packs.
+template <typename T, typename Rows>
 __global__ void __launch_bounds__(kPacks* kLanes)
-    gelu_backward_fp8_kernel(const T* __restrict__ a, const T* __restrict__ pre, int64_t rows, int64_t cols,
-                             Fp8CastArgs c, Fp8CastArgs g, float* __restrict__ partial) {
+    fp8_column_pass_kernel(Rows src, int64_t rows, int64_t cols, Fp8CastArgs c, Fp8CastArgs g,
+                           float* __restrict__ partial) {
   constexpr int VEC = 8, W = kPacks * VEC + 16;
-  using P = Pack<T, VEC>;
   const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * kPacks + tx;
   const __nv_fp8_interpretation_t format = c.e5m2 ? __NV_E5M2 : __NV_E4M3;
   const bool with_gelu = g.out_t != nullptr;
@@ -134,6 +169,10 @@ __global__ void __launch_bounds__(kPacks* kLanes)
   const int64_t r1 = r0 + kRowsPerChunk < rows ? r0 + kRowsPerChunk : rows;
   __shared__ __align__(16) unsigned char tile[kFp8TileRows][W];
   __shared__ __align__(16) unsigned char tile_g[kFp8TileRows][W];
+  auto pack = [](const float(&v)[VEC], float scale, float top, __nv_fp8_interpretation_t fmt) {
+    return make_uint2(cast_two(v[0], v[1], scale, top, fmt) | cast_two(v[2], v[3], scale, top, fmt) << 16,
+                      cast_two(v[4], v[5], scale, top, fmt) | cast_two(v[6], v[7], scale, top, fmt) << 16);
+  };
   float acc[VEC];
 #pragma unroll
   for (int k = 0; k < VEC; ++k) acc[k] = 0.0f;
@@ -143,28 +182,17 @@ __global__ void __launch_bounds__(kPacks* kLanes)
     for (int i = 0; i < kFp8TileRows / kLanes; ++i) {
       const int64_t r = base + i * kLanes + ty;
       if (p < packs && r < r1) {
-        const P av = reinterpret_cast<const P*>(a + r * cols)[p];
-        const P pv = reinterpret_cast<const P*>(pre + r * cols)[p];
-        float f[VEC];
+        float f[VEC], h[VEC];
+        src.load(r, p, with_gelu, f, h);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          f[k] = to_float(gelu_input_grad(av.v[k], pv.v[k]));
           acc[k] += f[k];
           local = max(local, __float_as_uint(f[k]) & 0x7fffffffu);
         }
-        const uint2 q =
-            make_uint2(cast_two(f[0], f[1], s, c.top, format) | cast_two(f[2], f[3], s, c.top, format) << 16,
-                       cast_two(f[4], f[5], s, c.top, format) | cast_two(f[6], f[7], s, c.top, format) << 16);
+        const uint2 q = pack(f, s, c.top, format);
         if (out != nullptr) *reinterpret_cast<uint2*>(out + r * cols + p * VEC) = q;
         *reinterpret_cast<uint2*>(&tile[i * kLanes + ty][tx * VEC]) = q;
-        if (with_gelu) {
-          float h[VEC];
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) h[k] = cast_input<T, true>(pv.v[k]);
-          *reinterpret_cast<uint2*>(&tile_g[i * kLanes + ty][tx * VEC]) =
-              make_uint2(cast_two(h[0], h[1], sg, g.top, __NV_E4M3) | cast_two(h[2], h[3], sg, g.top, __NV_E4M3) << 16,
-                         cast_two(h[4], h[5], sg, g.top, __NV_E4M3) | cast_two(h[6], h[7], sg, g.top, __NV_E4M3) << 16);
-        }
+        if (with_gelu) *reinterpret_cast<uint2*>(&tile_g[i * kLanes + ty][tx * VEC]) = pack(h, sg, g.top, __NV_E4M3);
       }
     }
     __syncthreads();
@@ -226,12 +254,15 @@ cudaError_t launch_gelu_backward(Dtype dtype, const void* dout, const void* pre,
   return dispatch<true>(dtype, dout, pre, rows, cols, dpre, partial, dbias, stream);
 }
 
-cudaError_t launch_gelu_backward_fp8(Dtype dtype, const void* dout, const void* pre, int64_t rows, int64_t cols,
-                                     const Fp8CastArgs& cast, float* partial, void* dbias, cudaStream_t stream,
-                                     const Fp8CastArgs* gelu_out) {
+namespace {
+
+// The checks both FP8 column passes share, then the pass and the sums' finish; Rows<T> built by make_rows.
+template <template <typename> class Rows, typename MakeRows>
+cudaError_t run_fp8_column_pass(Dtype dtype, int64_t rows, int64_t cols, bool inputs_aligned, const Fp8CastArgs& cast,
+                                const Fp8CastArgs* gelu_out, float* partial, void* dbias, cudaStream_t stream,
+                                MakeRows make_rows) {
   const Fp8CastArgs g = gelu_out != nullptr ? *gelu_out : Fp8CastArgs{};
-  const bool aligned = reinterpret_cast<uintptr_t>(dout) % 16 == 0 && reinterpret_cast<uintptr_t>(pre) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(cast.out) % 8 == 0 &&
+  const bool aligned = inputs_aligned && reinterpret_cast<uintptr_t>(cast.out) % 8 == 0 &&
                        reinterpret_cast<uintptr_t>(cast.out_t) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(g.out_t) % 16 == 0;
   const bool gelu_ok =
@@ -245,13 +276,43 @@ cudaError_t launch_gelu_backward_fp8(Dtype dtype, const void* dout, const void* 
   return with_storage_type(dtype, [&](auto t) {
     using T = typename decltype(t)::type;
     if constexpr (sizeof(T) == 2) {
-      gelu_backward_fp8_kernel<T><<<grid, dim3(kPacks, kLanes), 0, stream>>>(
-          static_cast<const T*>(dout), static_cast<const T*>(pre), rows, cols, cast, g, partial);
+      fp8_column_pass_kernel<T, Rows<T>>
+          <<<grid, dim3(kPacks, kLanes), 0, stream>>>(make_rows(t), rows, cols, cast, g, partial);
       launch_finish_column_sums<T>(partial, chunks, cols, dbias, nullptr, stream);
       return cudaGetLastError();
     }
     return cudaErrorInvalidValue;  // not reached: fp32 is refused above
   });
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+cudaError_t launch_gelu_backward_fp8(Dtype dtype, const void* dout, const void* pre, int64_t rows, int64_t cols,
+                                     const Fp8CastArgs& cast, float* partial, void* dbias, cudaStream_t stream,
+                                     const Fp8CastArgs* gelu_out) {
+  return run_fp8_column_pass<GeluGradRows>(
+      dtype, rows, cols, aligned16(dout) && aligned16(pre), cast, gelu_out, partial, dbias, stream, [&](auto t) {
+        using T = typename decltype(t)::type;
+        return GeluGradRows<T>{static_cast<const T*>(dout), static_cast<const T*>(pre), cols};
+      });
+}
+
+cudaError_t launch_parts_fp8(Dtype dtype, const void* const parts[3], const int64_t strides[3], int64_t rows,
+                             int64_t part_cols, const Fp8CastArgs& cast, float* partial, void* dbias,
+                             cudaStream_t stream) {
+  bool inputs_ok = part_cols > 0 && part_cols % 8 == 0;
+  for (int i = 0; i < 3; ++i) inputs_ok = inputs_ok && aligned16(parts[i]) && strides[i] % 8 == 0;
+  if (!inputs_ok) return cudaErrorInvalidValue;
+  return run_fp8_column_pass<PartRows>(
+      dtype, rows, 3 * part_cols, true, cast, nullptr, partial, dbias, stream, [&](auto t) {
+        using T = typename decltype(t)::type;
+        return PartRows<T>{
+            {static_cast<const T*>(parts[0]), static_cast<const T*>(parts[1]), static_cast<const T*>(parts[2])},
+            {strides[0], strides[1], strides[2]},
+            part_cols};
+      });
 }
 
 }  // namespace gpt2::kernels

@@ -143,11 +143,14 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPT2Config& cfg) : n_head
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const KVSlot* slot) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   const int64_t hs = C / n_head_;
-  // One fused matmul for q, k and v; the splits below are views, no copies.
-  auto qkv = project(c_attn, x, fused_kernels, c_attn_int8, fp8, fp8_scaling[0]).split(C, 2);  // 3 x (B, T, C)
-  auto q = qkv[0].view({B, T, n_head_, hs}).transpose(1, 2);                                   // (B, nh, T, hs)
-  auto k = qkv[1].view({B, T, n_head_, hs}).transpose(1, 2);                                   // (B, nh, T, hs)
-  auto v = qkv[2].view({B, T, n_head_, hs}).transpose(1, 2);                                   // (B, nh, T, hs)
+  // One fused matmul for q, k and v; the splits below are views, no copies. Under fp8, one node
+  // whose backward takes q, k and v's gradients apart (no concatenation).
+  const auto qkv = fp8 && !c_attn_int8 && fp8_takes(x)
+                       ? kernels::fp8_qkv_linear(x, c_attn->weight, c_attn->bias, delayed(fp8_scaling[0]))
+                       : project(c_attn, x, fused_kernels, c_attn_int8).split(C, 2);  // 3 x (B, T, C)
+  auto q = qkv[0].view({B, T, n_head_, hs}).transpose(1, 2);                          // (B, nh, T, hs)
+  auto k = qkv[1].view({B, T, n_head_, hs}).transpose(1, 2);                          // (B, nh, T, hs)
+  auto v = qkv[2].view({B, T, n_head_, hs}).transpose(1, 2);                          // (B, nh, T, hs)
   bool causal = true;
   std::optional<at::Tensor> mask;
   if (slot != nullptr && slot->rows_at.defined()) {

@@ -497,6 +497,61 @@ TEST(Fp8Mlp, IsItsLayersCompositionWithOneGeluBackwardPass) {
   EXPECT_THROW(fp8_mlp(x, fc_w, fc_b, torch::randn({16, 48}), proj_b), Error);
 }
 
+// fp8_qkv_linear is fp8_linear(...).split(N / 3, -1) bit for bit, forward and backward, in all three
+// scaling modes, whatever layout the three output gradients come in: contiguous, rows of a wider
+// tensor (a row stride past the part's width), a layout whose rows do not merge (a copy), or one part
+// unused (autograd hands over no gradient; the composition's split backward fills zeros). On CUDA,
+// with delayed scaling from a history, the contiguous and wider-row cases take the one-pass cast
+// (launch_parts_fp8) against the composition's concatenation, cast and bias_grad.
+TEST(Fp8QkvLinear, IsFp8LinearSplitBitForBit) {
+  for (const auto& device : devices()) {
+    for (const auto& [n, c, mode] : std::vector<std::tuple<int64_t, int64_t, int>>{
+             {32, 48, 0}, {32, 48, 1}, {32, 48, 2}, {272, 128, 0}, {272, 128, 2}}) {
+      for (int layout = 0; layout < 4; ++layout) {  // gradients: contiguous, wider rows, not mergeable, k unused
+        const std::string what = device.str() + " " + std::to_string(n) + "x" + std::to_string(c) + " mode " +
+                                 std::to_string(mode) + " layout " + std::to_string(layout);
+        const auto opts = torch::TensorOptions(device).dtype(torch::kBFloat16);
+        const auto fopt = torch::TensorOptions(device).dtype(torch::kFloat);
+        const auto x0 = (values(n, 64, 31, device) * 0.5).to(torch::kBFloat16).view({n / 16, 16, 64});
+        const auto w0 = (values(3 * c, 64, 32, device) * 0.05).to(torch::kBFloat16);
+        const auto b0 = torch::randn({3 * c}, opts);
+        const auto history = torch::tensor({0.0f, 3.0f, 2.0f, 0.0f, 0.1f, 0.2f, 0.0f, 5e-4f, 1e-3f}, fopt).view({3, 3});
+        std::vector<torch::Tensor> grads;
+        for (int i = 0; i < 3; ++i) {
+          const auto g = (values(n, c, 33 + i, device) * 1e-3).to(torch::kBFloat16);
+          if (layout == 1) {  // rows of a (n, 2c) tensor
+            grads.push_back(torch::cat({g, torch::zeros_like(g)}, 1).narrow(1, 0, c).view({n / 16, 16, c}));
+          } else if (layout == 2) {  // (16, n / 16, c) transposed: rows 16 apart, not one stride
+            grads.push_back(g.view({n / 16, 16, c}).transpose(0, 1).contiguous().transpose(0, 1));
+          } else {
+            grads.push_back(g.view({n / 16, 16, c}));
+          }
+        }
+        Fp8DelayedScaling ours{history.clone(), mode == 2}, ref{history.clone(), mode == 2};
+        auto scaling = [&](Fp8DelayedScaling& s) { return mode == 0 ? nullptr : &s; };
+        auto run = [&](bool node, Fp8DelayedScaling& s) {
+          auto x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+          const auto qkv = node ? fp8_qkv_linear(x, w, b, scaling(s)) : fp8_linear(x, w, b, scaling(s)).split(c, -1);
+          std::vector<torch::Tensor> outs{qkv[0], qkv[1], qkv[2]}, gs = grads;
+          if (layout == 3) outs.erase(outs.begin() + 1), gs.erase(gs.begin() + 1);
+          torch::autograd::backward(outs, gs);
+          return std::vector<torch::Tensor>{qkv[0], qkv[1], qkv[2], x.grad(), w.grad(), b.grad()};
+        };
+        const auto got = run(true, ours), want = run(false, ref);
+        const char* names[] = {"q", "k", "v", "dx", "dw", "db"};
+        for (size_t i = 0; i < got.size(); ++i) {
+          EXPECT_TRUE(torch::equal(got[i], want[i]))
+              << what << " " << names[i] << ": max " << (got[i] - want[i]).abs().max().item<double>();
+        }
+        if (mode > 0) EXPECT_TRUE(torch::equal(ours.amax, ref.amax)) << what << ours.amax << ref.amax;
+      }
+    }
+  }
+  const auto x = torch::randn({16, 32}), w = torch::randn({48, 32}), b = torch::randn({48});
+  EXPECT_THROW(fp8_qkv_linear(x, torch::randn({64, 32}), torch::randn({64})), Error);  // 64 rows: not three parts
+  EXPECT_THROW(fp8_qkv_linear(x, w, {}), Error);
+}
+
 // memory.recompute_gelu under fp8: between forward and backward the node holds the GELU output's
 // FP8 transpose only when it keeps it, rows x hidden bytes (sizes the caching allocator's 512-byte
 // rounding leaves exact). CUDA only: the CPU allocator keeps no counts.
