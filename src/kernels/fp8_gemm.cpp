@@ -301,6 +301,27 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
   }
 };
 
+#ifdef GPT2_WITH_CUDA
+// The arguments of a (rows, cols) cast scaled from history row `h` (delayed scaling) into the
+// transpose `t` and, if given, the rows `rows_out`, recording its amax if asked (launch.h).
+Fp8CastArgs history_cast_args(int64_t rows, int64_t cols, at::ScalarType format, const at::Tensor& h, bool record,
+                              const Fp8Tensor& t, const at::Tensor& rows_out, bool gelu = false) {
+  return Fp8CastArgs{nullptr,
+                     rows,
+                     cols,
+                     format == at::kFloat8_e5m2,
+                     fp8_max(format),
+                     nullptr,
+                     h.data_ptr<float>(),
+                     h.size(0),
+                     record ? reinterpret_cast<unsigned*>(h.data_ptr<float>()) : nullptr,
+                     rows_out.defined() ? rows_out.data_ptr() : nullptr,
+                     t.data.data_ptr(),
+                     t.scale_inv.data_ptr<float>(),
+                     gelu};
+}
+#endif
+
 // What the FP8 GELU backward pass gives: dpre in e5m2 (rows and transpose), c_fc's bias gradient,
 // and, where asked, gelu(pre)'s e4m3 transpose (c_proj's dw operand, not kept from forward).
 struct GeluBackwardFp8 {
@@ -335,28 +356,11 @@ std::optional<GeluBackwardFp8> gelu_backward_to_fp8(const at::Tensor& dh, const 
   out.d8 = {at::empty({rows, cols}, dh.options().dtype(at::kFloat8_e5m2)), out.d8_t.scale_inv};
   out.dbias = at::empty({cols}, dh.options());
   at::Tensor partial = at::empty({column_sum_chunks(rows) * cols}, dh.options().dtype(at::kFloat));
-  // A cast scaled from history row `h` into `t` (and `rows_out`, if given), recording if asked.
-  auto args_for = [&](at::ScalarType format, const at::Tensor& h, bool rec, const Fp8Tensor& t,
-                      const at::Tensor& rows_out, bool gelu) {
-    return Fp8CastArgs{nullptr,
-                       rows,
-                       cols,
-                       format == at::kFloat8_e5m2,
-                       fp8_max(format),
-                       nullptr,
-                       h.data_ptr<float>(),
-                       h.size(0),
-                       rec ? reinterpret_cast<unsigned*>(h.data_ptr<float>()) : nullptr,
-                       rows_out.defined() ? rows_out.data_ptr() : nullptr,
-                       t.data.data_ptr(),
-                       t.scale_inv.data_ptr<float>(),
-                       gelu};
-  };
-  const Fp8CastArgs args = args_for(at::kFloat8_e5m2, row, record, out.d8_t, out.d8.data, false);
+  const Fp8CastArgs args = history_cast_args(rows, cols, at::kFloat8_e5m2, row, record, out.d8_t, out.d8.data);
   Fp8CastArgs gelu_args{};
   if (gelu_row.defined()) {
     out.h8_t = fp8_pair(at::kFloat8_e4m3fn);
-    gelu_args = args_for(at::kFloat8_e4m3fn, gelu_row, false, out.h8_t, at::Tensor(), true);
+    gelu_args = history_cast_args(rows, cols, at::kFloat8_e4m3fn, gelu_row, false, out.h8_t, at::Tensor(), true);
   }
   CUDA_CHECK(launch_gelu_backward_fp8(dtype_of(dh, "kernels::fp8_mlp"), dh.data_ptr(), pre.data_ptr(), rows, cols, args,
                                       partial.data_ptr<float>(), out.dbias.data_ptr(), stream_of(dh),
@@ -492,19 +496,7 @@ std::optional<std::tuple<Fp8Tensor, Fp8Tensor, at::Tensor>> parts_to_fp8(const t
   const Fp8Tensor g8_t{at::empty({3 * c, rows}, opts.dtype(at::kFloat8_e5m2)), g8.scale_inv};
   at::Tensor dbias = at::empty({3 * c}, opts);
   at::Tensor partial = at::empty({column_sum_chunks(rows) * 3 * c}, opts.dtype(at::kFloat));
-  const Fp8CastArgs args{nullptr,
-                         rows,
-                         3 * c,
-                         true,
-                         fp8_max(at::kFloat8_e5m2),
-                         nullptr,
-                         row.data_ptr<float>(),
-                         row.size(0),
-                         record ? reinterpret_cast<unsigned*>(row.data_ptr<float>()) : nullptr,
-                         g8.data.data_ptr(),
-                         g8_t.data.data_ptr(),
-                         g8.scale_inv.data_ptr<float>(),
-                         false};
+  const Fp8CastArgs args = history_cast_args(rows, 3 * c, at::kFloat8_e5m2, row, record, g8_t, g8.data);
   CUDA_CHECK(launch_parts_fp8(dtype_of(parts[0], "kernels::fp8_qkv_linear"), ptrs, strides, rows, c, args,
                               partial.data_ptr<float>(), dbias.data_ptr(), stream_of(parts[0])));
   return std::make_tuple(g8, g8_t, dbias);
