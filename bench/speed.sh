@@ -12,7 +12,7 @@
 # at 124m and 64 at 1558m; 6 steps each, the mean of the last three). PEERS=0 leaves out the
 # PyTorch peers (rows that compare ours with ours need none). FP8=1 adds ours with precision.fp8 at
 # each size (issue 40), with delayed scaling (the default, 16 steps) and with current, and, with the peers, torchao's
-# float8 training + torch.compile for each recipe in FP8_PEERS (default "tensorwise"; the wheel from
+# float8 training + torch.compile for each recipe in FP8_PEERS (default "tensorwise", empty: none; the wheel from
 # .device-deps/wheels, see torch_peer.py's header); FP8_CURRENT=0 leaves out current scaling, and BF16=0
 # ours in bf16, for a call that only needs FP8 against its peers. EAGER=0 leaves out the eager peer. Then a profile
 # of ours for 124m (top kernels; with FP8=1 also of the FP8 run; PROFILE=0 leaves it out); and the
@@ -90,7 +90,7 @@ for size in $sizes; do
     [ "${EAGER:-1}" = 1 ] && peer "torch eager $size" --size "$S" --B "$B" --steps 20
     peer "torch.compile $size" --size "$S" --B "$B" --steps 20 --compile
     if [ "${FP8:-0}" = 1 ]; then
-      for recipe in ${FP8_PEERS:-tensorwise}; do
+      for recipe in ${FP8_PEERS-tensorwise}; do
         PYTHONPATH=$torchao_site peer "torchao float8 $recipe + compile $size" --size "$S" --B "$B" --steps 20 --compile \
           --float8 "$recipe"
       done
