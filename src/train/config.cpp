@@ -101,8 +101,9 @@ OptionList bind_options(Config& c) {
   o.add("precision.reduce_dtype", &c.precision.reduce_dtype,
         "fp32 | bf16 | fp16: gradient accumulation and all-reduce");
   o.add("precision.fp8", &c.precision.fp8,
-        "true: the blocks' linear layers (qkv, proj, fc, fc2) in FP8, forward and backward (e4m3, e5m2 gradients, "
-        "per-tensor scales); needs a CUDA GPU of compute capability 8.9+ and precision.dtype = bf16");
+        "false | true | auto: the blocks' linear layers (qkv, proj, fc, fc2) in FP8, forward and backward (e4m3, "
+        "e5m2 gradients, per-tensor scales); true needs a CUDA GPU of compute capability 8.9+ and precision.dtype = "
+        "bf16, auto turns it on where those hold and off elsewhere");
   o.add("precision.fp8_amax_history", &c.precision.fp8_amax_history,
         "with precision.fp8: 0 = current scaling (each FP8 cast scaled by its own amax) | N >= 2 = delayed scaling, "
         "each tensor scaled by the largest amax of its last N steps (the first step current; one read of a tensor "

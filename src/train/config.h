@@ -26,6 +26,15 @@ struct ChoiceNames<Offload> {
       {{Offload::kNone, "none"}, {Offload::kOptimizer, "optimizer"}}};
 };
 
+// precision.fp8: the blocks' linear layers in FP8. auto = on where the run can (a CUDA GPU with FP8
+// tensor cores and precision.dtype bf16), off elsewhere; true where it cannot is an error.
+enum class Fp8Choice { kFalse, kTrue, kAuto };
+template <>
+struct ChoiceNames<Fp8Choice> {
+  static constexpr std::array<std::pair<Fp8Choice, const char*>, 3> names{
+      {{Fp8Choice::kFalse, "false"}, {Fp8Choice::kTrue, "true"}, {Fp8Choice::kAuto, "auto"}}};
+};
+
 struct DataConfig {
   std::string train;                   // token file(s): path, comma list or glob
   std::string val;                     // "" or "none": no eval
@@ -63,7 +72,7 @@ struct TrainConfig {
 struct PrecisionConfig {
   DtypeChoice dtype = DtypeChoice::kBf16;  // bf16 | fp16 | fp32 | auto (Note [bf16 on CPU]); CPU runs honour it too
   DtypeChoice reduce_dtype = DtypeChoice::kFp32;  // gradient buffer: fp32, or dtype itself (half the all-reduce bytes)
-  bool fp8 = false;               // the blocks' linear layers in FP8 (GPT2Impl::set_fp8): CUDA sm_89+, dtype bf16
+  Fp8Choice fp8 = Fp8Choice::kFalse;  // the blocks' linear layers in FP8 (GPT2Impl::set_fp8): CUDA sm_89+, dtype bf16
   int64_t fp8_amax_history = 16;  // 0: current scaling; N >= 2: delayed scaling over N steps' amaxes (measured faster)
 };
 

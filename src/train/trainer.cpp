@@ -70,17 +70,29 @@ torch::Device pick_device(DeviceChoice want, int local_rank) {
 
 // precision.dtype = auto made concrete for the device (Note [bf16 on CPU] in src/kernels/dtype.h);
 // an explicit bf16 on a CPU without fast bf16 GEMMs is kept, with a warning (from rank 0: every rank
-// decides alike) that says what it costs.
-Config with_dtype_for(const Config& requested, torch::Device device, bool warn) {
+// decides alike) that says what it costs. precision.fp8 = auto then becomes true where FP8 can run
+// (a GPU with FP8 tensor cores, bf16), false elsewhere; an explicit true is checked in build_model.
+Config with_precision_for(const Config& requested, torch::Device device, bool warn) {
   Config cfg = requested;
+  PrecisionConfig& p = cfg.precision;
   const bool bf16_fast = device.is_cuda() || kernels::cpu_has_fast_bf16_gemm();
-  if (cfg.precision.dtype == DtypeChoice::kAuto) {
-    cfg.precision.dtype = bf16_fast ? DtypeChoice::kBf16 : DtypeChoice::kFp32;
-  } else if (cfg.precision.dtype == DtypeChoice::kBf16 && !bf16_fast && warn) {
+  if (p.dtype == DtypeChoice::kAuto) {
+    p.dtype = bf16_fast ? DtypeChoice::kBf16 : DtypeChoice::kFp32;
+  } else if (p.dtype == DtypeChoice::kBf16 && !bf16_fast && warn) {
     log::warn(
         "precision.dtype = bf16 on a CPU without fast bf16 GEMMs: LibTorch multiplies bf16 in a portable "
         "loop here (configs/tiny.ini: 61 s a step in bf16 against 1.0 s in fp32 on an AVX2 CPU); "
         "precision.dtype = auto picks fp32 on such a CPU");
+  }
+  if (p.fp8 == Fp8Choice::kAuto) {
+    const bool fp8_cores = device.is_cuda() && kernels::fp8_supported(device);
+    p.fp8 = fp8_cores && p.dtype == DtypeChoice::kBf16 ? Fp8Choice::kTrue : Fp8Choice::kFalse;
+    if (warn && p.fp8 == Fp8Choice::kFalse) {
+      log::info("precision.fp8 = auto: off (",
+                !fp8_cores ? device.str() + " has no FP8 tensor cores"
+                           : std::string("precision.dtype is ") + choice_name(p.dtype) + ", not bf16",
+                ")");
+    }
   }
   return cfg;
 }
@@ -110,7 +122,7 @@ struct Precision {
 // multiplies them by the clip coefficient in fp32, so the buffer stays bf16: the update takes the
 // same numbers (the gradient norm, summed over another dtype, may differ in its last bits).
 Precision precision_for(const Config& cfg, int world, int64_t accum, torch::Device device) {
-  // precision.dtype = auto is resolved first (with_dtype_for).
+  // precision.dtype = auto is resolved first (with_precision_for).
   Precision p{kernels::scalar_type_of(cfg.precision.dtype), kernels::scalar_type_of(cfg.precision.reduce_dtype)};
   p.grads_kept_bf16 = world == 1 && accum == 1 && p.compute == at::kBFloat16 && p.grads == at::kFloat &&
                       optim::gpu_adamw_updates(device, /*offload=*/cfg.parallel.offload != Offload::kNone);
@@ -263,7 +275,7 @@ GPT2 build_model(const Config& cfg, torch::Device device, at::ScalarType dtype, 
   model->set_chunked_loss(cfg.memory.chunked_loss);
   model->set_recompute_gelu(cfg.memory.recompute_gelu);
   model->set_fused_kernels(cfg.train.fused_kernels);
-  if (cfg.precision.fp8) {
+  if (cfg.precision.fp8 == Fp8Choice::kTrue) {
     if (!device.is_cuda() || !kernels::fp8_supported(device)) {
       throw UserError(
           "precision.fp8 = true: needs a CUDA GPU with FP8 tensor cores (compute capability 8.9 or "
@@ -277,7 +289,7 @@ GPT2 build_model(const Config& cfg, torch::Device device, at::ScalarType dtype, 
     }
   }
   model->to(device, dtype);
-  if (cfg.precision.fp8) {
+  if (cfg.precision.fp8 == Fp8Choice::kTrue) {
     model->set_fp8(true, cfg.precision.fp8_amax_history);  // after the move: the histories live on the device
     log::info("precision.fp8: the blocks' linear layers in FP8 (e4m3, e5m2 gradients, ",
               cfg.precision.fp8_amax_history > 0
@@ -494,7 +506,7 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
   // ---- set-up (all ranks) -------------------------------------------------------------------
   const torch::Device device = pick_device(requested.train.device, env.local_rank());
   const Config cfg =
-      with_dtype_for(requested, device, env.is_main());  // the table, the manifest and the run see no "auto"
+      with_precision_for(requested, device, env.is_main());  // the table, the manifest and the run see no "auto"
   const auto& tc = cfg.train;
   const DeterministicMode deterministic(tc.deterministic, device);  // before cuBLAS and NCCL read their variables
   // Every generator from the seed, the CPU's too: checkpoints hold its state, and LibTorch seeds it
@@ -531,7 +543,8 @@ TrainResult train(const Config& requested, const parallel::RankEnv& env) {
   optim::ShardedOptimizer optimizer(params, layout, buckets.grads(), *comm, opt_options);
   log_parallel_setup(cfg, env, *comm, buckets, optimizer, opt_options, layout, precision);
   // fp16 needs it (bf16 has fp32's range); precision.fp8 skips a step whose gradients came out non-finite.
-  optim::LossScaler scaler(precision.compute == at::kHalf, device, {}, /*skip_non_finite=*/cfg.precision.fp8);
+  optim::LossScaler scaler(precision.compute == at::kHalf, device, {},
+                           /*skip_non_finite=*/cfg.precision.fp8 == Fp8Choice::kTrue);
   const optim::LrSchedule schedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps, tc.lr_schedule, tc.decay_frac};
 
   // ---- resume (all ranks): optimizer shards, parameters, loss scale; the data order needs only

@@ -86,6 +86,13 @@ with tempfile.TemporaryDirectory() as d:
     l2 = [l.get("loss") for l in map(json.loads, open(m2))] if rc2 == 0 else [1]
     l3 = [l.get("loss") for l in map(json.loads, open(m3))] if rc3 == 0 else [2]
     check(l2 == l3, "two runs with one seed log identical losses")
+    # precision.fp8 = auto on a CPU is off, said in the log: the same losses as m2 (fp8 = false).
+    m4 = os.path.join(d, "m4.jsonl")
+    rc4, out4 = run(override(base, [f"--log.metrics={m4}", "--train.max_steps=20", "--precision.fp8=auto"]))
+    l4 = [l.get("loss") for l in map(json.loads, open(m4))] if rc4 == 0 else [3]
+    check(rc4 == 0 and l4 == l2 and "precision.fp8 = auto: off (cpu has no FP8 tensor cores)" in out4
+          and re.search(r"precision\.fp8 +false", out4),
+          f"precision.fp8 = auto on a CPU: off, logged, the fp8 = false run's losses (rc={rc4})")
 
     # Bad input: exit code 2 and a message naming the key or file.
     cases = [
@@ -97,6 +104,7 @@ with tempfile.TemporaryDirectory() as d:
         (base + ["--config", "/nonexistent/cfg.ini"], "/nonexistent/cfg.ini"),
         (base + ["--config", d], f"config file {d}: is a directory"),
         (base + ["--precision.fp8=true"], "precision.fp8 = true: needs a CUDA GPU with FP8 tensor cores"),
+        (base + ["--precision.fp8=yes"], "precision.fp8 = yes: must be one of false | true | auto"),
         (base + ["--precision.fp8=true", "--precision.fp8_amax_history=1"], "precision.fp8_amax_history = 1"),
         (base + ["--precision.fp8=true", "--precision.fp8_amax_history=1025"], "precision.fp8_amax_history = 1025"),
     ]
