@@ -8,7 +8,9 @@
 #   - 2 ranks, rank 1's gradients of step 5 made non-finite (GPT2_FAULT_AT=1:5:inf): step 5 is
 #     skipped on both ranks (its norm is not finite), every later loss is finite, and the step-8
 #     checkpoint's histories hold only finite positive amaxes (the overflow entered as the step
-#     before's).
+#     before's);
+#   - precision.fp8 = auto on this GPU is precision.fp8 = true: its 12 steps' losses and norms
+#     bitwise those of the 1-rank run above.
 # Exits 77 (skipped) without a GPU, or on a GPU without FP8 (gpt2-train refuses it by name).
 #   fp8_resume_gpu.sh BIN_DIR OUT_DIR   (FORTUNES_DIR: the corpus, /usr/share/games/fortunes)
 set -euo pipefail
@@ -25,7 +27,7 @@ train() {
   local name=$1 np=$2
   shift 2
   "${mpi[@]}" -n "$np" "$bin/gpt2-train" --config configs/tiny.ini --data.train="$out/data/train.h5" \
-    --data.val=none --train.device=cuda --precision.dtype=bf16 --precision.fp8=true --precision.fp8_amax_history=8 \
+    --data.val=none --train.device=cuda --precision.dtype=bf16 --precision.fp8="${FP8:-true}" --precision.fp8_amax_history=8 \
     --train.deterministic=true --train.micro_batch=8 --train.seq_len=128 --train.batch_tokens=$((2 * 8 * 128 * np)) \
     --train.max_steps="${STEPS:-12}" --train.warmup_steps=2 --train.sample_tokens=0 --train.seed=7 --parallel.backend=mpi \
     --checkpoint.dir="$out/runs/$name" --checkpoint.every="${EVERY:-4}" --log.every=1 --log.metrics="$out/runs/$name.jsonl" \
@@ -78,5 +80,14 @@ later = all(finite(rows[s]["loss"]) and finite(rows[s]["grad_norm"]) for s in ra
 print(f"[ measured ] fp8 delayed scaling, rank 1's step 5 overflowed: step 5 norm {rows[5]['grad_norm']}, "
       f"steps 6-11 finite: {later}, step-8 histories finite and positive: {history_ok}")
 sys.exit(0 if skipped and later and history_ok else 1)
+PY
+FP8=auto EVERY=0 train auto 1 || status=1
+python3 - "$out/runs/straight1.jsonl" "$out/runs/auto.jsonl" <<'PY' || status=1
+import json, sys
+rows = lambda f: {r["step"]: (r["loss"], r["grad_norm"]) for r in map(json.loads, open(f)) if "loss" in r}
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+same = [s for s in range(12) if s in a and s in b and a[s] == b[s]]
+print(f"[ measured ] precision.fp8 = auto against true: {len(same)}/12 steps bitwise equal")
+sys.exit(0 if len(same) == 12 else 1)
 PY
 exit $status
