@@ -17,7 +17,7 @@ echo "build of $other: $(( $(date +%s) - t0 )) s"
 [ -f "$out/tok/train.h5" ] || bench_data
 
 run() {  # run NAME BINARY: 30 steps of gpt2-124m, mean over steps >= 10
-  "$2" --config configs/gpt2-124m.ini --data.train="$out/tok/train.h5" --data.val=none --train.micro_batch=32 \
+  "$2" --config configs/gpt2-124m.ini --precision.fp8=false --data.train="$out/tok/train.h5" --data.val=none --train.micro_batch=32 \
     --train.batch_tokens=32768 --train.max_steps=30 --train.warmup_steps=5 --train.sample_tokens=0 --log.every=5 \
     --log.metrics="$out/$1.jsonl" --checkpoint.resume=none >"$out/$1.log" 2>&1 || { tail -5 "$out/$1.log"; return; }
   python3 - "$1" "$out/$1.jsonl" <<'PY'

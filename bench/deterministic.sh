@@ -18,7 +18,7 @@ rm -rf "$GPT2_CACHE_DIR"
 
 run() {  # NAME SIZE B ARGS...
   local name=$1 size=$2 B=$3; shift 3
-  build-gpu/bin/gpt2-train --config "configs/gpt2-$size.ini" --data.train="$out/tok/train.h5" --data.val=none \
+  build-gpu/bin/gpt2-train --config "configs/gpt2-$size.ini" --precision.fp8=false --data.train="$out/tok/train.h5" --data.val=none \
     --train.micro_batch="$B" --train.batch_tokens=$((B * 1024)) --train.max_steps="$steps" --train.warmup_steps=5 \
     --train.sample_tokens=0 --log.every=1 --log.metrics="$out/$name.jsonl" --log.tensorboard=none \
     --checkpoint.resume=none --checkpoint.dir="$out/ck_$name" "$@" >"$out/$name.log" 2>&1 || tail -5 "$out/$name.log"
@@ -61,7 +61,7 @@ PY
 corpus=${FORTUNES_DIR:-/usr/share/games/fortunes}
 [ -f "$out/fortunes/train.h5" ] || build-gpu/bin/gpt2-data "$corpus" --doc_separator % --val_fraction 0 --out "$out/fortunes" >"$out/fortunes.log" 2>&1
 for mom in fp32 8bit; do
-  build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --data.train="$out/fortunes/train.h5" --data.val=none \
+  build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --precision.fp8=false --data.train="$out/fortunes/train.h5" --data.val=none \
     --train.micro_batch=8 --train.batch_tokens=8192 --train.max_steps=300 --train.warmup_steps=30 --train.seed=1 \
     --train.sample_tokens=0 --log.every=20 --log.metrics="$out/moments_$mom.jsonl" --log.tensorboard=none \
     --checkpoint.resume=none --checkpoint.dir="$out/ck_moments_$mom" --memory.optimizer_moments=$mom \

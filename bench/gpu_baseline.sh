@@ -9,7 +9,7 @@ source bench/common.sh
 t0=$(date +%s)
 bench_build || exit 1
 bench_data
-build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --data.train="$out/tok/train.h5" --data.val=none \
+build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --precision.fp8=false --data.train="$out/tok/train.h5" --data.val=none \
   --train.micro_batch=32 --train.batch_tokens=32768 --train.max_steps="${STEPS:-50}" --train.warmup_steps=10 \
   --train.sample_tokens=0 --log.every=10 --log.metrics="$out/metrics.jsonl" 2>&1 | tee "$out/train.log"
 bench_summary "size=124M B=32 T=1024 bf16" "$out/metrics.jsonl"

@@ -18,7 +18,7 @@ with h5py.File(sys.argv[1], "w") as f:
     f.create_dataset("tokens", data=np.tile(cycle, 2000))
     f.attrs.update(format="gpt2-tokens", format_version=1, vocab_size=50257, eot_token=50256, tokenizer="gpt2")
 PY
-build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --data.train="$out/cycle.h5" --data.val=none --train.lr=1e-3 \
+build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --precision.fp8=false --data.train="$out/cycle.h5" --data.val=none --train.lr=1e-3 \
   --train.micro_batch=8 --train.batch_tokens=8192 --train.max_steps=60 --train.warmup_steps=5 --train.sample_tokens=0 \
   --log.metrics=none --checkpoint.dir="$out/decode_ckpt" --checkpoint.every=60 --checkpoint.resume=none \
   >"$out/decode_train.log" 2>&1 || { tail -5 "$out/decode_train.log"; exit 1; }

@@ -20,7 +20,7 @@ data="$out/ttl-text"  # the same text and split as bench/time_to_loss.sh
 for size in ${SIZES:-124m 350m}; do
   t0=$SECONDS config="configs/gpt2-$size.ini" seq=1024 micro=32
   [ "$size" = tiny ] && config=configs/tiny.ini seq=128 micro=8
-  "$bin/gpt2-train" --config "$config" --data.train="$data/train.h5" --data.val="$data/val.h5" --train.seq_len=$seq \
+  "$bin/gpt2-train" --config "$config" --precision.fp8=false --data.train="$data/train.h5" --data.val="$data/val.h5" --train.seq_len=$seq \
     --train.micro_batch=$micro --train.batch_tokens=$((32 * seq)) --train.max_steps="$steps" --train.warmup_steps=20 \
     --train.lr_schedule=wsd --train.decay_frac=0.2 --train.eval_every=100 --train.eval_steps=2 --train.sample_tokens=0 \
     --train.sample_every=0 --optim.name=muon --log.every=50 --log.metrics="$work/train-$size.jsonl" \

@@ -26,7 +26,7 @@ echo "== gpt2-124m on the GPU with TensorBoard"
 bench_data
 run="$out/interop"
 rm -rf runs/interop
-build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --data.train="$out/tok/train.h5" --data.val="$out/tok/val.h5" \
+build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --precision.fp8=false --data.train="$out/tok/train.h5" --data.val="$out/tok/val.h5" \
   --train.micro_batch=16 --train.batch_tokens=16384 --train.max_steps=60 --train.warmup_steps=10 \
   --train.eval_every=20 --train.eval_steps=4 --train.sample_tokens=32 --log.every=5 \
   --log.metrics="$run/metrics.jsonl" --log.tensorboard=runs/interop/tb --checkpoint.dir=runs/interop/ckpt \

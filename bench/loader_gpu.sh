@@ -8,7 +8,7 @@ set -uo pipefail
 source bench/common.sh
 [ -x build-gpu/bin/gpt2-train ] || bench_build || exit 1
 [ -f "$out/tok/train.h5" ] || bench_data
-build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --data.train="$out/tok/train.h5" --data.val=none \
+build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --precision.fp8=false --data.train="$out/tok/train.h5" --data.val=none \
   --train.micro_batch=32 --train.batch_tokens=32768 --train.max_steps=40 --train.warmup_steps=10 \
   --train.sample_tokens=0 --log.every=5 --log.metrics="$out/loader.jsonl" >"$out/loader.log" 2>&1 || tail -20 "$out/loader.log"
 bench_summary "gpus=1 (loader)" "$out/loader.jsonl"

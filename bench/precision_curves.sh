@@ -7,7 +7,7 @@ source bench/common.sh
 [ -x build-gpu/bin/gpt2-train ] || bench_build || exit 1
 steps=$([ "${SMOKE:-0}" = 1 ] && echo 20 || echo 300)
 for p in fp32 bf16 fp16; do
-  build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --data.train=.bench-data/fortunes/train.h5 --data.val=.bench-data/fortunes/val.h5 \
+  build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --precision.fp8=false --data.train=.bench-data/fortunes/train.h5 --data.val=.bench-data/fortunes/val.h5 \
     --train.micro_batch=16 --train.batch_tokens=16384 --train.max_steps=$steps --train.warmup_steps=30 \
     --train.eval_every=50 --train.eval_steps=4 --train.sample_tokens=0 --log.every=10 --precision.dtype=$p \
     --log.metrics="$out/curve_$p.jsonl" >"$out/curve_$p.log" 2>&1 || tail -20 "$out/curve_$p.log"

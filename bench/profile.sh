@@ -12,7 +12,7 @@ source bench/common.sh
 for size in ${SIZES:-124m}; do
   case $size in 124m) B=32 ;; 350m|774m) B=16 ;; *) B=8 ;; esac
   echo "== $size B=$B"
-  build-gpu/bin/gpt2-train --config "configs/gpt2-$size.ini" --data.train="$out/tok/train.h5" --data.val=none \
+  build-gpu/bin/gpt2-train --config "configs/gpt2-$size.ini" --precision.fp8=false --data.train="$out/tok/train.h5" --data.val=none \
     --train.micro_batch="$B" --train.batch_tokens=$((B * 1024)) --train.max_steps=30 --train.warmup_steps=10 \
     --train.sample_tokens=0 --log.every=10 --log.metrics="$out/prof_$size.jsonl" --checkpoint.resume=none \
     --profile.steps=3 --profile.dir="$out/prof_$size" >"$out/prof_$size.log" 2>&1 || tail -20 "$out/prof_$size.log"

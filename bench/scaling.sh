@@ -8,7 +8,7 @@ source bench/common.sh
 steps="${STEPS:-40}"
 bench_build || exit 1
 bench_data
-common=(--config configs/gpt2-124m.ini --data.train="$out/tok/train.h5" --data.val=none --train.micro_batch=32
+common=(--config configs/gpt2-124m.ini --precision.fp8=false --data.train="$out/tok/train.h5" --data.val=none --train.micro_batch=32
         --train.max_steps="$steps" --train.warmup_steps=10 --train.sample_tokens=0 --log.every=5)
 GPT2_BIN=build-gpu/bin/gpt2-train launch/train.sh -np 1 "${common[@]}" --train.batch_tokens=32768 \
   --log.metrics="$out/m1.jsonl" >"$out/train1.log" 2>&1 || tail -20 "$out/train1.log"

@@ -37,7 +37,9 @@ fi
 # logged steps from FROM_STEP on; ACCUM micro-batches a step).
 ours() {
   local name=$1 size=$2 B=$3 steps=$4 t0=$SECONDS; shift 4
-  build-gpu/bin/gpt2-train --config "configs/gpt2-$size.ini" --data.train="$out/tok/train.h5" --data.val=none \
+  local bf16=(--precision.fp8=false)  # the configs may say auto: a row is bf16 unless its ARGS ask for FP8
+  [[ " $* " == *" --precision.fp8="* ]] && bf16=()
+  build-gpu/bin/gpt2-train --config "configs/gpt2-$size.ini" "${bf16[@]}" --data.train="$out/tok/train.h5" --data.val=none \
     --train.micro_batch="$B" --train.batch_tokens=$((B * 1024 * ${ACCUM:-1})) --train.max_steps="$steps" --train.warmup_steps=5 \
     --train.sample_tokens=0 --log.every="${LOG_EVERY:-5}" --log.metrics="$out/$name.jsonl" --checkpoint.resume=none "$@" \
     >"$out/$name.log" 2>&1 || { tail -5 "$out/$name.log"; return; }
@@ -101,7 +103,7 @@ done
 if [ "${MUON:-0}" = 1 ] && [[ " $sizes " == *" 124m "* ]]; then
   bench_as_hosts
   for opt in adamw muon; do  # 3 ranks on the GPU, ZeRO 1, B=32 each
-    GPT2_BIN="$out/as_host.sh" launch/train.sh -np 3 --config configs/gpt2-124m.ini --data.train="$out/tok/train.h5" \
+    GPT2_BIN="$out/as_host.sh" launch/train.sh -np 3 --config configs/gpt2-124m.ini --precision.fp8=false --data.train="$out/tok/train.h5" \
       --data.val=none --train.micro_batch=32 --train.batch_tokens=98304 --train.max_steps=30 --train.warmup_steps=5 \
       --train.sample_tokens=0 --log.every=5 --log.metrics="$out/np3_zero1_$opt.jsonl" --checkpoint.resume=none \
       --parallel.zero_stage=1 --parallel.backend=nccl --optim.name=$opt >"$out/np3_zero1_$opt.log" 2>&1 \
@@ -112,7 +114,7 @@ fi
 
 if [[ " $sizes " == *" 124m "* ]] && [ "${PROFILE:-1}" = 1 ]; then
   echo "== profile of ours, 124m (fused loss)"
-  build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --data.train="$out/tok/train.h5" --data.val=none \
+  build-gpu/bin/gpt2-train --config configs/gpt2-124m.ini --precision.fp8=false --data.train="$out/tok/train.h5" --data.val=none \
     --train.micro_batch=32 --train.batch_tokens=32768 --train.max_steps=12 --train.sample_tokens=0 --log.every=5 \
     --log.metrics=none --checkpoint.resume=none --profile.steps=3 --profile.dir="$out/prof" >"$out/prof.log" 2>&1
   grep -A16 "trace of" "$out/prof.log" | sed 's/^\[[^]]*\] \[rank 0\/1\] \[info\] //'
@@ -131,7 +133,7 @@ fi
 gpus=$(nvidia-smi -L | wc -l)
 if [ "$gpus" -ge 2 ]; then
   echo "== 2 GPUs, 124m B=32 per GPU"
-  GPT2_BIN=build-gpu/bin/gpt2-train launch/train.sh -np 2 --config configs/gpt2-124m.ini --data.train="$out/tok/train.h5" \
+  GPT2_BIN=build-gpu/bin/gpt2-train launch/train.sh -np 2 --config configs/gpt2-124m.ini --precision.fp8=false --data.train="$out/tok/train.h5" \
     --data.val=none --train.micro_batch=32 --train.batch_tokens=65536 --train.max_steps=30 --train.warmup_steps=5 \
     --train.sample_tokens=0 --log.every=5 --log.metrics="$out/two_gpu.jsonl" --checkpoint.resume=none >"$out/two_gpu.log" 2>&1
   bench_summary "2 GPUs 124m" "$out/two_gpu.jsonl"

@@ -68,7 +68,7 @@ for run in "${runs[@]}"; do
       --metrics "$out/$run.jsonl" >"$out/$run.log" 2>&1 || { echo "$run failed:"; tail -5 "$out/$run.log"; continue; }
   else
     [ "$opt" = muon ] && lr="${ADAMW_LR:-6e-4}"
-    "$bin/gpt2-train" --config "$config" --data.train="$data/train.h5" --data.val="$data/val.h5" \
+    "$bin/gpt2-train" --config "$config" --precision.fp8=false --data.train="$data/train.h5" --data.val="$data/val.h5" \
       --train.init_from="$out/init" --train.micro_batch="$micro" --train.seq_len="$seq" --train.batch_tokens="$batch_tokens" \
       --train.max_steps="$steps" --train.warmup_steps=20 --train.lr="$lr" --train.min_lr="$(python3 -c "print($lr/10)")" \
       --train.lr_schedule="$schedule" --train.decay_frac=0.2 --train.eval_every="$eval_every" --train.eval_steps="$eval_steps" \

@@ -7,7 +7,7 @@ source bench/common.sh
 [ -x build-gpu/bin/gpt2-train ] || bench_build || exit 1
 [ -f "$out/tok/train.h5" ] || bench_data
 for z in 0 1 2; do for rd in fp32 bf16; do
-  GPT2_BIN=build-gpu/bin/gpt2-train launch/train.sh -np 2 --config configs/gpt2-124m.ini --data.train="$out/tok/train.h5" \
+  GPT2_BIN=build-gpu/bin/gpt2-train launch/train.sh -np 2 --config configs/gpt2-124m.ini --precision.fp8=false --data.train="$out/tok/train.h5" \
     --data.val=none --train.micro_batch=32 --train.batch_tokens=65536 --train.max_steps=$([ "${SMOKE:-0}" = 1 ] && echo 6 || echo 40) --train.warmup_steps=10 \
     --train.sample_tokens=0 --log.every=5 --parallel.zero_stage=$z --precision.reduce_dtype=$rd --log.metrics="$out/zero$z$rd.jsonl" >"$out/zero$z$rd.log" 2>&1 \
     || tail -20 "$out/zero$z$rd.log"

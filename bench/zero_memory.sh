@@ -16,7 +16,7 @@ for size in "${@:-124m 1558m}"; do
   micro=$([ "$size" = 124m ] && echo 8 || echo 1)
   for np in 2 4; do for z in 0 1 2; do
     name="$size-np$np-zero$z"
-    GPT2_BIN="$wrapper" launch/train.sh -np "$np" --config "configs/gpt2-$size.ini" --data.train="$out/tok/train.h5" \
+    GPT2_BIN="$wrapper" launch/train.sh -np "$np" --config "configs/gpt2-$size.ini" --precision.fp8=false --data.train="$out/tok/train.h5" \
       --data.val=none --train.micro_batch="$micro" --train.batch_tokens=$((np * micro * 1024)) --train.max_steps=2 \
       --train.warmup_steps=1 --train.sample_tokens=0 --log.every=1 --checkpoint.every=0 --parallel.backend=nccl \
       --parallel.zero_stage="$z" --log.metrics="$out/$name.jsonl" >"$out/$name.log" 2>&1 || { echo "$name failed:"; tail -5 "$out/$name.log"; continue; }

@@ -23,7 +23,7 @@ mpi=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
 train() {
   local name=$1 np=$2
   shift 2
-  "${mpi[@]}" -n "$np" "$bin/gpt2-train" --config configs/gpt2-124m.ini --data.train="$out/data/train.h5" \
+  "${mpi[@]}" -n "$np" "$bin/gpt2-train" --config configs/gpt2-124m.ini --precision.fp8=false --data.train="$out/data/train.h5" \
     --data.val=none --train.micro_batch=2 --train.seq_len=512 --train.batch_tokens=6144 --train.max_steps=24 \
     --train.warmup_steps=4 --train.sample_tokens=0 --train.seed=7 --parallel.backend=mpi \
     --checkpoint.dir="$out/runs/$name" --checkpoint.every=8 --log.every=1 --log.metrics="$out/runs/$name.jsonl" \

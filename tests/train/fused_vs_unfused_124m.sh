@@ -9,7 +9,7 @@ bin=$1 out=$2
 source "$(dirname "$0")/fortunes_gpu_setup.sh"
 fortunes_gpu_setup "$bin" "$out" 0.05
 for kind in fused unfused; do
-  "$bin/gpt2-train" --config configs/gpt2-124m.ini --data.train="$out/data/train.h5" --data.val="$out/data/val.h5" \
+  "$bin/gpt2-train" --config configs/gpt2-124m.ini --precision.fp8=false --data.train="$out/data/train.h5" --data.val="$out/data/val.h5" \
     --train.micro_batch=8 --train.batch_tokens=8192 --train.max_steps=300 --train.warmup_steps=30 \
     --train.eval_every=100 --train.eval_steps=10 --train.sample_tokens=0 --train.seed=1 \
     --train.fused_kernels=$([ $kind = fused ] && echo true || echo false) \
