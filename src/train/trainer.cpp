@@ -68,10 +68,23 @@ torch::Device pick_device(DeviceChoice want, int local_rank) {
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % count));
 }
 
+// What precision.fp8 needs that this run lacks ("" when FP8 can run): a GPU with FP8 tensor cores,
+// then bf16. auto is off for the same reasons that make an explicit true an error.
+std::string fp8_missing(torch::Device device, DtypeChoice dtype) {
+  if (!device.is_cuda() || !kernels::fp8_supported(device)) {
+    return "needs a CUDA GPU with FP8 tensor cores (compute capability 8.9 or newer); this run trains on " +
+           device.str();
+  }
+  if (dtype != DtypeChoice::kBf16) {
+    return std::string("needs precision.dtype = bf16 (the FP8 GEMMs write bf16), not ") + choice_name(dtype);
+  }
+  return "";
+}
+
 // precision.dtype = auto made concrete for the device (Note [bf16 on CPU] in src/kernels/dtype.h);
 // an explicit bf16 on a CPU without fast bf16 GEMMs is kept, with a warning (from rank 0: every rank
-// decides alike) that says what it costs. precision.fp8 = auto then becomes true where FP8 can run
-// (a GPU with FP8 tensor cores, bf16), false elsewhere; an explicit true is checked in build_model.
+// decides alike) that says what it costs. precision.fp8 = auto then becomes true where FP8 can run,
+// false elsewhere (fp8_missing says why); an explicit true is checked in build_model.
 Config with_precision_for(const Config& requested, torch::Device device, bool warn) {
   Config cfg = requested;
   PrecisionConfig& p = cfg.precision;
@@ -85,14 +98,9 @@ Config with_precision_for(const Config& requested, torch::Device device, bool wa
         "precision.dtype = auto picks fp32 on such a CPU");
   }
   if (p.fp8 == Fp8Choice::kAuto) {
-    const bool fp8_cores = device.is_cuda() && kernels::fp8_supported(device);
-    p.fp8 = fp8_cores && p.dtype == DtypeChoice::kBf16 ? Fp8Choice::kTrue : Fp8Choice::kFalse;
-    if (warn && p.fp8 == Fp8Choice::kFalse) {
-      log::info("precision.fp8 = auto: off (",
-                !fp8_cores ? device.str() + " has no FP8 tensor cores"
-                           : std::string("precision.dtype is ") + choice_name(p.dtype) + ", not bf16",
-                ")");
-    }
+    const std::string missing = fp8_missing(device, p.dtype);
+    p.fp8 = missing.empty() ? Fp8Choice::kTrue : Fp8Choice::kFalse;
+    if (warn && !missing.empty()) log::info("precision.fp8 = auto: off (it ", missing, ")");
   }
   return cfg;
 }
@@ -276,17 +284,8 @@ GPT2 build_model(const Config& cfg, torch::Device device, at::ScalarType dtype, 
   model->set_recompute_gelu(cfg.memory.recompute_gelu);
   model->set_fused_kernels(cfg.train.fused_kernels);
   if (cfg.precision.fp8 == Fp8Choice::kTrue) {
-    if (!device.is_cuda() || !kernels::fp8_supported(device)) {
-      throw UserError(
-          "precision.fp8 = true: needs a CUDA GPU with FP8 tensor cores (compute capability 8.9 or "
-          "newer); this run trains on " +
-          device.str());
-    }
-    if (dtype != at::kBFloat16) {
-      throw UserError(
-          std::string("precision.fp8 = true: needs precision.dtype = bf16 (the FP8 GEMMs write bf16), not ") +
-          c10::toString(dtype));
-    }
+    const std::string missing = fp8_missing(device, cfg.precision.dtype);
+    if (!missing.empty()) throw UserError("precision.fp8 = true: " + missing);
   }
   model->to(device, dtype);
   if (cfg.precision.fp8 == Fp8Choice::kTrue) {
