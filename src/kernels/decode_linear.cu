@@ -19,8 +19,12 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_linear_kernel(const Dec
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + threadIdx.x / 32,
                 step = static_cast<int64_t>(gridDim.x) * kDecodeWarps;
   // The warp's first weights are requested before the wait: they do not depend on the kernel before,
-  // so under programmatic dependent launch their latency overlaps that kernel's tail.
-  int4 next[kDecodeUnroll];
+  // so under programmatic dependent launch their latency overlaps that kernel's tail. A projection
+  // without a LayerNorm at one or two rows holds 8 chunks a lane, not 4: its launch has fewer
+  // blocks than SMs at GPT-2's shapes (n = C, 16 columns a block), so the registers cost no
+  // occupancy, and a warp's row of K = 4C takes half the round trips.
+  constexpr int kUnroll = !NORM && ROWS <= 2 && sizeof(W) == 2 ? 8 : kDecodeUnroll;
+  int4 next[kUnroll];
   prefetch_first_group<W>(a, first, next);
   wait_for_previous_kernel();
   allow_next_kernel();

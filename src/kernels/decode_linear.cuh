@@ -20,7 +20,9 @@
 namespace gpt2::kernels {
 
 constexpr int kDecodeWarps = 16, kDecodeThreads = 32 * kDecodeWarps;
-constexpr int kDecodeUnroll = 4;  // 16-byte chunks of a W row in flight per lane
+// 16-byte chunks of a W row in flight per lane, unless a caller holds more (decode_linear.cu). A
+// group's size does not change the order of any sum, so not the bits either.
+constexpr int kDecodeUnroll = 4;
 
 // N consecutive staged elements (16-byte aligned) as floats.
 template <typename T, int N>
@@ -72,12 +74,12 @@ __device__ __forceinline__ void block_row_sums(float* part, float (*red)[ROWS]) 
   }
 }
 
-// One group of kDecodeUnroll 16-byte chunks of a W row, lane-strided from i0; chunks past k are not loaded.
-template <typename W>
-__device__ __forceinline__ void load_group(const W* row, int64_t i0, int64_t k, int4 (&chunk)[kDecodeUnroll]) {
+// One group of U 16-byte chunks of a W row, lane-strided from i0; chunks past k are not loaded.
+template <typename W, int U>
+__device__ __forceinline__ void load_group(const W* row, int64_t i0, int64_t k, int4 (&chunk)[U]) {
   constexpr int64_t kStride = 32 * (16 / sizeof(W));
 #pragma unroll
-  for (int u = 0; u < kDecodeUnroll; ++u) {
+  for (int u = 0; u < U; ++u) {
     const int64_t i = i0 + u * kStride;
     if (i < k) chunk[u] = __ldg(reinterpret_cast<const int4*>(row + i));
   }
@@ -91,9 +93,8 @@ __device__ __forceinline__ const W* weight_rows(const DecodeLinearArgs& a) {
 
 // The first group of the warp's first column (`first`), before anything an earlier phase writes is
 // read: weights are read-only, so this load's latency may overlap the wait.
-template <typename W>
-__device__ __forceinline__ void prefetch_first_group(const DecodeLinearArgs& a, int64_t first,
-                                                     int4 (&next)[kDecodeUnroll]) {
+template <typename W, int U>
+__device__ __forceinline__ void prefetch_first_group(const DecodeLinearArgs& a, int64_t first, int4 (&next)[U]) {
   constexpr int kVec = 16 / sizeof(W);
   if (first < a.n) load_group(weight_rows<W>(a) + first * a.k, (threadIdx.x % 32) * kVec, a.k, next);
 }
@@ -221,13 +222,13 @@ __device__ __forceinline__ void stage_rows(const DecodeLinearArgs& a, T* staged,
 
 // Columns first, first + step, ... of a = staged Wᵀ + bias, each through the epilogue. `next` holds
 // the first group of column `first` (prefetch_first_group) and, on return, stale data.
-template <typename T, typename W, int ROWS>
+template <typename T, typename W, int ROWS, int U>
 __device__ __forceinline__ void project_columns(const DecodeLinearArgs& a, const T* staged, int64_t first, int64_t step,
-                                                int4 (&next)[kDecodeUnroll]) {
+                                                int4 (&next)[U]) {
   const int lane = threadIdx.x % 32, rows = static_cast<int>(a.rows);
   const int64_t k = a.k;
   constexpr int kVec = 16 / sizeof(W);  // W elements in a 16-byte chunk
-  constexpr int64_t kStride = 32 * kVec, kGroup = kDecodeUnroll * kStride;
+  constexpr int64_t kStride = 32 * kVec, kGroup = U * kStride;
   const W* w = weight_rows<W>(a);
   const int64_t group = a.q != nullptr ? k / a.groups : k;
   for (int64_t j = first; j < a.n; j += step) {
@@ -239,16 +240,16 @@ __device__ __forceinline__ void project_columns(const DecodeLinearArgs& a, const
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
     for (int64_t i0 = lane * kVec; i0 < k; i0 += kGroup) {
-      int4 chunk[kDecodeUnroll];
+      int4 chunk[U];
 #pragma unroll
-      for (int u = 0; u < kDecodeUnroll; ++u) chunk[u] = next[u];
+      for (int u = 0; u < U; ++u) chunk[u] = next[u];
       // The next group is in flight while this one is summed: later in this row, or the warp's next row.
       if (i0 + kGroup < k)
         load_group(wrow, i0 + kGroup, k, next);
       else if (j + step < a.n)
         load_group(wrow + step * k, lane * kVec, k, next);
 #pragma unroll
-      for (int u = 0; u < kDecodeUnroll; ++u) {
+      for (int u = 0; u < U; ++u) {
         const int64_t i = i0 + u * kStride;
         if (i >= k) break;
         float wv[kVec];

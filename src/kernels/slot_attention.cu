@@ -11,14 +11,14 @@
 namespace gpt2::kernels {
 namespace {
 
-template <typename T, int PPL, bool PACKED>
+template <typename T, int PPL, bool PACKED, bool EARLY>
 __global__ void __launch_bounds__(kSlotWarps * 32) slot_attention_kernel(SlotAttentionArgs a, T* __restrict__ y) {
   __shared__ SlotAttentionShared sh;
   // Launched as a programmatic dependent (launch_dependent): q and this step's key and value come
   // from the kernel before; the projection after may start taking free SM slots now.
   wait_for_previous_kernel();
   allow_next_kernel();
-  attend_slot<T, PPL, PACKED>(a, y, blockIdx.x, blockIdx.y, sh);
+  attend_slot<T, PPL, PACKED, EARLY>(a, y, blockIdx.x, blockIdx.y, sh);
 }
 
 template <typename T>
@@ -32,9 +32,15 @@ cudaError_t launch_typed(const SlotAttentionArgs& a, void* y, cudaStream_t strea
   const dim3 grid(static_cast<unsigned>(a.heads), static_cast<unsigned>(a.batch));
   const bool packed = slot_keys_packed<T>(a);
   T* yt = static_cast<T*>(y);
-  const auto kernel = a.head_size <= 64
-                          ? (packed ? slot_attention_kernel<T, 1, true> : slot_attention_kernel<T, 1, false>)
-                          : (packed ? slot_attention_kernel<T, 2, true> : slot_attention_kernel<T, 2, false>);
+  // Values read with the keys (attend_slot's EARLY) where every (row, head) has an SM of its own (batch-1
+  // decoding): the registers it takes would otherwise halve the blocks an SM holds.
+  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
+  const bool early = a.heads * a.batch <= sms;
+  const auto kernel =
+      a.head_size <= 64
+          ? (packed ? (early ? slot_attention_kernel<T, 1, true, true> : slot_attention_kernel<T, 1, true, false>)
+                    : slot_attention_kernel<T, 1, false, false>)
+          : (packed ? slot_attention_kernel<T, 2, true, false> : slot_attention_kernel<T, 2, false, false>);
   return launch_dependent(kernel, grid, dim3(kSlotWarps * 32), 0, stream, a, yt);
 }
 

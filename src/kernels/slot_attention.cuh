@@ -26,6 +26,7 @@ namespace gpt2::kernels {
 constexpr int kSlotWarps = 16;
 constexpr int kSlotTile = 32;          // positions per warp step: one per lane
 constexpr int kSlotMaxHeadSize = 128;  // 2 pairs of dims per lane in the accumulator
+constexpr int kSlotKeyPacks = 8;       // 16-byte packs of a key in flight per lane
 
 // What a block's attend_slot keeps in shared memory (the caller declares it).
 struct SlotAttentionShared {
@@ -61,13 +62,16 @@ __device__ __forceinline__ float warp_max(float v) {
 // y[(b, head)] (head_size elements) of the contract; every thread of a kSlotWarps-warp block calls it.
 // PPL: accumulator pairs per lane (hs <= 64 * PPL). PACKED: keys read 16 bytes a load (hs a
 // multiple of 16 / sizeof(T), the cache 16-byte aligned), else a pair at a time; the dot product
-// sums the dims in the same order either way.
-template <typename T, int PPL, bool PACKED>
+// sums the dims in the same order either way. EARLY (below) changes when values are read, not the sums.
+template <typename T, int PPL, bool PACKED, bool EARLY = false>
 __device__ __forceinline__ void attend_slot(const SlotAttentionArgs& a, T* __restrict__ y, int64_t head, int64_t b,
                                             SlotAttentionShared& sh) {
   using T2 = typename PairOf<T>::type;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int hs = static_cast<int>(a.head_size), pairs = hs / 2;
+  // Requested before the barrier and q's staging, so its round trip overlaps theirs: every load
+  // below depends on it.
+  const int64_t pos = a.positions[b];
   __syncthreads();  // sh may still be read by the block's previous call
   const T* q = static_cast<const T*>(a.q) + b * a.q_stride_b + head * a.q_stride_h;
   for (int i = static_cast<int>(threadIdx.x); i < pairs; i += kSlotWarps * 32) {
@@ -78,7 +82,6 @@ __device__ __forceinline__ void attend_slot(const SlotAttentionArgs& a, T* __res
   const int64_t row = b * a.heads + head;  // (row, head) of the cache and of y
   const T2* k2 = reinterpret_cast<const T2*>(static_cast<const T*>(a.keys) + row * a.capacity * hs);
   const T2* v2 = reinterpret_cast<const T2*>(static_cast<const T*>(a.values) + row * a.capacity * hs);
-  const int64_t pos = a.positions[b];
   const bool bad = pos < 0 || pos >= a.capacity;
   const int64_t n = bad ? 0 : pos + 1;  // positions attended
 
@@ -86,8 +89,26 @@ __device__ __forceinline__ void attend_slot(const SlotAttentionArgs& a, T* __res
   float2 acc[PPL];                // sum of exp(s - m) v, dims 2 (lane + 32 k) and the next
 #pragma unroll
   for (int k = 0; k < PPL; ++k) acc[k] = make_float2(0.0f, 0.0f);
+  // EARLY, with 2-byte storage and one pair a lane: the tile's value pairs (a register each) are
+  // requested with its keys, as their addresses do not depend on the scores, so the two round trips
+  // overlap. It costs 32 registers a thread (slot_attention.cu takes it where the grid is one wave;
+  // the one-kernel step, short of registers, does not).
+  constexpr bool kEarlyValues = EARLY && sizeof(T2) == 4 && PPL == 1;
   for (int64_t t0 = static_cast<int64_t>(warp) * kSlotTile; t0 < n; t0 += kSlotWarps * kSlotTile) {
     const int64_t j = t0 + lane;
+    const int count = static_cast<int>(n - t0 < kSlotTile ? n - t0 : kSlotTile);  // the same in every lane
+    // Position jj of the tile's value pairs, dims 2 (lane + 32 k) and the next. A step past `count`
+    // reads the tile's last written position (finite), and a lane past the head's dims (hs < 64 PPL)
+    // a real dim, that is never written out: no branch around the loads.
+    const auto value_pair = [&](int jj, int k) {
+      const int d = lane + 32 * k;
+      return v2[(t0 + (jj < count ? jj : count - 1)) * pairs + (d < pairs ? d : pairs - 1)];
+    };
+    T2 early[kEarlyValues ? kSlotTile : 1];
+    if constexpr (kEarlyValues) {
+#pragma unroll
+      for (int jj = 0; jj < kSlotTile; ++jj) early[jj] = value_pair(jj, 0);
+    }
     float s = -INFINITY;
     if (j < n) {
       float dot = 0.0f;
@@ -119,22 +140,20 @@ __device__ __forceinline__ void attend_slot(const SlotAttentionArgs& a, T* __res
       acc[k].x *= alpha;
       acc[k].y *= alpha;
     }
-    const int count = static_cast<int>(n - t0 < kSlotTile ? n - t0 : kSlotTile);  // the same in every lane
     // All kSlotTile steps, unrolled, with no branch around the loads, so they are in flight together
     // (a step per position with a guarded load waited out each load's latency in turn: at batch 1
-    // that was the decode step's cost). A step past `count` has pj = 0 and reads the tile's last
-    // written position (finite), so it adds exactly 0 (the sum is that of count steps, up to the
-    // sign of a zero).
+    // that was the decode step's cost). A step past `count` has pj = 0, so it adds exactly 0 (the
+    // sum is that of count steps, up to the sign of a zero).
 #pragma unroll
     for (int jj = 0; jj < kSlotTile; ++jj) {
       const float pj = __shfl_sync(0xffffffffu, p, jj);
-      const T2* vj = v2 + (t0 + (jj < count ? jj : count - 1)) * pairs;
 #pragma unroll
       for (int k = 0; k < PPL; ++k) {
-        // A lane past the head's dims (hs < 64 PPL) sums a real dim's values into an accumulator
-        // that is never written out: no branch.
-        const int d = lane + 32 * k;
-        const float2 vv = to_float2(vj[d < pairs ? d : pairs - 1]);
+        float2 vv;
+        if constexpr (kEarlyValues)
+          vv = to_float2(early[jj]);
+        else
+          vv = to_float2(value_pair(jj, k));
         acc[k].x = fmaf(pj, vv.x, acc[k].x);
         acc[k].y = fmaf(pj, vv.y, acc[k].y);
       }
