@@ -26,7 +26,6 @@ namespace gpt2::kernels {
 constexpr int kSlotWarps = 16;
 constexpr int kSlotTile = 32;          // positions per warp step: one per lane
 constexpr int kSlotMaxHeadSize = 128;  // 2 pairs of dims per lane in the accumulator
-constexpr int kSlotKeyPacks = 8;       // 16-byte packs of a key in flight per lane
 
 // What a block's attend_slot keeps in shared memory (the caller declares it).
 struct SlotAttentionShared {
