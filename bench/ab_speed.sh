@@ -3,17 +3,34 @@
 # in DIR (another checkout of gpt2-dist, e.g. `git archive REV | tar -x -C DIR`, carried to the
 # machine), then runs gpt2-124m B=32 bf16 on each in turn, ROUNDS times (default 3), so drift on
 # the machine hits both alike. Prints one RESULT line per run and the mean ratio this/DIR.
+# AB=decode instead times the batch-1 decode step of each tree (`kernel_bench decode_step`: bf16 and
+# int8, gpt2-124m and gpt2-1558m, from a CUDA graph), alternating the same way. Two build
+# directories, because a tree carried again onto a warm machine keeps older mtimes than the objects
+# built from the last one, so ninja would not rebuild it.
 #   source .device-deps/gpu-env.sh && bash bench/ab_speed.sh before-move
+#   source .device-deps/gpu-env.sh && AB=decode ROUNDS=2 bash bench/ab_speed.sh before-change
 set -uo pipefail
 source bench/common.sh
-other="${1:?usage: bench/ab_speed.sh DIR}"
-[ -x build-gpu/bin/gpt2-train ] || bench_build || exit 1
+other="${1:?usage: [AB=decode] bench/ab_speed.sh DIR}"
+target=gpt2-train
+[ "${AB:-train}" = decode ] && target=kernel_bench
+[ -x build-gpu/bin/$target ] || bench_build || exit 1
 t0=$(date +%s)
 cmake -S "$other" -B "$other/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPT2_PYTHON="$(command -v python3)" \
   -DGPT2_BUILD_TESTS=OFF >"$out/other_configure.log" 2>&1 || { tail -20 "$out/other_configure.log"; exit 1; }
-cmake --build "$other/build-gpu" -j "$(nproc)" --target gpt2-train >"$out/other_build.log" 2>&1 \
+cmake --build "$other/build-gpu" -j "$(nproc)" --target $target >"$out/other_build.log" 2>&1 \
   || { grep -E "error|FAILED" "$out/other_build.log" | head -20; exit 1; }
 echo "build of $other: $(( $(date +%s) - t0 )) s"
+if [ "${AB:-train}" = decode ]; then
+  for r in $(seq 1 "${ROUNDS:-3}"); do
+    for side in this other; do
+      bin=build-gpu/bin/kernel_bench
+      [ $side = other ] && bin="$other/build-gpu/bin/kernel_bench"
+      "$bin" decode_step 2>&1 | grep "decode step of" | sed "s/^/RESULT ${side}_r$r /"
+    done
+  done | tee "$out/ab_decode.txt"
+  exit 0
+fi
 [ -f "$out/tok/train.h5" ] || bench_data
 
 run() {  # run NAME BINARY: 30 steps of gpt2-124m, mean over steps >= 10
