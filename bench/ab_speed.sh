@@ -12,8 +12,8 @@
 set -uo pipefail
 source bench/common.sh
 other="${1:?usage: [AB=decode] bench/ab_speed.sh DIR}"
-target=gpt2-train
-[ "${AB:-train}" = decode ] && target=kernel_bench
+mode="${AB:-train}" target=gpt2-train
+[ "$mode" = decode ] && target=kernel_bench
 [ -x build-gpu/bin/$target ] || bench_build || exit 1
 t0=$(date +%s)
 cmake -S "$other" -B "$other/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPT2_PYTHON="$(command -v python3)" \
@@ -21,7 +21,7 @@ cmake -S "$other" -B "$other/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGP
 cmake --build "$other/build-gpu" -j "$(nproc)" --target $target >"$out/other_build.log" 2>&1 \
   || { grep -E "error|FAILED" "$out/other_build.log" | head -20; exit 1; }
 echo "build of $other: $(( $(date +%s) - t0 )) s"
-if [ "${AB:-train}" = decode ]; then
+if [ "$mode" = decode ]; then
   for r in $(seq 1 "${ROUNDS:-3}"); do
     for side in this other; do
       bin=build-gpu/bin/kernel_bench
