@@ -232,16 +232,18 @@ void Scheduler::prefill_group(const std::vector<Slot*>& group) {
     const auto argmax = logits.argmax(1).to(torch::kCPU);  // (n)
     greedy.assign(argmax.data_ptr<int64_t>(), argmax.data_ptr<int64_t>() + n);
   }
+  std::vector<int64_t> next(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    Slot& slot = *group[i];
-    Sequence& seq = *slot.sequence;
+    Sequence& seq = *group[i]->sequence;
     const auto& o = seq.spec.sampling;
-    const int64_t id =
+    next[i] =
         o.temperature == 0.0 ? greedy[i] : sample_next(logits[i].to(torch::kCPU, torch::kFloat), o, seq.generator);
-    slot.position = T;
-    accept_token(slot, id);
   }
-  metrics_.prefill(n * T, seconds_since(t0));
+  metrics_.prefill(n * T, seconds_since(t0));  // before the tokens go out, as in decode_step
+  for (int64_t i = 0; i < n; ++i) {
+    group[i]->position = T;
+    accept_token(*group[i], next[i]);
+  }
 }
 
 void Scheduler::decode_step() {
@@ -272,19 +274,23 @@ void Scheduler::decode_step() {
     sampled = out.logits.index_select(0, rows).to(torch::kCPU, torch::kFloat);  // (R, V)
   }
   const auto* greedy_ids = out.greedy.data_ptr<int64_t>();
-  const int64_t active = active_;
+  std::vector<int64_t> next(S, 0);
   size_t r = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    Sequence* seq = slots_[s].sequence.get();
+    if (!seq) continue;
+    const bool sample = seq->spec.sampling.temperature != 0.0;
+    next[s] =
+        sample ? sample_next(sampled[static_cast<int64_t>(r++)], seq->spec.sampling, seq->generator) : greedy_ids[s];
+  }
+  // Counted before the tokens go out: a client that has its last token finds its steps in /metrics.
+  metrics_.decode_step(active_, seconds_since(t0));
   for (int64_t s = 0; s < S; ++s) {
     Slot& slot = slots_[s];
     if (!slot.sequence) continue;
-    Sequence& seq = *slot.sequence;
-    const bool sample = seq.spec.sampling.temperature != 0.0;
-    const int64_t id =
-        sample ? sample_next(sampled[static_cast<int64_t>(r++)], seq.spec.sampling, seq.generator) : greedy_ids[s];
     ++slot.position;
-    accept_token(slot, id);
+    accept_token(slot, next[s]);
   }
-  metrics_.decode_step(active, seconds_since(t0));
 }
 
 void Scheduler::accept_token(Slot& slot, int64_t id) {
