@@ -334,6 +334,20 @@ KVCache KVCache::row_view(int64_t row) const {
   return view;
 }
 
+KVCache KVCache::first_rows(int64_t rows) const {
+  TORCH_CHECK(rows >= 1 && rows <= static_cast<int64_t>(pad.size()), "KVCache::first_rows: ", rows,
+              " rows of a cache of ", pad.size());
+  KVCache view;
+  for (size_t l = 0; l < keys.size(); ++l) {
+    view.keys.push_back(keys[l].narrow(0, 0, rows));  // (rows, n_head, capacity, head_size)
+    view.values.push_back(values[l].narrow(0, 0, rows));
+  }
+  view.pad.assign(pad.begin(), pad.begin() + rows);
+  view.pad_tensor = pad_tensor.narrow(0, 0, rows);
+  view.length = length;
+  return view;
+}
+
 KVCache GPT2Impl::make_kv_cache(int64_t capacity, const std::vector<int64_t>& pad) {
   if (capacity < 1 || capacity > cfg_.block_size) {
     throw UserError("KV cache capacity " + std::to_string(capacity) +

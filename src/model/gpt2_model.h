@@ -57,6 +57,9 @@ struct KVCache {
   // Row `row` alone, unpadded and empty, sharing this cache's storage: where the server prefills
   // one sequence into its slot with forward_cached (Note [Slot decoding]).
   KVCache row_view(int64_t row) const;
+  // Rows [0, rows) as they are (padding and length kept), sharing this cache's storage: where the
+  // server decodes only its first `rows` slots (serve/decode_graphs.h).
+  KVCache first_rows(int64_t rows) const;
 };
 
 // One layer's part of a KVCache for one decoding step of t positions [start, start + t): the

@@ -2,6 +2,7 @@
 #include "src/serve/decode_graphs.h"
 
 #include <algorithm>
+#include <string>
 #include <tuple>
 
 namespace gpt2::serve {
@@ -42,7 +43,9 @@ DecodeGraphs::DecodeGraphs(GPT2 model, KVCache& cache, bool use_graphs)
     : model_(std::move(model)),
       cache_(cache),
       rows_(static_cast<int64_t>(cache.pad.size())),
-      graphs_(cache.keys.front().device(), use_graphs, "decode step", "attend") {
+      graphs_(cache.keys.front().device(), use_graphs, "decode step", [rows = rows_](int64_t key) {
+        return "attend " + std::to_string(key / (rows + 1)) + ", " + std::to_string(key % (rows + 1)) + " rows";
+      }) {
   const torch::Device device = cache_.keys.front().device();
   const auto host = torch::dtype(torch::kLong).pinned_memory(device.is_cuda());
   ids_host_ = torch::zeros({rows_, 1}, host);
@@ -58,35 +61,46 @@ DecodeGraphs::DecodeGraphs(GPT2 model, KVCache& cache, bool use_graphs)
 
 DecodeGraphs::~DecodeGraphs() = default;
 
-DecodeOutputs DecodeGraphs::step(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions,
-                                 int64_t attend) {
+DecodeOutputs DecodeGraphs::step(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, int64_t attend,
+                                 int64_t live) {
   TORCH_CHECK(static_cast<int64_t>(ids.size()) == rows_ && static_cast<int64_t>(positions.size()) == rows_,
               "DecodeGraphs::step expects ", rows_, " ids and positions, got ", ids.size(), " and ", positions.size());
+  TORCH_CHECK(live >= 0 && live <= rows_, "DecodeGraphs::step: live rows ", live, " not in [0, ", rows_, "]");
   torch::NoGradGuard no_grad;
   if (attend <= 0) attend = cache_.capacity();  // one graph for 0 and the capacity
+  if (live == 0) live = rows_;
   std::copy(ids.begin(), ids.end(), ids_host_.data_ptr<int64_t>());
   std::copy(positions.begin(), positions.end(), positions_host_.data_ptr<int64_t>());
   // Asynchronous from pinned memory: the previous step's copy back waited for these copies too.
   ids_.copy_(ids_host_, /*non_blocking=*/true);
   positions_.copy_(positions_host_, /*non_blocking=*/true);
-  torch::Tensor logits, greedy;  // (rows, V), (rows) on the device
-  const bool replayed = graphs_.replay(attend, [this](int64_t a) {
-    const auto [l, g] = forward(a);
-    logits_.copy_(l);  // every graph ends in the same static outputs
-    greedy_.copy_(g);
+  torch::Tensor logits, greedy;  // (live, V), (live) on the device
+  // One key per (attend, live): attend <= capacity, live <= rows.
+  const int64_t key = attend * (rows_ + 1) + live;
+  const bool replayed = graphs_.replay(key, [this, attend, live](int64_t) {
+    const auto [l, g] = forward(attend, live);
+    logits_.narrow(0, 0, live).copy_(l);  // every graph ends in the same static outputs
+    greedy_.narrow(0, 0, live).copy_(g);
   });
   if (replayed) {
-    logits = logits_, greedy = greedy_;
+    logits = logits_.narrow(0, 0, live), greedy = greedy_.narrow(0, 0, live);
   } else {
-    std::tie(logits, greedy) = forward(attend);
+    std::tie(logits, greedy) = forward(attend, live);
   }
-  greedy_host_.copy_(greedy);  // the step's one wait for the device
-  return {logits, greedy_host_};
+  const auto greedy_host = greedy_host_.narrow(0, 0, live);
+  greedy_host.copy_(greedy);  // the step's one wait for the device
+  return {logits, greedy_host};
 }
 
-std::pair<torch::Tensor, torch::Tensor> DecodeGraphs::forward(int64_t attend) {
-  auto logits = model_->forward_slots(ids_, positions_, cache_, attend);  // (rows, V)
-  auto greedy = logits.argmax(1);                                         // (rows)
+std::pair<torch::Tensor, torch::Tensor> DecodeGraphs::forward(int64_t attend, int64_t live) {
+  torch::Tensor logits;  // (live, V)
+  if (live == rows_) {
+    logits = model_->forward_slots(ids_, positions_, cache_, attend);
+  } else {
+    KVCache first = cache_.first_rows(live);
+    logits = model_->forward_slots(ids_.narrow(0, 0, live), positions_.narrow(0, 0, live), first, attend);
+  }
+  auto greedy = logits.argmax(1);  // (live)
   return {logits, greedy};
 }
 

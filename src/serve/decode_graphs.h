@@ -1,16 +1,17 @@
 #pragma once
-// The device side of gpt2-serve's decode step (Scheduler::decode_step): forward_slots over every
-// row of the slot cache, then the greedy argmax, replayed from CUDA graphs when the model is on
-// CUDA (Note [Decode graphs] in decode_graphs.cpp). One graph per `attend` value, captured the
-// first time that value comes, all in one memory pool: the default mode has one, --attend_block N
-// up to capacity / N. A graph runs the kernels the eager step runs, on the same shapes, so its
+// The device side of gpt2-serve's decode step (Scheduler::decode_step): forward_slots over the
+// slot cache's rows (every row, or the first `live`), then the greedy argmax, replayed from CUDA
+// graphs when the model is on CUDA (Note [Decode graphs] in decode_graphs.cpp). One graph per
+// (`attend`, live rows) pair, captured the first time that pair comes, all in one memory pool: the
+// default mode has one, --attend_block N up to capacity / N, the fused step (8 rows or fewer) one
+// per live row count. A graph runs the kernels the eager step runs, on the same shapes, so its
 // logits are the same bits (tests/serve/gpu_test.cpp).
 // Contract: one thread at a time calls step(). The model and the cache outlive this object and the
 // cache's tensors keep their storage (graphs hold their addresses); between steps the caller may
 // write the cache (prefill) on the current stream. A failed capture logs one warning naming the
 // reason and every later step runs eagerly: no capture error leaves step(). Without a CUDA model
 // (or a CUDA build), or with use_graphs false, every step runs eagerly. The graphs themselves are
-// a StepGraphs keyed by `attend` (step_graphs.h).
+// a StepGraphs keyed by both (step_graphs.h).
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -37,20 +38,24 @@ class DecodeGraphs {
   DecodeGraphs(const DecodeGraphs&) = delete;
   DecodeGraphs& operator=(const DecodeGraphs&) = delete;
 
-  // One token for every row: ids[r] fed at positions[r] (one per row, host), attending to the
-  // first `attend` cached positions (forward_slots; 0 = the capacity). Runs without grad. The
-  // one host sync of the step is here: the greedy ids' copy back.
-  DecodeOutputs step(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, int64_t attend);
+  // One token for each of the first `live` rows (0 = every row): ids[r] fed at positions[r] (one
+  // per row of the cache, host; those past `live` are not read), attending to the first `attend`
+  // cached positions (forward_slots; 0 = the capacity). Rows past `live` are left as they are:
+  // the caller passes fewer rows only where a row's bits do not depend on the row count (the
+  // fused decode step's). The outputs hold the `live` rows. Runs without grad. The one host sync
+  // of the step is here: the greedy ids' copy back. One graph per (attend, live) pair met.
+  DecodeOutputs step(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, int64_t attend,
+                     int64_t live = 0);
 
   // Whether steps replay graphs: asked for, a CUDA model, and no capture has failed.
   bool graphs_on() const { return graphs_.on(); }
-  // Graphs captured so far (one per attend value met); 0 when graphs are off.
+  // Graphs captured so far (one per attend and live value met); 0 when graphs are off.
   int64_t graphs_captured() const { return graphs_.captured(); }
 
  private:
-  // The step's device work on the static inputs, eagerly on the current stream: what a graph
-  // captures. Returns the logits (rows, V) and the greedy ids (rows) on the device.
-  std::pair<torch::Tensor, torch::Tensor> forward(int64_t attend);
+  // The step's device work on the static inputs' first `live` rows, eagerly on the current
+  // stream: what a graph captures. Returns the logits (live, V) and the greedy ids (live) on the device.
+  std::pair<torch::Tensor, torch::Tensor> forward(int64_t attend, int64_t live);
 
   GPT2 model_;
   KVCache& cache_;

@@ -2,6 +2,7 @@
 #include "src/serve/prompt_prefill.h"
 
 #include <algorithm>
+#include <string>
 
 #include "src/base/errors.h"
 
@@ -28,7 +29,8 @@ PromptPrefill::PromptPrefill(GPT2 model, KVCache& cache, bool use_graphs)
     : model_(std::move(model)),
       cache_(cache),
       padded_(cache.keys.front().is_cuda()),
-      graphs_(cache.keys.front().device(), use_graphs && cache.keys.front().is_cuda(), "prefill", "padded length") {
+      graphs_(cache.keys.front().device(), use_graphs && cache.keys.front().is_cuda(), "prefill",
+              [](int64_t length) { return "padded length " + std::to_string(length); }) {
   if (!padded_) return;
   torch::NoGradGuard no_grad;
   const torch::Device device = cache_.keys.front().device();

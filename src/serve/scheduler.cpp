@@ -250,15 +250,19 @@ void Scheduler::decode_step() {
   const auto t0 = Clock::now();
   const int64_t S = options_.max_batch;
   std::vector<int64_t> ids(S, 0), positions(S, 0), sampled_rows;
-  int64_t longest = 0;
+  int64_t longest = 0, last_active = -1;
   for (int64_t s = 0; s < S; ++s) {
     const Slot& slot = slots_[s];
     if (!slot.sequence) continue;  // inactive rows run too (fixed shapes), at position 0
     ids[s] = slot.last;
     positions[s] = slot.position;
     longest = std::max(longest, slot.position + 1);
+    last_active = s;
     if (slot.sequence->spec.sampling.temperature != 0.0) sampled_rows.push_back(s);
   }
+  // The fused step's row bits do not depend on its row count (Note [Fused decode step]), so it
+  // runs only up to the last busy slot: one client alone costs a one-row step (slots fill from 0).
+  const int64_t live = fused_decode_ ? last_active + 1 : S;
   // Note [Slot decoding]: the whole context (exact batch invariance), or the longest row rounded up;
   // with slot attention each row reads its own context whatever attend is: one value, one graph.
   const int64_t block = slot_attention_ ? 0 : options_.attend_block;
@@ -267,7 +271,7 @@ void Scheduler::decode_step() {
   // forward_slots + argmax, from a CUDA graph on a GPU; greedy rows need one id each (S ids come
   // back, the wait for the device). Rows that sample bring their logits to the host (sample_next,
   // as gpt2-generate does).
-  const DecodeOutputs out = decode_->step(ids, positions, attend);  // logits (S, V) on the device, greedy (S) host
+  const DecodeOutputs out = decode_->step(ids, positions, attend, live);  // logits (live, V) on the device, greedy host
   torch::Tensor sampled;
   if (!sampled_rows.empty()) {
     const auto rows = torch::tensor(sampled_rows, torch::kLong).to(device_);

@@ -3,14 +3,13 @@
 // block_size (Note [Slot decoding] in src/model/gpt2_model.h). Each iteration admits waiting
 // sequences into free slots (a one-row prefill each, prompt_prefill.h, or prefill_batch prompts of
 // one length together; the prefill samples their first token), then decodes one token for every
-// active slot in one forward over all max_batch rows (replayed from a CUDA graph on a GPU:
-// decode_graphs.h). A sequence that finishes or is cancelled frees its slot before the next
-// iteration.
-// Contract: submit(), cancel() and the getters are thread safe and never wait for the model. A
-// sequence's events come on the scheduler thread, in order, the last with `finished` set (also
-// for a cancelled one). Greedy ids equal gpt2-generate's for the same prompt up to near-ties (on CPU
-// the same prefill, on CUDA a padded one; decode steps of other shapes), and are the same alone or in a full batch
-// (with slot attention or attend_block 0, bit for bit: a row's arithmetic does not depend on the other rows).
+// active slot in one forward over all max_batch rows, or with the fused step up to the last busy
+// slot (replayed from a CUDA graph on a GPU: decode_graphs.h). A sequence that finishes or is cancelled frees its slot
+// before the next iteration. Contract: submit(), cancel() and the getters are thread safe and never wait for the model.
+// A sequence's events come on the scheduler thread, in order, the last with `finished` set (also for a cancelled one).
+// Greedy ids equal gpt2-generate's for the same prompt up to near-ties (on CPU the same prefill, on CUDA a padded one;
+// decode steps of other shapes), and are the same alone or in a full batch (with slot attention or attend_block 0, bit
+// for bit: a row's arithmetic does not depend on the other rows).
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -110,7 +109,8 @@ class Scheduler {
   bool slot_attention_on() const { return slot_attention_; }
   bool cuda_graphs_on() const { return cuda_graphs_; }  // --cuda_graphs, and the model on CUDA
   // Whether decode steps take the model's fused step (GPT2::fused_decode_applies: on CUDA with
-  // max_batch <= 8; every step, so a row's bits still do not depend on the other rows).
+  // max_batch <= 8; every step, so a row's bits still do not depend on the other rows). Its steps
+  // run the slots up to the last busy one only: a client alone gets a one-row step.
   bool fused_decode_on() const { return fused_decode_; }
 
  private:

@@ -58,8 +58,9 @@ struct StepGraphs::Graphs {
 };
 #endif
 
-StepGraphs::StepGraphs(torch::Device device, bool use_graphs, std::string what, std::string key_name)
-    : device_(device), what_(std::move(what)), key_name_(std::move(key_name)) {
+StepGraphs::StepGraphs(torch::Device device, bool use_graphs, std::string what,
+                       std::function<std::string(int64_t)> name_key)
+    : device_(device), what_(std::move(what)), name_key_(std::move(name_key)) {
 #ifdef GPT2_WITH_CUDA
   on_ = use_graphs && device.is_cuda();
   if (on_) graphs_ = std::make_unique<Graphs>();
@@ -94,7 +95,7 @@ bool StepGraphs::replay(int64_t key, const std::function<void(int64_t)>& work) {
       graph->capture_end();
     } catch (const std::exception& e) {
       abort_capture(capture_stream.stream(), device, graphs_->pool);
-      log::warn("gpt2-serve: capturing the ", what_, " in a CUDA graph failed (", key_name_, " ", key, "): ", e.what(),
+      log::warn("gpt2-serve: capturing the ", what_, " in a CUDA graph failed (", name_key_(key), "): ", e.what(),
                 "; running it without CUDA graphs from now on");
       graph.reset();
       graphs_.reset();
@@ -102,7 +103,7 @@ bool StepGraphs::replay(int64_t key, const std::function<void(int64_t)>& work) {
       return false;
     }
     found = graphs_->by_key.emplace(key, std::move(graph)).first;
-    log::info("gpt2-serve: ", what_, " captured in a CUDA graph (", key_name_, " ", key, "; ", graphs_->by_key.size(),
+    log::info("gpt2-serve: ", what_, " captured in a CUDA graph (", name_key_(key), "; ", graphs_->by_key.size(),
               " graph(s))");
   }
   found->second->replay();  // on the current stream

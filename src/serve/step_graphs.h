@@ -20,8 +20,8 @@ namespace gpt2::serve {
 
 class StepGraphs {
  public:
-  // what / key_name: for the log, e.g. "decode step" / "attend".
-  StepGraphs(torch::Device device, bool use_graphs, std::string what, std::string key_name);
+  // For the log: `what` the work ("decode step"), `name_key` a key in words ("padded length 64").
+  StepGraphs(torch::Device device, bool use_graphs, std::string what, std::function<std::string(int64_t)> name_key);
   ~StepGraphs();
   StepGraphs(const StepGraphs&) = delete;
   StepGraphs& operator=(const StepGraphs&) = delete;
@@ -38,7 +38,8 @@ class StepGraphs {
  private:
   struct Graphs;  // the CUDA part: the pool and the graph of each key
   torch::Device device_;
-  std::string what_, key_name_;
+  std::string what_;
+  std::function<std::string(int64_t)> name_key_;
   bool on_ = false;
   std::unique_ptr<Graphs> graphs_;
 };

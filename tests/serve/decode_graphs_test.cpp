@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "src/base/errors.h"
@@ -32,18 +33,26 @@ GPT2 random_model() {
   return model;
 }
 
+// The same prefills into two slot caches of a row a prompt (an empty prompt: a free row): one
+// to step by DecodeGraphs, one by forward_slots.
+std::pair<KVCache, KVCache> prefilled_caches(GPT2& model, const std::vector<std::vector<int64_t>>& prompts) {
+  std::pair<KVCache, KVCache> caches;
+  for (KVCache* cache : {&caches.first, &caches.second}) {
+    *cache = model->make_kv_cache(16, std::vector<int64_t>(prompts.size(), 0));
+    for (size_t r = 0; r < prompts.size(); ++r) {
+      if (prompts[r].empty()) continue;
+      KVCache row = cache->row_view(static_cast<int64_t>(r));
+      model->forward_cached(torch::tensor(prompts[r]).view({1, -1}), row);
+    }
+  }
+  return caches;
+}
+
 TEST(ServeDecodeGraphs, OnCpuAStepIsForwardSlotsAndTheArgmax) {
   GPT2 model = random_model();
   torch::NoGradGuard no_grad;
   const int64_t rows = 3;
-  // The same prefills into two caches: one stepped by DecodeGraphs, one by forward_slots.
-  auto stepped = model->make_kv_cache(16, std::vector<int64_t>(rows, 0));
-  auto reference = model->make_kv_cache(16, std::vector<int64_t>(rows, 0));
-  for (KVCache* cache : {&stepped, &reference}) {
-    KVCache row0 = cache->row_view(0), row2 = cache->row_view(2);
-    model->forward_cached(torch::tensor(std::vector<int64_t>{4, 5, 6, 7, 8}).view({1, -1}), row0);
-    model->forward_cached(torch::tensor(std::vector<int64_t>{1, 2, 3}).view({1, -1}), row2);
-  }
+  auto [stepped, reference] = prefilled_caches(model, {{4, 5, 6, 7, 8}, {}, {1, 2, 3}});
   DecodeGraphs decode(model, stepped, /*use_graphs=*/true);
   EXPECT_FALSE(decode.graphs_on());  // a CPU model: ignored
   // Row 1 is free (id 0 at position 0); attend 0 means the whole capacity.
@@ -59,6 +68,46 @@ TEST(ServeDecodeGraphs, OnCpuAStepIsForwardSlotsAndTheArgmax) {
   }
   EXPECT_EQ(decode.graphs_captured(), 0);
   EXPECT_THROW(decode.step({1, 2}, {0, 0}, 0), c10::Error);  // one id per row
+}
+
+// A step over the first `live` rows (what the scheduler runs with the fused step, up to its last
+// busy slot) is forward_slots over those rows of the cache (KVCache::first_rows), and the rows
+// past them keep their bits. Then a step over every row again: forward_slots over the whole cache.
+TEST(ServeDecodeGraphs, OnCpuAStepOverTheFirstRowsLeavesTheOthers) {
+  GPT2 model = random_model();
+  torch::NoGradGuard no_grad;
+  const int64_t rows = 3;
+  auto [stepped, reference] = prefilled_caches(model, {{4, 5, 6}, {5, 5, 6}, {6, 5, 6}});
+  DecodeGraphs decode(model, stepped, /*use_graphs=*/false);
+  std::vector<int64_t> ids = {9, 8, 7}, positions = {3, 3, 3};
+  std::vector<torch::Tensor> row2;  // the third row's keys and values before the two-row step
+  for (size_t l = 0; l < stepped.keys.size(); ++l) {
+    row2.push_back(stepped.keys[l][2].clone());
+    row2.push_back(stepped.values[l][2].clone());
+  }
+  const DecodeOutputs two = decode.step(ids, positions, 0, /*live=*/2);
+  KVCache first = reference.first_rows(2);
+  EXPECT_EQ(first.keys.front().size(0), 2);
+  EXPECT_EQ(first.keys.front().data_ptr(), reference.keys.front().data_ptr());  // a view, not a copy
+  const auto expected = model->forward_slots(torch::tensor(std::vector<int64_t>{9, 8}).view({2, 1}),
+                                             torch::tensor(std::vector<int64_t>{3, 3}), first, 0);  // (2, V)
+  ASSERT_TRUE(torch::equal(two.logits, expected));
+  ASSERT_TRUE(torch::equal(two.greedy, expected.argmax(1)));
+  for (size_t l = 0; l < stepped.keys.size(); ++l) {
+    EXPECT_TRUE(torch::equal(stepped.keys[l][2], row2[2 * l])) << "layer " << l;
+    EXPECT_TRUE(torch::equal(stepped.values[l][2], row2[2 * l + 1])) << "layer " << l;
+    EXPECT_TRUE(torch::equal(stepped.keys[l], reference.keys[l])) << "layer " << l;  // rows 0-1 written alike
+  }
+  // Every row: the third at position 3 too, after the first two at 4.
+  ids = {two.greedy[0].item<int64_t>(), two.greedy[1].item<int64_t>(), 7}, positions = {4, 4, 3};
+  const DecodeOutputs all = decode.step(ids, positions, 0);
+  const auto expected_all =
+      model->forward_slots(torch::tensor(ids).view({rows, 1}), torch::tensor(positions), reference, 0);
+  ASSERT_TRUE(torch::equal(all.logits, expected_all));
+  EXPECT_EQ(all.greedy.size(0), rows);
+  EXPECT_THROW(decode.step(ids, positions, 0, rows + 1), c10::Error);
+  EXPECT_THROW(decode.step(ids, positions, 0, -1), c10::Error);
+  EXPECT_THROW(reference.first_rows(0), c10::Error);
 }
 
 // gpt2::generate for one prompt is the reference: the same ids greedy and sampled (the same draws

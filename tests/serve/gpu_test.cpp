@@ -78,13 +78,14 @@ struct SlotRun {
     position[row] = static_cast<int64_t>(prompt.size());
     active[row] = true;
   }
-  // One step; inactive rows feed id 0 at position 0, as the scheduler's free slots do.
-  DecodeOutputs step(int64_t attend) {
+  // One step over the first `live` rows (0: all); inactive rows feed id 0 at position 0, as the
+  // scheduler's free slots do.
+  DecodeOutputs step(int64_t attend, int64_t live = 0) {
     std::vector<int64_t> ids(last.size(), 0), pos(last.size(), 0);
     for (size_t r = 0; r < last.size(); ++r) {
       if (active[r]) ids[r] = last[r], pos[r] = position[r];
     }
-    DecodeOutputs out = decode.step(ids, pos, attend);
+    DecodeOutputs out = decode.step(ids, pos, attend, live);
     for (size_t r = 0; r < last.size(); ++r) {
       if (active[r]) last[r] = out.greedy[static_cast<int64_t>(r)].item<int64_t>(), ++position[r];
     }
@@ -148,6 +149,59 @@ TEST(ServeGpuDecodeGraphs, OneGraphPerAttendValueReplaysTheEagerBits) {
   REQUIRE_CUDA();
   // Row 0 reaches position 29: attend 8, 16, 24 and 32 all come.
   expect_graphs_equal_eager(/*attend_block=*/8, /*graphs_expected=*/4, /*slot_attention=*/false);
+}
+
+// With the fused step (8 rows or fewer) the scheduler runs only the slots up to the last busy one
+// (Scheduler::decode_step). Rows join and leave as above; each step over the first `live` rows,
+// from its graphs, gives those rows the bits of the eager step over all 8 rows (the fused step's
+// row bits do not depend on its row count) and leaves the rows past them as they were; one graph
+// per live count met.
+TEST(ServeGpuDecodeGraphs, FusedStepOverTheBusyRowsHasTheFullStepsBits) {
+  REQUIRE_CUDA();
+  NoCudnnAttention no_cudnn_attention;
+  GPT2 model = random_bf16_model(3);
+  const int64_t rows = 8;
+  SlotRun busy(model, rows, /*use_graphs=*/true), full(model, rows, /*use_graphs=*/false);
+  ASSERT_TRUE(
+      model->fused_decode_applies(full.cache, torch::zeros({rows}, torch::dtype(torch::kLong).device(torch::kCUDA))));
+  ASSERT_TRUE(busy.decode.graphs_on());
+  auto join = [&](int64_t row, const std::vector<int64_t>& prompt) {
+    busy.prefill(row, prompt);
+    full.prefill(row, prompt);
+  };
+  auto leave = [&](int64_t row) { busy.active[row] = full.active[row] = false; };
+  join(0, {464, 329});
+  std::vector<int64_t> lives;
+  for (int64_t s = 0; s < 24; ++s) {
+    if (s == 3) join(5, {11, 12, 13});
+    if (s == 6) join(2, {7});
+    if (s == 9) leave(5);  // live falls back to 3
+    if (s == 12) join(7, {99, 98, 97, 96});
+    if (s == 15) leave(0), leave(7);
+    int64_t live = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (busy.active[r]) live = r + 1;
+    }
+    lives.push_back(live);
+    std::vector<torch::Tensor> past;  // the cache rows past `live`, before the step
+    for (size_t l = 0; l < busy.cache.keys.size(); ++l) {
+      past.push_back(busy.cache.keys[l].narrow(0, live, rows - live).clone());
+      past.push_back(busy.cache.values[l].narrow(0, live, rows - live).clone());
+    }
+    const DecodeOutputs b = busy.step(/*attend=*/0, live);
+    const DecodeOutputs f = full.step(/*attend=*/0);
+    ASSERT_EQ(b.logits.size(0), live);
+    ASSERT_TRUE(torch::equal(b.logits, f.logits.narrow(0, 0, live))) << "step " << s << ", " << live << " rows";
+    ASSERT_TRUE(torch::equal(b.greedy, f.greedy.narrow(0, 0, live))) << "step " << s;
+    for (size_t l = 0; l < busy.cache.keys.size(); ++l) {
+      ASSERT_TRUE(torch::equal(past[2 * l], busy.cache.keys[l].narrow(0, live, rows - live))) << "step " << s;
+      ASSERT_TRUE(torch::equal(past[2 * l + 1], busy.cache.values[l].narrow(0, live, rows - live))) << "step " << s;
+    }
+  }
+  std::sort(lives.begin(), lives.end());
+  const auto distinct = std::unique(lives.begin(), lives.end()) - lives.begin();
+  EXPECT_EQ(distinct, 4);  // 1, 6, 3, 8
+  EXPECT_EQ(busy.decode.graphs_captured(), distinct);
 }
 
 // [ measured ]: a decode step's time with and without graphs at gpt2-124m's shape (GPT2Config's
