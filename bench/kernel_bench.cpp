@@ -393,6 +393,52 @@ void decode_layer(const char* name, int64_t C, int64_t heads) {
               us(per_layer), us(per_layer_int8));
 }
 
+// A decode step's operands at random: `layers` blocks at n_embd C (bf16 or int8 weights), `rows`
+// rows each at position 383 of a 1024-position cache, the tied head over 50304 tokens.
+struct RandomDecodeModel {
+  RandomDecodeModel(int64_t layers, int64_t C, int64_t heads, bool int8, int64_t rows) : int8(int8) {
+    namespace k = gpt2::kernels;
+    const auto bf16 = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
+    const int64_t capacity = 1024, hs = C / heads;
+    const auto weight = [&](int64_t n, int64_t kk) {
+      const auto w = torch::randn({n, kk}, bf16) * 0.02, bias = torch::randn({n}, bf16) * 0.02;
+      if (!int8) return k::DecodeWeight{w, nullptr, bias};
+      quantized.push_back(k::quantize_int8(w));
+      return k::DecodeWeight{torch::Tensor(), &quantized.back(), bias};
+    };
+    const auto norm = [&] { return k::DecodeNorm{torch::ones({C}, bf16), torch::zeros({C}, bf16), 1e-5}; };
+    for (int64_t l = 0; l < layers; ++l) {
+      stack.push_back({norm(), weight(3 * C, C), weight(C, C), norm(), weight(4 * C, C), weight(C, 4 * C),
+                       torch::randn({rows, heads, capacity, hs}, bf16),
+                       torch::randn({rows, heads, capacity, hs}, bf16)});
+    }
+    ln_f = norm();
+    w_head = torch::randn({50304, C}, bf16) * 0.02;
+    if (int8) head8 = k::quantize_int8(w_head);
+    head = {int8 ? torch::Tensor() : w_head, int8 ? &*head8 : nullptr, {}};
+    positions = torch::full({rows}, 383, torch::dtype(torch::kLong).device(torch::kCUDA));
+    x = torch::randn({rows, C}, bf16);
+  }
+  // One step replayed from a CUDA graph, ms.
+  double graph_ms(gpt2::kernels::OneKernel one) {
+    const auto side = c10::cuda::getStreamFromPool();
+    c10::cuda::CUDAStreamGuard guard(side);
+    gpt2::kernels::decode_step(x, stack, ln_f, head, positions, one);  // warm-up, outside the capture
+    at::cuda::CUDAGraph graph;
+    graph.capture_begin();
+    gpt2::kernels::decode_step(x, stack, ln_f, head, positions, one);
+    graph.capture_end();
+    return time_ms([&] { graph.replay(); }, 200);
+  }
+  bool int8;
+  std::deque<gpt2::kernels::Int8Weight> quantized;  // DecodeWeight points into it: no reallocation
+  std::vector<gpt2::kernels::DecodeLayer> stack;
+  gpt2::kernels::DecodeNorm ln_f;
+  torch::Tensor w_head, positions, x;
+  std::optional<gpt2::kernels::Int8Weight> head8;
+  gpt2::kernels::DecodeWeight head;
+};
+
 // The whole batch-1 decode step of a model of `layers` blocks at n_embd C (random weights, bf16 or
 // int8, 384 positions into a 1024-position cache), replayed from a CUDA graph: one kernel
 // (kernels::decode_step, OneKernel::kYes) against five a block, then where the one kernel's time
@@ -400,43 +446,13 @@ void decode_layer(const char* name, int64_t C, int64_t heads) {
 // columns (or the attention), the wait for the slowest block, and the barrier after it.
 void decode_step_breakdown(const char* name, int64_t layers, int64_t C, int64_t heads, bool int8) {
   namespace k = gpt2::kernels;
-  const auto bf16 = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
-  const int64_t capacity = 1024, hs = C / heads;
-  std::deque<k::Int8Weight> quantized;  // DecodeWeight points into it: no reallocation
-  const auto weight = [&](int64_t n, int64_t kk) {
-    const auto w = torch::randn({n, kk}, bf16) * 0.02, bias = torch::randn({n}, bf16) * 0.02;
-    if (!int8) return k::DecodeWeight{w, nullptr, bias};
-    quantized.push_back(k::quantize_int8(w));
-    return k::DecodeWeight{torch::Tensor(), &quantized.back(), bias};
-  };
-  const auto norm = [&] { return k::DecodeNorm{torch::ones({C}, bf16), torch::zeros({C}, bf16), 1e-5}; };
-  std::vector<k::DecodeLayer> stack;
-  for (int64_t l = 0; l < layers; ++l) {
-    stack.push_back({norm(), weight(3 * C, C), weight(C, C), norm(), weight(4 * C, C), weight(C, 4 * C),
-                     torch::randn({1, heads, capacity, hs}, bf16), torch::randn({1, heads, capacity, hs}, bf16)});
-  }
-  const auto w_head = torch::randn({50304, C}, bf16) * 0.02;
-  std::optional<k::Int8Weight> head8;
-  if (int8) head8 = k::quantize_int8(w_head);
-  const k::DecodeWeight head{int8 ? torch::Tensor() : w_head, int8 ? &*head8 : nullptr, {}};
-  const auto positions = torch::full({1}, 383, torch::dtype(torch::kLong).device(torch::kCUDA));
-  auto x = torch::randn({1, C}, bf16);
-  if (!k::decode_step_in_one_kernel(x, stack, norm(), head)) {
+  RandomDecodeModel m(layers, C, heads, int8, 1);
+  const int64_t hs = C / heads;
+  if (!k::decode_step_in_one_kernel(m.x, m.stack, m.ln_f, m.head)) {
     std::printf("%s: the one kernel does not apply\n", name);
     return;
   }
-  const auto ln_f = norm();
-  const auto graph_ms = [&](k::OneKernel one) {
-    const auto side = c10::cuda::getStreamFromPool();
-    c10::cuda::CUDAStreamGuard guard(side);
-    k::decode_step(x, stack, ln_f, head, positions, one);  // warm-up, outside the capture
-    at::cuda::CUDAGraph graph;
-    graph.capture_begin();
-    k::decode_step(x, stack, ln_f, head, positions, one);
-    graph.capture_end();
-    return time_ms([&] { graph.replay(); }, 200);
-  };
-  const double one = graph_ms(k::OneKernel::kYes), five = graph_ms(k::OneKernel::kNo);
+  const double one = m.graph_ms(k::OneKernel::kYes), five = m.graph_ms(k::OneKernel::kNo);
   double bytes = 2.0 * 50304 * C;
   for (int64_t l = 0; l < layers; ++l) bytes += 12.0 * C * C * (int8 ? 1 : 2) + 2.0 * 2 * heads * 384 * hs;
   std::printf(
@@ -444,7 +460,7 @@ void decode_step_breakdown(const char* name, int64_t layers, int64_t C, int64_t 
       "five kernels a block %.1f us; its bytes take %.1f us at 3.35 TB/s\n",
       name, int8 ? "int8" : "bf16", one * 1000, five * 1000, bytes / 3.35e12 * 1e6);
   torch::Tensor trace;
-  k::decode_step(x, stack, ln_f, head, positions, k::OneKernel::kYes, &trace);
+  k::decode_step(m.x, m.stack, m.ln_f, m.head, m.positions, k::OneKernel::kYes, &trace);
   const auto t = trace.to(torch::kCPU).to(torch::kDouble);  // (phases, 3, blocks) ns
   const int64_t phases = t.size(0);
   const char* kinds[6] = {"qkv + ln_1", "attention", "attn proj", "fc + ln_2", "mlp proj", "head + ln_f"};
@@ -468,10 +484,21 @@ void decode_step_breakdown(const char* name, int64_t layers, int64_t C, int64_t 
               (t[phases - 1][2].max() - t[0][0].min()).item<double>() / 1e3);
 }
 
+// The fused step (five kernels a block) at 1, 2, 4 and 8 rows: how its time grows with the rows
+// that gpt2-serve's --max_batch 8 decodes (it runs the slots up to the last busy one).
+void decode_rows(const char* name, int64_t layers, int64_t C, int64_t heads, bool int8) {
+  std::printf("fused decode step of %s, %s weights, 384 positions (graph replay), us:", name, int8 ? "int8" : "bf16");
+  for (const int64_t rows : {1, 2, 4, 8}) {
+    RandomDecodeModel m(layers, C, heads, int8, rows);
+    std::printf(" %lld rows %.1f%s", static_cast<long long>(rows), m.graph_ms(gpt2::kernels::OneKernel::kNo) * 1000,
+                rows < 8 ? "," : "\n");
+  }
+}
+
 }  // namespace
 
-// kernel_bench [passes | fp8 | decode | decode_step]: "passes" leaves out the GEMMs and times the memory-bound
-// passes alone; "fp8" times the FP8 GEMMs alone; "decode" a batch-1 decode step's pieces.
+// kernel_bench [passes | fp8 | decode | decode_step | decode_rows]: "passes" leaves out the GEMMs and times the
+// memory-bound passes alone; "fp8" times the FP8 GEMMs alone; "decode" a batch-1 decode step's pieces.
 int main(int argc, char** argv) try {
   if (!torch::cuda::is_available()) {
     std::printf("kernel_bench: needs a CUDA device\n");
@@ -485,6 +512,13 @@ int main(int argc, char** argv) try {
   if (argc > 1 && std::string(argv[1]) == "decode") {
     decode_layer("gpt2-124m", 768, 12);
     decode_layer("gpt2-1558m", 1600, 25);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "decode_rows") {
+    for (const bool int8 : {false, true}) {
+      decode_rows("gpt2-124m", 12, 768, 12, int8);
+      decode_rows("gpt2-1558m", 48, 1600, 25, int8);
+    }
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "decode_step") {

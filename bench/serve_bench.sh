@@ -57,7 +57,11 @@ fi
 # Overrides (a short run): GPT2_SERVE_BENCH_PEERS=0 skips both transformers peers;
 # GPT2_SERVE_BENCH_PEER_CLIENTS and GPT2_SERVE_BENCH_BATCHES replace their lists; GPT2_SERVE_BENCH_MODES
 # picks ours (default "default sdpa fast"; "small" adds --max_batch 8 at 1 client: the fused decode step).
+# GPT2_SERVE_BENCH_QUANT=int8 serves int8 weights (--quant int8); GPT2_SERVE_BENCH_NEW sets the new
+# tokens a request (256: bench/decode_gpu.sh's count, for the 1-client row against gpt2-generate).
 peer_clients=${GPT2_SERVE_BENCH_PEER_CLIENTS:-$peer_clients}; batches=${GPT2_SERVE_BENCH_BATCHES:-$batches}
+new=${GPT2_SERVE_BENCH_NEW:-$new}
+quant=(); [ -n "${GPT2_SERVE_BENCH_QUANT:-}" ] && quant=(--quant "$GPT2_SERVE_BENCH_QUANT")
 peers=${GPT2_SERVE_BENCH_PEERS:-1}
 results="$out/serve_results.jsonl"; : >"$results"
 t0=$(date +%s)
@@ -113,7 +117,7 @@ for mode in ${GPT2_SERVE_BENCH_MODES:-default sdpa fast}; do
   # "small": --max_batch 8 at 1 client, where every decode step takes the fused step (Note [Fused decode step])
   if [ "$mode" = small ]; then label=gpt2-serve-max-batch-8; mb=8 mode_clients=1; fi
   "$build_abs/bin/gpt2-serve" "$model" --port 0 --device "$device" --dtype "$dtype" --max_batch "$mb" \
-    --max_queue 1024 "${flags[@]}" --model_name gpt2-bench >"$out/$label.log" 2>&1 &
+    --max_queue 1024 "${flags[@]}" "${quant[@]}" --model_name gpt2-bench >"$out/$label.log" 2>&1 &
   server=$!
   port=$(wait_port "$out/$label.log")
   if [ -z "$port" ]; then tail -20 "$out/$label.log"; kill $server 2>/dev/null; exit 1; fi
