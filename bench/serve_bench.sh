@@ -163,7 +163,7 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print(f"GPT-2 {sys.argv[4]} (random weights), {sys.argv[2]} {sys.argv[3]}: generated tokens/s (p50 / p99 TTFT ms)")
 modes = [("gpt2-serve", "gpt2-serve"), ("gpt2-serve-sdpa", "sdpa (slot attention off)"),
-         ("gpt2-serve-fast", "fast (attend 128, prefill 32)")]
+         ("gpt2-serve-fast", "fast (attend 128, prefill 32)"), ("gpt2-serve-max-batch-8", "small (--max_batch 8)")]
 print(f"{'clients':>8} | " + " | ".join(f"{title:>30}" for _, title in modes) +
       f" | {'FastAPI + transformers':>26} | {'transformers batched':>20}")
 def cell(r):
@@ -176,6 +176,9 @@ for c in sorted({r.get("clients", r.get("batch")) for r in rows}):
     print(f"{c:>8} | " + " | ".join(f"{cell(find(label, c)):>30}" for label, _ in modes) +
           f" | {cell(find('fastapi-transformers', c)):>26} | {batched:>20}")
 for label, _ in modes:
+    r = find(label, 1)
+    if r:
+        print(f"{label} at 1 client: {r['itl_mean_ms']:.3f} ms between tokens ({1000 / r['itl_mean_ms']:,.0f} tokens/s)")
     r = find(label, 32)
     if r:
         ok = r["tokens_per_s"] >= 8000 and r["ttft_p50_ms"] < 50
