@@ -379,6 +379,20 @@ TEST(ServeGpuScheduler, StaggeredSequencesGetTheSameIdsWithAndWithoutGraphs) {
       EXPECT_FALSE(with_graphs[i].empty()) << "sequence " << i;
       EXPECT_EQ(with_graphs[i], without[i]) << "sequence " << i << ", attend_block " << attend_block;
     }
+    // 4 slots take the fused step, over the slots up to the last busy one (Scheduler::decode_step),
+    // whose row bits are those of one row alone: each greedy sequence's ids are generate_one's for
+    // its prompt alone (the same one-row prefill, then the fused step at one row).
+    const auto cache = model->make_kv_cache(kContext, std::vector<int64_t>(4, 0));
+    ASSERT_TRUE(model->fused_decode_applies(cache, torch::zeros({4}, torch::dtype(torch::kLong).device(torch::kCUDA))));
+    for (int64_t i = 0; i < static_cast<int64_t>(with_graphs.size()); ++i) {
+      if (i == 5) continue;  // the sampled one
+      SamplingOptions o;
+      o.temperature = 0.0;
+      o.max_new_tokens = 4 + (7 * i) % 13;
+      std::vector<int64_t> prompt;
+      for (int64_t t = 0; t <= i; ++t) prompt.push_back(100 + 37 * i + t);  // as scheduler_ids
+      EXPECT_EQ(with_graphs[i], generate_one(model, prompt, o, /*use_graphs=*/true)) << "sequence " << i;
+    }
   }
 }
 
