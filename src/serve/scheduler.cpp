@@ -268,7 +268,7 @@ void Scheduler::decode_step() {
   const int64_t block = slot_attention_ ? 0 : options_.attend_block;
   const int64_t attend =
       block > 0 ? std::min(cache_.capacity(), (longest + block - 1) / block * block) : cache_.capacity();
-  // forward_slots + argmax, from a CUDA graph on a GPU; greedy rows need one id each (S ids come
+  // forward_slots + argmax, from a CUDA graph on a GPU; greedy rows need one id each (`live` ids come
   // back, the wait for the device). Rows that sample bring their logits to the host (sample_next,
   // as gpt2-generate does).
   const DecodeOutputs out = decode_->step(ids, positions, attend, live);  // logits (live, V) on the device, greedy host
