@@ -1,5 +1,6 @@
-# Sourced by the GPU benchmark scripts: build into build-gpu, make random token files, and
-# summarise a metrics.jsonl into one RESULT line. Needs .device-deps/gpu-env.sh sourced first.
+# Sourced by the benchmark scripts: build into build-gpu, make random token files and random
+# models, find a server's port, and summarise a metrics.jsonl into one RESULT line. bench_build
+# needs .device-deps/gpu-env.sh sourced first.
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
 
 bench_build() {
@@ -22,6 +23,29 @@ for name, n in (("train", 20_000_000), ("val", 1_000_000)):
         f.create_dataset("tokens", data=np.random.default_rng(0).integers(0, 50257, n, dtype=np.uint16))
         f.attrs.update(format="gpt2-tokens", format_version=1, vocab_size=50257, eot_token=50256, tokenizer="gpt2")
 PY
+}
+
+# bench_random_gpt2 PYTHON DIR "DIMS": a random GPT-2 as a Hugging Face directory (seed 0, vocab
+# 50257, the GPT2Config keywords DIMS, e.g. "n_layer=12, n_head=12, n_embd=768"), made by transformers.
+bench_random_gpt2() {
+  "$1" - "$2" <<PY
+import sys, torch
+from transformers import GPT2Config, GPT2LMHeadModel
+torch.manual_seed(0)
+GPT2LMHeadModel(GPT2Config(vocab_size=50257, $3)).save_pretrained(sys.argv[1])
+PY
+}
+
+# serve_port LOG [PID]: the port gpt2-serve logs when it listens, or "" after 120 s (or once PID,
+# the server, has exited).
+serve_port() {
+  local p
+  for _ in $(seq 1200); do
+    p=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$1" 2>/dev/null | grep -o '[0-9]*$' | head -1)
+    [ -n "$p" ] && { echo "$p"; return; }
+    [ -n "${2:-}" ] && ! kill -0 "$2" 2>/dev/null && return
+    sleep 0.1
+  done
 }
 
 # bench_as_hosts: $out/as_host.sh, which runs build-gpu/bin/gpt2-train as if each MPI rank were

@@ -6,15 +6,11 @@
 #   bash bench/int8_cpu.sh            (GPT2_BIN: build/bin; ROUNDS: 3; THREADS: all cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/common.sh  # bench_random_gpt2
 bin="${GPT2_BIN:-build/bin}" rounds="${ROUNDS:-3}"
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 PY="${PYTHON:-.venv/bin/python}"
-"$PY" - "$work/hf" <<'PY'
-import sys, torch
-from transformers import GPT2Config, GPT2LMHeadModel
-torch.manual_seed(0)
-GPT2LMHeadModel(GPT2Config(n_layer=12, n_head=12, n_embd=768)).save_pretrained(sys.argv[1])
-PY
+bench_random_gpt2 "$PY" "$work/hf" "n_layer=12, n_head=12, n_embd=768"
 "$bin/gpt2-ckpt" import-hf "$work/hf" --out "$work/model.h5" >/dev/null
 prompt="$(seq 100 227 | tr '\n' ' ')"
 echo "== gpt2-124m shape, batch 1, 128-token prompt, 256 new tokens, CPU: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"

@@ -396,7 +396,7 @@ void decode_layer(const char* name, int64_t C, int64_t heads) {
 // A decode step's operands at random: `layers` blocks at n_embd C (bf16 or int8 weights), `rows`
 // rows each at position 383 of a 1024-position cache, the tied head over 50304 tokens.
 struct RandomDecodeModel {
-  RandomDecodeModel(int64_t layers, int64_t C, int64_t heads, bool int8, int64_t rows) : int8(int8) {
+  RandomDecodeModel(int64_t layers, int64_t C, int64_t heads, bool int8, int64_t rows) {
     namespace k = gpt2::kernels;
     const auto bf16 = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
     const int64_t capacity = 1024, hs = C / heads;
@@ -430,7 +430,6 @@ struct RandomDecodeModel {
     graph.capture_end();
     return time_ms([&] { graph.replay(); }, 200);
   }
-  bool int8;
   std::deque<gpt2::kernels::Int8Weight> quantized;  // DecodeWeight points into it: no reallocation
   std::vector<gpt2::kernels::DecodeLayer> stack;
   gpt2::kernels::DecodeNorm ln_f;

@@ -39,7 +39,7 @@ if [ "${1:-}" = --prepare ]; then
   exit 0
 fi
 
-out="${OUT:-/tmp/out}"; mkdir -p "$out"
+source bench/common.sh  # $out, bench_random_gpt2, serve_port
 cpu="${GPT2_SERVE_BENCH_CPU:-0}"
 if [ "$cpu" = 1 ]; then
   py="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
@@ -87,25 +87,11 @@ fi
 
 # --- a random GPT-2 of the measured shape, as a Hugging Face directory both servers read ---
 model="${GPT2_SERVE_BENCH_MODEL:-/tmp/serve_bench_model}"  # not under $OUT: 500 MB that need not come back
-"$py" - "$model" <<PY || exit 1
-import sys, torch
-from transformers import GPT2Config, GPT2LMHeadModel
-torch.manual_seed(0)
-GPT2LMHeadModel(GPT2Config(vocab_size=50257, $sizes)).save_pretrained(sys.argv[1])
-PY
+bench_random_gpt2 "$py" "$model" "$sizes" || exit 1
 stamp "model written"
 
 # http_get URL: the body, or a failure (Python's urllib: the GPU machine may lack curl).
 http_get() { "$py" -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())" "$1" 2>/dev/null; }
-
-# wait_port LOG: the port a server logs when it listens (gpt2-serve's line), or "" after 120 s.
-wait_port() {
-  for _ in $(seq 1200); do
-    p=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$1" 2>/dev/null | grep -o '[0-9]*$' | head -1)
-    [ -n "$p" ] && { echo "$p"; return; }
-    sleep 0.1
-  done
-}
 
 # --- ours: the defaults (exact batch invariance), then the masked attention, then the fast mode ---
 build_abs="$(cd "$build" && pwd)"
@@ -119,7 +105,7 @@ for mode in ${GPT2_SERVE_BENCH_MODES:-default sdpa fast}; do
   "$build_abs/bin/gpt2-serve" "$model" --port 0 --device "$device" --dtype "$dtype" --max_batch "$mb" \
     --max_queue 1024 "${flags[@]}" "${quant[@]}" --model_name gpt2-bench >"$out/$label.log" 2>&1 &
   server=$!
-  port=$(wait_port "$out/$label.log")
+  port=$(serve_port "$out/$label.log" $server)
   if [ -z "$port" ]; then tail -20 "$out/$label.log"; kill $server 2>/dev/null; exit 1; fi
   stamp "$label on port $port"
   "$py" bench/serve_load.py --port "$port" --clients "$mode_clients" --requests "$requests" --prompt_tokens "$prompt" \

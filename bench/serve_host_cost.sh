@@ -8,7 +8,7 @@
 #   DEVICE=cpu SIZE=tiny MB="1 8" GPT2_BIN=build/bin bash bench/serve_host_cost.sh   (CPU, a minute)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-/tmp/out}"; mkdir -p "$out"
+source bench/common.sh  # $out, bench_random_gpt2, serve_port
 device="${DEVICE:-cuda}" bin="${GPT2_BIN:-build-gpu/bin}" rounds="${ROUNDS:-2}"
 py="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
 dtype=bf16; [ "$device" = cpu ] && dtype=fp32
@@ -20,12 +20,7 @@ case "${SIZE:-124m}" in
 esac
 [ -x "$bin/gpt2-serve" ] || { echo "no $bin/gpt2-serve: build first (GPT2_BIN)"; exit 1; }
 model="$out/host-cost-${SIZE:-124m}"
-[ -d "$model" ] || "$py" - "$model" <<PY || exit 1
-import sys, torch
-from transformers import GPT2Config, GPT2LMHeadModel
-torch.manual_seed(0)
-GPT2LMHeadModel(GPT2Config(vocab_size=50257, n_positions=1024, $dims)).save_pretrained(sys.argv[1])
-PY
+[ -d "$model" ] || bench_random_gpt2 "$py" "$model" "n_positions=1024, $dims" || exit 1
 prompt="$(seq 100 227 | tr '\n' ' ')"
 metrics_step_ms() {  # the server's mean decode step, ms
   "$py" -c "
@@ -44,13 +39,7 @@ for r in $(seq "$rounds"); do
     "$bin/gpt2-serve" "$model" --port 0 --device "$device" --dtype "$dtype" --quant "${QUANT:-none}" --max_batch "$mb" \
       >"$log" 2>&1 &
     server=$!
-    port=""
-    for _ in $(seq 1200); do
-      port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$log" | grep -o '[0-9]*$' | head -1)
-      [ -n "$port" ] && break
-      kill -0 $server 2>/dev/null || break
-      sleep 0.1
-    done
+    port=$(serve_port "$log" $server)
     [ -n "$port" ] || { tail -5 "$log"; kill $server 2>/dev/null; exit 1; }
     itl=$("$py" bench/serve_load.py --port "$port" --clients 1 --requests 4 --prompt_tokens 128 --new_tokens 256 \
       --label serve | grep -o 'itl=[0-9.]*' | cut -d= -f2)
