@@ -323,12 +323,20 @@ torch::Tensor GPT2Impl::forward_slots(const torch::Tensor& ids, const torch::Ten
   return head(hidden(ids, &cache, positions, attend).select(1, 0));                               // (B, V)
 }
 
-KVCache KVCache::row_view(int64_t row) const {
+namespace {
+// Rows [first, first + count) of every layer's keys and values, sharing the cache's storage.
+KVCache rows_of(const KVCache& cache, int64_t first, int64_t count) {
   KVCache view;
-  for (size_t l = 0; l < keys.size(); ++l) {
-    view.keys.push_back(keys[l].narrow(0, row, 1));  // (1, n_head, capacity, head_size)
-    view.values.push_back(values[l].narrow(0, row, 1));
+  for (size_t l = 0; l < cache.keys.size(); ++l) {
+    view.keys.push_back(cache.keys[l].narrow(0, first, count));  // (count, n_head, capacity, head_size)
+    view.values.push_back(cache.values[l].narrow(0, first, count));
   }
+  return view;
+}
+}  // namespace
+
+KVCache KVCache::row_view(int64_t row) const {
+  KVCache view = rows_of(*this, row, 1);
   view.pad = {0};
   view.pad_tensor = torch::zeros({1}, pad_tensor.options());
   return view;
@@ -337,11 +345,7 @@ KVCache KVCache::row_view(int64_t row) const {
 KVCache KVCache::first_rows(int64_t rows) const {
   TORCH_CHECK(rows >= 1 && rows <= static_cast<int64_t>(pad.size()), "KVCache::first_rows: ", rows,
               " rows of a cache of ", pad.size());
-  KVCache view;
-  for (size_t l = 0; l < keys.size(); ++l) {
-    view.keys.push_back(keys[l].narrow(0, 0, rows));  // (rows, n_head, capacity, head_size)
-    view.values.push_back(values[l].narrow(0, 0, rows));
-  }
+  KVCache view = rows_of(*this, 0, rows);
   view.pad.assign(pad.begin(), pad.begin() + rows);
   view.pad_tensor = pad_tensor.narrow(0, 0, rows);
   view.length = length;
