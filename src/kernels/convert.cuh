@@ -81,6 +81,23 @@ __device__ __forceinline__ float gelu_tanh_grad_fast(float x) {
   return er + 2.0f * kGeluAlpha * x * (1.0f + 3.0f * kGeluBeta * x2) * r * er;
 }
 
+// The 16 int8 values of a 16-byte chunk as floats, exactly. A plain cast is I2F, a conversion the
+// SM issues at an eighth of its FP32 rate (16 a clock on sm_90), and weight-only int8 decoding
+// widens every weight it reads. Here a byte b, its sign bit flipped to b + 128 (0..255), becomes
+// the low mantissa byte of 2^23 (one PRMT), and subtracting 2^23 + 128 leaves b (one FADD, exact:
+// both are integers below 2^24): integer-ALU and FP32 rates.
+__device__ __forceinline__ void int8x16_to_float(const int4& chunk, float* out) {
+  const uint32_t words[4] = {static_cast<uint32_t>(chunk.x), static_cast<uint32_t>(chunk.y),
+                             static_cast<uint32_t>(chunk.z), static_cast<uint32_t>(chunk.w)};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const uint32_t biased = words[w] ^ 0x80808080u;  // little-endian: byte e is element 4w + e
+#pragma unroll
+    for (int e = 0; e < 4; ++e)  // bytes (e, 0, 0, 0x4B) of (biased, 0x4B000000): 0x4B0000uu = 2^23 + uu
+      out[4 * w + e] = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7440u + e)) - 8388736.0f;
+  }
+}
+
 // VEC elements of T in one 16-byte (or smaller) load.
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC) Pack {

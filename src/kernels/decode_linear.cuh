@@ -48,9 +48,7 @@ __device__ __forceinline__ void unpack(const int4& chunk, float* out) {
 }
 template <>
 __device__ __forceinline__ void unpack<int8_t>(const int4& chunk, float* out) {
-  const int8_t* w = reinterpret_cast<const int8_t*>(&chunk);
-#pragma unroll
-  for (int e = 0; e < 16; ++e) out[e] = static_cast<float>(w[e]);
+  int8x16_to_float(chunk, out);
 }
 
 // Per-row sums of the block's threads: part[r] in, the block's total of row r out (every thread).

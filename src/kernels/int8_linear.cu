@@ -42,10 +42,8 @@ __global__ void int8_gemv_kernel(const T* __restrict__ x, const int8_t* __restri
   for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
   for (int64_t i = static_cast<int64_t>(lane) * 16; i < k; i += 32 * 16) {
     const int4 packed = *reinterpret_cast<const int4*>(qrow + i);
-    const int8_t* w8 = reinterpret_cast<const int8_t*>(&packed);
     float w[16];
-#pragma unroll
-    for (int e = 0; e < 16; ++e) w[e] = static_cast<float>(w8[e]);
+    int8x16_to_float(packed, w);
     const float s = scale[j * groups + i / group];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {

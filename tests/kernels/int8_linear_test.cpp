@@ -15,8 +15,11 @@
 #include <cstdio>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "src/base/errors.h"
+#include "src/kernels/decode_linear.h"
 #include "src/kernels/int8_linear.h"
 #include "src/model/gpt2_model.h"
 
@@ -124,6 +127,34 @@ TEST(Int8Linear, CudaDecodeKernelIsTheProductOfTheInt8Weights) {
                                   " -> " + std::to_string(n) + ", group " + std::to_string(group));
         }
       }
+    }
+  }
+}
+
+// Every int8 value at every byte of a 16-byte chunk reaches the sums exactly: the CUDA kernels widen
+// a chunk's bytes with integer instructions, not a cast (int8x16_to_float in convert.cuh). One-hot
+// rows of x pick single columns of q, so y[r, j] = q[j, c_r] with no rounding anywhere (one nonzero
+// product; integers of magnitude <= 128 are exact in fp32, bf16 and fp16). q[j, i] = (i + j) mod 256
+// - 128, so column c_r = 17 r, at byte r of its chunk, holds every value from -128 to 127 down j.
+TEST(Int8Linear, EveryInt8ValueAtEveryChunkByteIsReadExactly) {
+  const auto i = torch::arange(256, torch::kLong);
+  const auto q = ((i.view({1, 256}) + i.view({256, 1})) % 256 - 128).to(torch::kChar);
+  const auto cols = torch::arange(16, torch::kLong) * 17;
+  const auto want = q.index_select(1, cols).t().to(torch::kFloat);  // (16, 256)
+  auto x = torch::zeros({16, 256});
+  x.index_put_({torch::arange(16, torch::kLong), cols}, 1.0);
+  std::vector<std::pair<c10::Device, at::ScalarType>> runs{{torch::kCPU, torch::kFloat}};
+  if (torch::cuda::is_available())
+    for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) runs.emplace_back(torch::kCUDA, dtype);
+  for (auto [device, dtype] : runs) {
+    SCOPED_TRACE(c10::str(device, " ", dtype));
+    const Int8Weight w{q.to(device), torch::ones({256, 1}).to(device)};
+    const auto xd = x.to(device, dtype);
+    EXPECT_TRUE(torch::equal(int8_linear(xd, w, {}).cpu().to(torch::kFloat), want)) << "int8_linear";
+    for (int64_t first : {0, 8}) {  // decode_linear takes up to kDecodeRows = 8 rows
+      const auto y = decode_linear(xd.narrow(0, first, 8).contiguous(), DecodeNorm{}, DecodeWeight{{}, &w, {}}, false);
+      EXPECT_TRUE(torch::equal(y.cpu().to(torch::kFloat), want.narrow(0, first, 8)))
+          << "decode_linear, rows from " << first;
     }
   }
 }
