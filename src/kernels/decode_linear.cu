@@ -26,6 +26,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_linear_kernel(const Dec
   constexpr int kUnroll = !NORM && ROWS <= 2 && sizeof(W) == 2 ? 8 : kDecodeUnroll;
   int4 next[kUnroll];
   prefetch_first_group<W>(a, first, next);
+  prefetch_first_column<W>(a, first);
   wait_for_previous_kernel();
   allow_next_kernel();
   stage_rows<T, ROWS, NORM>(a, staged, red);

@@ -97,6 +97,16 @@ __device__ __forceinline__ void prefetch_first_group(const DecodeLinearArgs& a, 
   if (first < a.n) load_group(weight_rows<W>(a) + first * a.k, (threadIdx.x % 32) * kVec, a.k, next);
 }
 
+// The warp's first column of W into L2, whole, before the wait (prefetch_to_l2): at GPT-2's shapes a
+// warp has one column a layer, so a block's weights stream in while the kernel before drains. Only
+// the first: a head's columns together (161 MB at gpt2-1558m) would not fit in L2. Rows are 16-byte
+// aligned with k % 16 == 0 (decode_linear_supported), so the row is a whole number of 16 bytes.
+template <typename W>
+__device__ __forceinline__ void prefetch_first_column(const DecodeLinearArgs& a, int64_t first) {
+  if (threadIdx.x % 32 == 0 && first < a.n)
+    prefetch_to_l2(weight_rows<W>(a) + first * a.k, static_cast<uint32_t>(a.k * static_cast<int64_t>(sizeof(W))));
+}
+
 template <typename T>
 __device__ __forceinline__ void store_column(const DecodeLinearArgs& a, int r, int64_t j, float v) {
   switch (a.epilogue) {

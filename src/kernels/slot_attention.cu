@@ -15,7 +15,9 @@ template <typename T, int PPL, bool PACKED, bool EARLY>
 __global__ void __launch_bounds__(kSlotWarps * 32) slot_attention_kernel(SlotAttentionArgs a, T* __restrict__ y) {
   __shared__ SlotAttentionShared sh;
   // Launched as a programmatic dependent (launch_dependent): q and this step's key and value come
-  // from the kernel before; the projection after may start taking free SM slots now.
+  // from the kernel before, the older positions from earlier steps (L2 fetches them meanwhile); the
+  // projection after may start taking free SM slots now.
+  if (threadIdx.x == 0) prefetch_slot_cache<T>(a, blockIdx.x, blockIdx.y);
   wait_for_previous_kernel();
   allow_next_kernel();
   attend_slot<T, PPL, PACKED, EARLY>(a, y, blockIdx.x, blockIdx.y, sh);

@@ -191,6 +191,25 @@ __device__ __forceinline__ void attend_slot(const SlotAttentionArgs& a, T* __res
   }
 }
 
+// Row b's keys and values of head `head` at positions [0, positions[b]) into L2 (prefetch_to_l2),
+// before the wait for the kernel before, which writes position positions[b] (earlier steps wrote the
+// rest). positions is read before that wait too: a kernel that lets its dependents start early
+// (ours, by allow_next_kernel) never writes it, and does so only after its own wait, so every kernel
+// before it has finished; any other kernel before this one has finished when this one starts
+// (launch_dependent's rules). Skipped unless the cache is 16-byte aligned and a position's
+// bytes a multiple of 16.
+template <typename T>
+__device__ __forceinline__ void prefetch_slot_cache(const SlotAttentionArgs& a, int64_t head, int64_t b) {
+  const int64_t pos = a.positions[b], bytes = a.head_size * static_cast<int64_t>(sizeof(T));
+  if (pos <= 0 || pos >= a.capacity || bytes % 16 != 0 || reinterpret_cast<uintptr_t>(a.keys) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(a.values) % 16 != 0)
+    return;
+  const int64_t offset = (b * a.heads + head) * a.capacity * a.head_size;
+  const uint32_t n = static_cast<uint32_t>(pos * bytes);
+  prefetch_to_l2(static_cast<const T*>(a.keys) + offset, n);
+  prefetch_to_l2(static_cast<const T*>(a.values) + offset, n);
+}
+
 // Whether keys are read 16 bytes a load (attend_slot's PACKED) for this cache.
 template <typename T>
 __host__ __device__ inline bool slot_keys_packed(const SlotAttentionArgs& a) {
