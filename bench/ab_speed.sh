@@ -1,32 +1,39 @@
 #!/usr/bin/env bash
-# A/B speed of two trees on the GPU machine, in one call: builds this tree (build-gpu/) and the one
-# in DIR (another checkout of gpt2-dist, e.g. `git archive REV | tar -x -C DIR`, carried to the
-# machine), then runs gpt2-124m B=32 bf16 on each in turn, ROUNDS times (default 3), so drift on
-# the machine hits both alike. Prints one RESULT line per run and the mean ratio this/DIR.
+# A/B speed of this tree against one or more others on the GPU machine, in one call: builds this
+# tree (build-gpu/) and each DIR (another checkout of gpt2-dist, e.g. `git archive REV | tar -x -C
+# DIR`, carried to the machine), then runs gpt2-124m B=32 bf16 on each in turn, ROUNDS times
+# (default 3), so drift on the machine hits all alike. Prints one RESULT line per run (labelled
+# this, or the DIR's last path component) and each tree's mean with this/tree.
 # AB=decode instead times the batch-1 decode step of each tree (`kernel_bench decode_step`: bf16 and
-# int8, gpt2-124m and gpt2-1558m, from a CUDA graph), alternating the same way. Two build
-# directories, because a tree carried again onto a warm machine keeps older mtimes than the objects
-# built from the last one, so ninja would not rebuild it.
+# int8, gpt2-124m and gpt2-1558m, from a CUDA graph), alternating the same way. A build directory a
+# tree, because a tree carried again onto a warm machine keeps older mtimes than the objects built
+# from the last one, so ninja would not rebuild it.
 #   source .device-deps/gpu-env.sh && bash bench/ab_speed.sh before-move
-#   source .device-deps/gpu-env.sh && AB=decode ROUNDS=2 bash bench/ab_speed.sh before-change
+#   source .device-deps/gpu-env.sh && AB=decode ROUNDS=2 bash bench/ab_speed.sh before-change only-widening
 set -uo pipefail
 source bench/common.sh
-other="${1:?usage: [AB=decode] bench/ab_speed.sh DIR}"
+[ $# -ge 1 ] || { echo "usage: [AB=decode] [ROUNDS=N] bench/ab_speed.sh DIR [DIR ...]"; exit 2; }
 mode="${AB:-train}" target=gpt2-train
 [ "$mode" = decode ] && target=kernel_bench
 [ -x build-gpu/bin/$target ] || bench_build || exit 1
-t0=$(date +%s)
-cmake -S "$other" -B "$other/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPT2_PYTHON="$(command -v python3)" \
-  -DGPT2_BUILD_TESTS=OFF >"$out/other_configure.log" 2>&1 || { tail -20 "$out/other_configure.log"; exit 1; }
-cmake --build "$other/build-gpu" -j "$(nproc)" --target $target >"$out/other_build.log" 2>&1 \
-  || { grep -E "error|FAILED" "$out/other_build.log" | head -20; exit 1; }
-echo "build of $other: $(( $(date +%s) - t0 )) s"
+declare -A bin=([this]=build-gpu/bin/$target)
+labels=(this)
+for other in "$@"; do
+  label=$(basename "$other")
+  [ -z "${bin[$label]:-}" ] || { echo "two trees named $label: give them different last path components"; exit 2; }
+  t0=$(date +%s)
+  cmake -S "$other" -B "$other/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPT2_PYTHON="$(command -v python3)" \
+    -DGPT2_BUILD_TESTS=OFF >"$out/${label}_configure.log" 2>&1 || { tail -20 "$out/${label}_configure.log"; exit 1; }
+  cmake --build "$other/build-gpu" -j "$(nproc)" --target $target >"$out/${label}_build.log" 2>&1 \
+    || { grep -E "error|FAILED" "$out/${label}_build.log" | head -20; exit 1; }
+  echo "build of $other: $(( $(date +%s) - t0 )) s"
+  bin[$label]="$other/build-gpu/bin/$target"
+  labels+=("$label")
+done
 if [ "$mode" = decode ]; then
   for r in $(seq 1 "${ROUNDS:-3}"); do
-    for side in this other; do
-      bin=build-gpu/bin/kernel_bench
-      [ $side = other ] && bin="$other/build-gpu/bin/kernel_bench"
-      "$bin" decode_step 2>&1 | grep "decode step of" | sed "s/^/RESULT ${side}_r$r /"
+    for label in "${labels[@]}"; do
+      "${bin[$label]}" decode_step 2>&1 | grep "decode step of" | sed "s/^/RESULT ${label}_r$r /"
     done
   done | tee "$out/ab_decode.txt"
   exit 0
@@ -47,15 +54,17 @@ print(f"RESULT {sys.argv[1]} tok/s={tok:,.0f} ms/step={sum(r['ms_per_step'] for 
 PY
 }
 for r in $(seq 1 "${ROUNDS:-3}"); do
-  run "this_r$r" build-gpu/bin/gpt2-train
-  run "other_r$r" "$other/build-gpu/bin/gpt2-train"
+  for label in "${labels[@]}"; do run "${label}_r$r" "${bin[$label]}"; done
 done | tee "$out/ab.txt"
-python3 - "$out/ab.txt" <<'PY'
+python3 - "$out/ab.txt" "${labels[@]}" <<'PY'
 import re, sys
-tok = {"this": [], "other": []}
+labels = sys.argv[2:]
+tok = {label: [] for label in labels}
 for line in open(sys.argv[1]):
-    m = re.match(r"RESULT (this|other)_r\d+ tok/s=([\d,]+)", line)
-    if m: tok[m[1]].append(float(m[2].replace(",", "")))
-a, b = (sum(v) / len(v) for v in (tok["this"], tok["other"]))
-print(f"mean tok/s: this {a:,.0f}, other {b:,.0f}; this/other = {a / b:.4f}")
+    m = re.match(r"RESULT (.+)_r\d+ tok/s=([\d,]+)", line)
+    if m and m[1] in tok: tok[m[1]].append(float(m[2].replace(",", "")))
+mean = {label: sum(v) / len(v) for label, v in tok.items() if v}
+for label in labels[1:]:
+    if "this" in mean and label in mean:
+        print(f"mean tok/s: this {mean['this']:,.0f}, {label} {mean[label]:,.0f}; this/{label} = {mean['this'] / mean[label]:.4f}")
 PY
