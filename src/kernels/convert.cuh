@@ -104,6 +104,20 @@ struct alignas(sizeof(T) * VEC) Pack {
   T v[VEC];
 };
 
+// N consecutive elements of T from p (16-byte aligned) as floats, 16 bytes a load.
+template <typename T, int N>
+__device__ __forceinline__ void load_floats(const T* p, float* out) {
+  constexpr int kVec = 16 / sizeof(T);
+  static_assert(N % kVec == 0, "whole 16-byte packs");
+  const Pack<T, kVec>* v = reinterpret_cast<const Pack<T, kVec>*>(p);
+#pragma unroll
+  for (int i = 0; i < N / kVec; ++i) {
+    const Pack<T, kVec> pk = v[i];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) out[i * kVec + e] = to_float(pk.v[e]);
+  }
+}
+
 // 16-byte packs when every row starts 16-byte aligned, else one element at a time.
 template <typename T>
 inline bool can_pack(const void* p, int64_t row_elems) {

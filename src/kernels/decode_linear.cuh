@@ -24,20 +24,6 @@ constexpr int kDecodeWarps = 16, kDecodeThreads = 32 * kDecodeWarps;
 // group's size does not change the order of any sum, so not the bits either.
 constexpr int kDecodeUnroll = 4;
 
-// N consecutive staged elements (16-byte aligned) as floats.
-template <typename T, int N>
-__device__ __forceinline__ void load_staged(const T* p, float* out) {
-  constexpr int kVec = 16 / sizeof(T);
-  static_assert(N % kVec == 0, "whole 16-byte packs");
-  const Pack<T, kVec>* v = reinterpret_cast<const Pack<T, kVec>*>(p);
-#pragma unroll
-  for (int i = 0; i < N / kVec; ++i) {
-    const Pack<T, kVec> pk = v[i];
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) out[i * kVec + e] = to_float(pk.v[e]);
-  }
-}
-
 // The 16-byte chunk of W as floats: 16 / sizeof(W) of them.
 template <typename W>
 __device__ __forceinline__ void unpack(const int4& chunk, float* out) {
@@ -267,7 +253,7 @@ __device__ __forceinline__ void project_columns(const DecodeLinearArgs& a, const
         for (int r = 0; r < ROWS; ++r) {
           if (r >= rows) break;
           float xv[kVec];
-          load_staged<T, kVec>(staged + r * k + i, xv);
+          load_floats<T, kVec>(staged + r * k + i, xv);
           float p = 0.0f;
 #pragma unroll
           for (int e = 0; e < kVec; ++e) p = fmaf(wv[e], xv[e], p);

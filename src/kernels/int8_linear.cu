@@ -16,19 +16,6 @@ namespace {
 
 constexpr int kWarps = 8;
 
-template <typename T>
-__device__ __forceinline__ void load16(const T* p, float* out) {
-  // 16 elements of x: two or four 16-byte loads (x rows are 16-byte aligned: k % 16 == 0).
-  constexpr int kVec = 16 / sizeof(T);
-  const Pack<T, kVec>* v = reinterpret_cast<const Pack<T, kVec>*>(p);
-#pragma unroll
-  for (int i = 0; i < 16 / kVec; ++i) {
-    const Pack<T, kVec> pk = v[i];
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) out[i * kVec + e] = to_float(pk.v[e]);
-  }
-}
-
 template <typename T, int ROWS>
 __global__ void int8_gemv_kernel(const T* __restrict__ x, const int8_t* __restrict__ q, const float* __restrict__ scale,
                                  const T* __restrict__ bias, T* __restrict__ y, int rows, int64_t n, int64_t k,
@@ -49,7 +36,7 @@ __global__ void int8_gemv_kernel(const T* __restrict__ x, const int8_t* __restri
     for (int r = 0; r < ROWS; ++r) {
       if (r >= rows) break;
       float xv[16];
-      load16(x + r * k + i, xv);
+      load_floats<T, 16>(x + r * k + i, xv);  // x rows are 16-byte aligned: k % 16 == 0
       float p = 0.0f;
 #pragma unroll
       for (int e = 0; e < 16; ++e) p = fmaf(w[e], xv[e], p);
