@@ -10,8 +10,9 @@
 // linear layers in bf16 and int8, a LayerNorm), each against the time its bytes take at 4.8 TB/s:
 // where gpt2-generate's milliseconds a token go (issue 41). `decode_step`: the whole step as one
 // kernel against five kernels a block, and the one kernel's time per phase (its trace).
+// `decode_kernels`: what each of the five kernels a block adds to the step (Kineto's trace).
 // Correctness lives in tests/kernels and tests/optim.
-//   build-gpu/bin/kernel_bench [passes | fp8 | decode | decode_step]
+//   build-gpu/bin/kernel_bench [passes | fp8 | decode | decode_step | decode_rows | decode_kernels]
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -19,6 +20,7 @@
 
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -26,6 +28,7 @@
 #include <exception>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -483,6 +486,71 @@ void decode_step_breakdown(const char* name, int64_t layers, int64_t C, int64_t 
               (t[phases - 1][2].max() - t[0][0].min()).item<double>() / 1e3);
 }
 
+// Where the five-kernel step's time goes (issue 41): its CUDA graph replayed 20 times under the
+// Kineto profiler (CUPTI records each kernel of a graph), the kernels of each replay in start order,
+// 5 a layer and the head. A kernel's `advance` is its end minus the end of the kernel before it: what
+// it adds to the step, the step being their sum (a programmatic dependent starts early, so its own
+// duration also holds its wait). Means per kind, in us, against the bytes its weight (or the
+// attention's cache) takes at 3.35 TB/s.
+void decode_kernels(const char* name, int64_t layers, int64_t C, int64_t heads, bool int8) {
+  namespace k = gpt2::kernels;
+  namespace prof = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  RandomDecodeModel m(layers, C, heads, int8, 1);
+  const auto side = c10::cuda::getStreamFromPool();
+  c10::cuda::CUDAStreamGuard guard(side);
+  k::decode_step(m.x, m.stack, m.ln_f, m.head, m.positions, k::OneKernel::kNo);  // warm-up, outside the capture
+  at::cuda::CUDAGraph graph;
+  graph.capture_begin();
+  k::decode_step(m.x, m.stack, m.ln_f, m.head, m.positions, k::OneKernel::kNo);
+  graph.capture_end();
+  for (int i = 0; i < 20; ++i) graph.replay();
+  torch::cuda::synchronize();
+  const std::set<ActivityType> activities{ActivityType::CPU, ActivityType::CUDA};
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  prof::prepareProfiler(config, activities);
+  prof::enableProfiler(config, activities);
+  const int replays = 20;
+  for (int i = 0; i < replays; ++i) graph.replay();
+  torch::cuda::synchronize();
+  const auto result = prof::disableProfiler();
+  std::vector<std::pair<uint64_t, uint64_t>> kernels;  // (start, end) ns
+  for (const auto& e : result->events())
+    if (e.deviceType() == c10::DeviceType::CUDA && e.name().find("_kernel") != std::string::npos)
+      kernels.emplace_back(e.startNs(), e.endNs());
+  std::sort(kernels.begin(), kernels.end());
+  const int64_t per_step = 5 * layers + 1;
+  if (kernels.empty() || kernels.size() % per_step != 0) {
+    std::printf("%s %s: %zu kernels traced, not a multiple of %lld a step: no breakdown\n", name,
+                int8 ? "int8" : "bf16", kernels.size(), static_cast<long long>(per_step));
+    return;
+  }
+  const int64_t steps = static_cast<int64_t>(kernels.size()) / per_step, hs = C / heads;
+  const char* kinds[6] = {"qkv + ln_1", "attention", "attn proj", "fc + ln_2", "mlp proj", "head + ln_f"};
+  const double weight = int8 ? 1.0 : 2.0, cache = 2.0 * 2 * heads * 384 * hs;
+  const double bytes[6] = {3 * C * C * weight,  cache, C * C * weight, 4 * C * C * weight, 4 * C * C * weight,
+                           50304.0 * C * weight};
+  double advance[6] = {}, duration[6] = {}, span = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    const auto* step = &kernels[s * per_step];
+    span += static_cast<double>(step[per_step - 1].second - step[0].first);
+    for (int64_t i = 0; i < per_step; ++i) {
+      const int kind = i == per_step - 1 ? 5 : static_cast<int>(i % 5);
+      const uint64_t before = i == 0 ? step[0].first : step[i - 1].second;
+      advance[kind] += static_cast<double>(step[i].second) - static_cast<double>(before);
+      duration[kind] += static_cast<double>(step[i].second - step[i].first);
+    }
+  }
+  std::printf("five-kernel decode step of %s, %s weights, 384 positions: %.1f us a replay (%lld traced)\n", name,
+              int8 ? "int8" : "bf16", span / steps / 1e3, static_cast<long long>(steps));
+  std::printf("  %-12s %9s %9s %9s   (us a kernel, mean)\n", "kernel", "advance", "duration", "bytes");
+  for (int i = 0; i < 6; ++i) {
+    const double n = static_cast<double>(steps) * (i == 5 ? 1 : layers);
+    std::printf("  %-12s %9.2f %9.2f %9.2f\n", kinds[i], advance[i] / n / 1e3, duration[i] / n / 1e3,
+                bytes[i] / 3.35e12 * 1e6);
+  }
+}
+
 // The fused step (five kernels a block) at 1, 2, 4 and 8 rows: how its time grows with the rows
 // that gpt2-serve's --max_batch 8 decodes (it runs the slots up to the last busy one).
 void decode_rows(const char* name, int64_t layers, int64_t C, int64_t heads, bool int8) {
@@ -496,8 +564,8 @@ void decode_rows(const char* name, int64_t layers, int64_t C, int64_t heads, boo
 
 }  // namespace
 
-// kernel_bench [passes | fp8 | decode | decode_step | decode_rows]: "passes" leaves out the GEMMs and times the
-// memory-bound passes alone; "fp8" times the FP8 GEMMs alone; "decode" a batch-1 decode step's pieces.
+// kernel_bench [passes | fp8 | decode | decode_step | decode_rows | decode_kernels]: "passes" leaves out the GEMMs and
+// times the memory-bound passes alone; "fp8" times the FP8 GEMMs alone; "decode" a batch-1 decode step's pieces.
 int main(int argc, char** argv) try {
   if (!torch::cuda::is_available()) {
     std::printf("kernel_bench: needs a CUDA device\n");
@@ -517,6 +585,13 @@ int main(int argc, char** argv) try {
     for (const bool int8 : {false, true}) {
       decode_rows("gpt2-124m", 12, 768, 12, int8);
       decode_rows("gpt2-1558m", 48, 1600, 25, int8);
+    }
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "decode_kernels") {
+    for (const bool int8 : {false, true}) {
+      decode_kernels("gpt2-124m", 12, 768, 12, int8);
+      decode_kernels("gpt2-1558m", 48, 1600, 25, int8);
     }
     return 0;
   }
