@@ -11,7 +11,7 @@
 namespace gpt2::kernels {
 namespace {
 
-template <typename T, int PPL, bool PACKED, bool EARLY>
+template <typename T, int PPL, bool PACKED, bool EARLY, int HS = 0>
 __global__ void __launch_bounds__(kSlotWarps * 32) slot_attention_kernel(SlotAttentionArgs a, T* __restrict__ y) {
   __shared__ SlotAttentionShared sh;
   // Launched as a programmatic dependent (launch_dependent): q and this step's key and value come
@@ -20,7 +20,7 @@ __global__ void __launch_bounds__(kSlotWarps * 32) slot_attention_kernel(SlotAtt
   if (threadIdx.x == 0) prefetch_slot_cache<T>(a, blockIdx.x, blockIdx.y);
   wait_for_previous_kernel();
   allow_next_kernel();
-  attend_slot<T, PPL, PACKED, EARLY>(a, y, blockIdx.x, blockIdx.y, sh);
+  attend_slot<T, PPL, PACKED, EARLY, HS>(a, y, blockIdx.x, blockIdx.y, sh);
 }
 
 template <typename T>
@@ -38,9 +38,12 @@ cudaError_t launch_typed(const SlotAttentionArgs& a, void* y, cudaStream_t strea
   // decoding): the registers it takes would otherwise halve the blocks an SM holds.
   static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
   const bool early = a.heads * a.batch <= sms;
+  // GPT-2's head size (64 at every size) at batch 1 gets its key loads unrolled (attend_slot's HS).
   const auto kernel =
       a.head_size <= 64
-          ? (packed ? (early ? slot_attention_kernel<T, 1, true, true> : slot_attention_kernel<T, 1, true, false>)
+          ? (packed ? (early ? (a.head_size == 64 ? slot_attention_kernel<T, 1, true, true, 64>
+                                                  : slot_attention_kernel<T, 1, true, true>)
+                             : slot_attention_kernel<T, 1, true, false>)
                     : slot_attention_kernel<T, 1, false, false>)
           : (packed ? slot_attention_kernel<T, 2, true, false> : slot_attention_kernel<T, 2, false, false>);
   return launch_dependent(kernel, grid, dim3(kSlotWarps * 32), 0, stream, a, yt);

@@ -62,12 +62,14 @@ __device__ __forceinline__ float warp_max(float v) {
 // PPL: accumulator pairs per lane (hs <= 64 * PPL). PACKED: keys read 16 bytes a load (hs a
 // multiple of 16 / sizeof(T), the cache 16-byte aligned), else a pair at a time; the dot product
 // sums the dims in the same order either way. EARLY (below) changes when values are read, not the sums.
-template <typename T, int PPL, bool PACKED, bool EARLY = false>
+// HS: the head size when the caller knows it at compile time (0: a.head_size), so a lane's key loads
+// unroll fully and are in flight together; the sums are the same.
+template <typename T, int PPL, bool PACKED, bool EARLY = false, int HS = 0>
 __device__ __forceinline__ void attend_slot(const SlotAttentionArgs& a, T* __restrict__ y, int64_t head, int64_t b,
                                             SlotAttentionShared& sh) {
   using T2 = typename PairOf<T>::type;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int hs = static_cast<int>(a.head_size), pairs = hs / 2;
+  const int hs = HS > 0 ? HS : static_cast<int>(a.head_size), pairs = hs / 2;
   // Requested before the barrier and q's staging, so its round trip overlaps theirs: every load
   // below depends on it.
   const int64_t pos = a.positions[b];
@@ -115,10 +117,16 @@ __device__ __forceinline__ void attend_slot(const SlotAttentionArgs& a, T* __res
         constexpr int kVec = 16 / sizeof(T);
         const Pack<T, kVec>* kj = reinterpret_cast<const Pack<T, kVec>*>(k2 + j * pairs);
         const float* qf = reinterpret_cast<const float*>(sh.q);
-        for (int i = 0; i < hs / kVec; ++i) {
+        const auto add_chunk = [&](int i) {
           const Pack<T, kVec> kv = kj[i];
 #pragma unroll
           for (int e = 0; e < kVec; ++e) dot = fmaf(qf[i * kVec + e], to_float(kv.v[e]), dot);
+        };
+        if constexpr (HS > 0) {
+#pragma unroll
+          for (int i = 0; i < HS / kVec; ++i) add_chunk(i);
+        } else {
+          for (int i = 0; i < hs / kVec; ++i) add_chunk(i);
         }
       } else {
         const T2* kj = k2 + j * pairs;
