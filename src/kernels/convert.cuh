@@ -195,6 +195,28 @@ inline int device_attribute(cudaDeviceAttr attr) {
   return value;
 }
 
+// Blocks of `threads` threads and `dynamic` bytes of shared memory an SM holds at once of `kernel`
+// (at least 1). Remembered for the last 16 (kernel, threads, bytes) asked on this thread: a launch
+// inside the decode loop should not ask the driver each time.
+template <typename... Params>
+int resident_blocks(void (*kernel)(Params...), int threads, int dynamic) {
+  struct Seen {
+    const void* kernel;
+    int threads, dynamic, blocks;
+  };
+  thread_local Seen seen[16] = {};
+  thread_local int next = 0;
+  const void* key = reinterpret_cast<const void*>(kernel);
+  for (const Seen& s : seen)
+    if (s.kernel == key && s.threads == threads && s.dynamic == dynamic) return s.blocks;
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, dynamic) != cudaSuccess || blocks < 1)
+    blocks = 1;
+  seen[next] = {key, threads, dynamic, blocks};
+  next = (next + 1) % 16;
+  return blocks;
+}
+
 // Lets `kernel` launch with `dynamic` bytes of dynamic shared memory: past the default 48 KiB,
 // static and dynamic together, a kernel must opt in (not a stream operation, so it may run while a
 // graph captures).

@@ -11,20 +11,32 @@
 namespace gpt2::kernels {
 namespace {
 
+// Chunks a lane holds in flight. A projection without a LayerNorm at one or two rows holds 8, not 4:
+// its launch has fewer blocks than SMs at GPT-2's shapes (n = C, 16 columns a block), so the
+// registers cost no occupancy, and a warp's row of K = 4C takes half the round trips.
+template <typename W, int ROWS, bool NORM>
+__host__ __device__ constexpr int unroll_of() {
+  return !NORM && ROWS <= 2 && sizeof(W) == 2 ? 8 : kDecodeUnroll;
+}
+// Blocks an SM must hold at once. At one row with 4 chunks a lane the kernel fits 64 registers a
+// thread, so two blocks of 16 warps share an SM: at batch 1 a warp's row is one or two round trips
+// of loads, and the loads in flight (so the bandwidth) grow with the warps an SM holds (int8 took
+// 81 registers, one block an SM). More rows or chunks would spill at 64.
+template <typename W, int ROWS, bool NORM>
+__host__ __device__ constexpr int min_blocks_of() {
+  return ROWS == 1 && unroll_of<W, ROWS, NORM>() == kDecodeUnroll ? 2 : 1;
+}
+
 template <typename T, typename W, int ROWS, bool NORM>
-__global__ void __launch_bounds__(kDecodeThreads) decode_linear_kernel(const DecodeLinearArgs a) {
+__device__ __forceinline__ void decode_linear_body(const DecodeLinearArgs& a) {
   extern __shared__ __align__(16) unsigned char staged_bytes[];
   T* staged = reinterpret_cast<T*>(staged_bytes);  // (rows, k)
   __shared__ float red[kDecodeWarps][ROWS];
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + threadIdx.x / 32,
                 step = static_cast<int64_t>(gridDim.x) * kDecodeWarps;
   // The warp's first weights are requested before the wait: they do not depend on the kernel before,
-  // so under programmatic dependent launch their latency overlaps that kernel's tail. A projection
-  // without a LayerNorm at one or two rows holds 8 chunks a lane, not 4: its launch has fewer
-  // blocks than SMs at GPT-2's shapes (n = C, 16 columns a block), so the registers cost no
-  // occupancy, and a warp's row of K = 4C takes half the round trips.
-  constexpr int kUnroll = !NORM && ROWS <= 2 && sizeof(W) == 2 ? 8 : kDecodeUnroll;
-  int4 next[kUnroll];
+  // so under programmatic dependent launch their latency overlaps that kernel's tail.
+  int4 next[unroll_of<W, ROWS, NORM>()];
   prefetch_first_group<W>(a, first, next);
   prefetch_first_column<W>(a, first);
   wait_for_previous_kernel();
@@ -33,18 +45,35 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_linear_kernel(const Dec
   project_columns<T, W, ROWS>(a, staged, first, step, next);
 }
 
+template <typename T, typename W, int ROWS, bool NORM>
+__global__ void __launch_bounds__(kDecodeThreads) decode_linear_kernel(const DecodeLinearArgs a) {
+  decode_linear_body<T, W, ROWS, NORM>(a);
+}
+// The same at two blocks an SM (min_blocks_of), so 64 registers a thread.
+template <typename T, typename W, int ROWS, bool NORM>
+__global__ void __launch_bounds__(kDecodeThreads, 2) decode_linear_kernel_two(const DecodeLinearArgs a) {
+  decode_linear_body<T, W, ROWS, NORM>(a);
+}
+
 int64_t staged_size(Dtype dtype, int64_t rows, int64_t k) { return rows * k * (dtype == Dtype::kF32 ? 4 : 2); }
 
 template <typename T, typename W, int ROWS, bool NORM>
 cudaError_t launch_shape(const DecodeLinearArgs& a, cudaStream_t stream) {
-  const auto kernel = decode_linear_kernel<T, W, ROWS, NORM>;
+  const auto kernel = [] {
+    if constexpr (min_blocks_of<W, ROWS, NORM>() == 2)
+      return decode_linear_kernel_two<T, W, ROWS, NORM>;
+    else
+      return decode_linear_kernel<T, W, ROWS, NORM>;
+  }();
   const int smem = static_cast<int>(a.rows * a.k * static_cast<int64_t>(sizeof(T)));
   const cudaError_t e = allow_dynamic_shared_memory(kernel, smem);
   if (e != cudaSuccess) return e;
   static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
-  // Enough blocks to fill the GPU a few times over; past that, warps take several columns each and
-  // the staging (a LayerNorm) is paid by fewer blocks.
-  const int64_t wanted = (a.n + kDecodeWarps - 1) / kDecodeWarps, cap = 4 * static_cast<int64_t>(sms > 0 ? sms : 132);
+  // A column a warp, but no more blocks than the SMs hold at once: past that, the warps loop over
+  // columns with the next one's loads in flight, where another wave of blocks would pay the launch,
+  // the staging (a LayerNorm) and the first round trip again.
+  const int64_t wanted = (a.n + kDecodeWarps - 1) / kDecodeWarps,
+                cap = resident_blocks(kernel, kDecodeThreads, smem) * static_cast<int64_t>(sms > 0 ? sms : 132);
   // A programmatic dependent (convert.cuh): it may start while the kernel before it drains, request
   // its first weights, and wait for that kernel's results only then.
   return launch_dependent(kernel, dim3(static_cast<unsigned>(wanted < cap ? wanted : cap)), dim3(kDecodeThreads),
