@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "src/base/errors.h"
 #include "src/kernels/cross_entropy.h"
@@ -568,6 +569,13 @@ void GPT2Impl::to_int8(int64_t group, bool values) {
 
 std::vector<std::pair<std::string, kernels::Int8Weight*>> GPT2Impl::int8_weights() {
   std::vector<std::pair<std::string, kernels::Int8Weight*>> out;
+  for (const auto& [name, w] : std::as_const(*this).int8_weights())
+    out.emplace_back(name, const_cast<kernels::Int8Weight*>(w));  // this model is not const
+  return out;
+}
+
+std::vector<std::pair<std::string, const kernels::Int8Weight*>> GPT2Impl::int8_weights() const {
+  std::vector<std::pair<std::string, const kernels::Int8Weight*>> out;
   if (!quantized_) return out;
   out.push_back({"transformer.wte.weight", &*wte_int8_});
   for (size_t i = 0; i < transformer_->blocks.size(); ++i) {
@@ -595,6 +603,8 @@ void GPT2Impl::set_recompute_every(int64_t every_k) {
 int64_t GPT2Impl::num_parameters(bool count_padding) const {
   int64_t n = 0;
   for (const auto& p : parameters(/*recurse=*/true)) n += p.numel();
+  // Quantized, wte and the projections are int8 (their parameters emptied, wte's padding rows kept).
+  for (const auto& [name, w] : int8_weights()) n += w->q.numel();
   if (!count_padding) n -= (cfg_.padded_vocab_size() - cfg_.vocab_size) * cfg_.n_embd;
   return n;
 }

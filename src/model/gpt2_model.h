@@ -264,6 +264,7 @@ class GPT2Impl : public torch::nn::Module {
   // "transformer.h.0.attn.c_attn.weight", ...), in registration order; empty before quantize_int8. Pointers into the
   // model (model files fill them).
   std::vector<std::pair<std::string, kernels::Int8Weight*>> int8_weights();
+  std::vector<std::pair<std::string, const kernels::Int8Weight*>> int8_weights() const;
   bool quantized() const { return quantized_; }
 
   // GPT-2 init: Linear/Embedding weights N(0, 0.02); residual projections (attn.c_proj, mlp.c_proj)

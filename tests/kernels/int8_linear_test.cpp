@@ -171,6 +171,9 @@ TEST(Int8Model, QuantizedModelIsTheModelOfItsDequantizedWeights) {
   deq->init_weights(5);
   model->quantize_int8();
   ASSERT_TRUE(model->quantized());
+  // The int8 weights count as parameters (the start-up lines of gpt2-generate and gpt2-serve).
+  EXPECT_EQ(model->num_parameters(), deq->num_parameters());
+  EXPECT_EQ(model->num_parameters(), cfg.num_parameters());
   const auto int8 = model->int8_weights();
   ASSERT_EQ(int8.size(), 9u);  // wte, then 4 projections a block
   EXPECT_EQ(int8.front().first, "transformer.wte.weight");
