@@ -23,6 +23,7 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <deque>
 #include <exception>
@@ -422,8 +423,9 @@ struct RandomDecodeModel {
     positions = torch::full({rows}, 383, torch::dtype(torch::kLong).device(torch::kCUDA));
     x = torch::randn({rows, C}, bf16);
   }
-  // One step replayed from a CUDA graph, ms.
-  double graph_ms(gpt2::kernels::OneKernel one) {
+  // use(graph) with one step captured in `graph`, on the side stream it was captured on.
+  template <typename F>
+  auto with_graph(gpt2::kernels::OneKernel one, F&& use) {
     const auto side = c10::cuda::getStreamFromPool();
     c10::cuda::CUDAStreamGuard guard(side);
     gpt2::kernels::decode_step(x, stack, ln_f, head, positions, one);  // warm-up, outside the capture
@@ -431,7 +433,11 @@ struct RandomDecodeModel {
     graph.capture_begin();
     gpt2::kernels::decode_step(x, stack, ln_f, head, positions, one);
     graph.capture_end();
-    return time_ms([&] { graph.replay(); }, 200);
+    return use(graph);
+  }
+  // One step replayed from a CUDA graph, ms.
+  double graph_ms(gpt2::kernels::OneKernel one) {
+    return with_graph(one, [](at::cuda::CUDAGraph& graph) { return time_ms([&] { graph.replay(); }, 200); });
   }
   std::deque<gpt2::kernels::Int8Weight> quantized;  // DecodeWeight points into it: no reallocation
   std::vector<gpt2::kernels::DecodeLayer> stack;
@@ -441,6 +447,13 @@ struct RandomDecodeModel {
   gpt2::kernels::DecodeWeight head;
 };
 
+// The bytes a batch-1 step reads, per kind of kernel: qkv, attention (the cache at 384 positions),
+// attn proj, fc, mlp proj (one layer each), and the head; weights in bf16 or int8.
+std::array<double, 6> decode_bytes(int64_t C, int64_t heads, bool int8) {
+  const double w = int8 ? 1.0 : 2.0, cache = 2.0 * 2 * heads * 384 * (C / heads);
+  return {3 * C * C * w, cache, C * C * w, 4 * C * C * w, 4 * C * C * w, 50304.0 * C * w};
+}
+
 // The whole batch-1 decode step of a model of `layers` blocks at n_embd C (random weights, bf16 or
 // int8, 384 positions into a 1024-position cache), replayed from a CUDA graph: one kernel
 // (kernels::decode_step, OneKernel::kYes) against five a block, then where the one kernel's time
@@ -449,14 +462,14 @@ struct RandomDecodeModel {
 void decode_step_breakdown(const char* name, int64_t layers, int64_t C, int64_t heads, bool int8) {
   namespace k = gpt2::kernels;
   RandomDecodeModel m(layers, C, heads, int8, 1);
-  const int64_t hs = C / heads;
   if (!k::decode_step_in_one_kernel(m.x, m.stack, m.ln_f, m.head)) {
     std::printf("%s: the one kernel does not apply\n", name);
     return;
   }
   const double one = m.graph_ms(k::OneKernel::kYes), five = m.graph_ms(k::OneKernel::kNo);
-  double bytes = 2.0 * 50304 * C;
-  for (int64_t l = 0; l < layers; ++l) bytes += 12.0 * C * C * (int8 ? 1 : 2) + 2.0 * 2 * heads * 384 * hs;
+  const auto per_kernel = decode_bytes(C, heads, int8);
+  const double bytes =
+      per_kernel[5] + layers * (per_kernel[0] + per_kernel[1] + per_kernel[2] + per_kernel[3] + per_kernel[4]);
   std::printf(
       "decode step of %s at batch 1, %s weights, 384 positions (graph replay): one kernel %.1f us, "
       "five kernels a block %.1f us; its bytes take %.1f us at 3.35 TB/s\n",
@@ -497,23 +510,19 @@ void decode_kernels(const char* name, int64_t layers, int64_t C, int64_t heads, 
   namespace prof = torch::autograd::profiler;
   using torch::profiler::impl::ActivityType;
   RandomDecodeModel m(layers, C, heads, int8, 1);
-  const auto side = c10::cuda::getStreamFromPool();
-  c10::cuda::CUDAStreamGuard guard(side);
-  k::decode_step(m.x, m.stack, m.ln_f, m.head, m.positions, k::OneKernel::kNo);  // warm-up, outside the capture
-  at::cuda::CUDAGraph graph;
-  graph.capture_begin();
-  k::decode_step(m.x, m.stack, m.ln_f, m.head, m.positions, k::OneKernel::kNo);
-  graph.capture_end();
-  for (int i = 0; i < 20; ++i) graph.replay();
-  torch::cuda::synchronize();
-  const std::set<ActivityType> activities{ActivityType::CPU, ActivityType::CUDA};
-  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
-  prof::prepareProfiler(config, activities);
-  prof::enableProfiler(config, activities);
-  const int replays = 20;
-  for (int i = 0; i < replays; ++i) graph.replay();
-  torch::cuda::synchronize();
-  const auto result = prof::disableProfiler();
+  const auto result = m.with_graph(k::OneKernel::kNo, [](at::cuda::CUDAGraph& graph) {
+    const auto replay = [&] {
+      for (int i = 0; i < 20; ++i) graph.replay();
+      torch::cuda::synchronize();
+    };
+    replay();  // warm
+    const std::set<ActivityType> activities{ActivityType::CPU, ActivityType::CUDA};
+    const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+    prof::prepareProfiler(config, activities);
+    prof::enableProfiler(config, activities);
+    replay();
+    return prof::disableProfiler();
+  });
   std::vector<std::pair<uint64_t, uint64_t>> kernels;  // (start, end) ns
   for (const auto& e : result->events())
     if (e.deviceType() == c10::DeviceType::CUDA && e.name().find("_kernel") != std::string::npos)
@@ -525,11 +534,9 @@ void decode_kernels(const char* name, int64_t layers, int64_t C, int64_t heads, 
                 int8 ? "int8" : "bf16", kernels.size(), static_cast<long long>(per_step));
     return;
   }
-  const int64_t steps = static_cast<int64_t>(kernels.size()) / per_step, hs = C / heads;
+  const int64_t steps = static_cast<int64_t>(kernels.size()) / per_step;
   const char* kinds[6] = {"qkv + ln_1", "attention", "attn proj", "fc + ln_2", "mlp proj", "head + ln_f"};
-  const double weight = int8 ? 1.0 : 2.0, cache = 2.0 * 2 * heads * 384 * hs;
-  const double bytes[6] = {3 * C * C * weight,  cache, C * C * weight, 4 * C * C * weight, 4 * C * C * weight,
-                           50304.0 * C * weight};
+  const auto bytes = decode_bytes(C, heads, int8);
   double advance[6] = {}, duration[6] = {}, span = 0;
   for (int64_t s = 0; s < steps; ++s) {
     const auto* step = &kernels[s * per_step];
