@@ -38,14 +38,14 @@ cudaError_t launch_typed(const SlotAttentionArgs& a, void* y, cudaStream_t strea
   // decoding): the registers it takes would otherwise halve the blocks an SM holds.
   static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
   const bool early = a.heads * a.batch <= sms;
-  // GPT-2's head size (64 at every size) at batch 1 gets its key loads unrolled (attend_slot's HS).
-  const auto kernel =
-      a.head_size <= 64
-          ? (packed ? (early ? (a.head_size == 64 ? slot_attention_kernel<T, 1, true, true, 64>
-                                                  : slot_attention_kernel<T, 1, true, true>)
-                             : slot_attention_kernel<T, 1, true, false>)
-                    : slot_attention_kernel<T, 1, false, false>)
-          : (packed ? slot_attention_kernel<T, 2, true, false> : slot_attention_kernel<T, 2, false, false>);
+  const auto kernel = [&] {
+    if (a.head_size > 64)
+      return packed ? slot_attention_kernel<T, 2, true, false> : slot_attention_kernel<T, 2, false, false>;
+    if (!packed) return slot_attention_kernel<T, 1, false, false>;
+    if (!early) return slot_attention_kernel<T, 1, true, false>;
+    // GPT-2's head size (64 at every size) at batch 1 gets its key loads unrolled (attend_slot's HS).
+    return a.head_size == 64 ? slot_attention_kernel<T, 1, true, true, 64> : slot_attention_kernel<T, 1, true, true>;
+  }();
   return launch_dependent(kernel, grid, dim3(kSlotWarps * 32), 0, stream, a, yt);
 }
 
