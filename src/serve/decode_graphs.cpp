@@ -1,6 +1,8 @@
 // The decode step from CUDA graphs (decode_graphs.h).
 #include "src/serve/decode_graphs.h"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <algorithm>
 #include <string>
 #include <tuple>
@@ -50,31 +52,79 @@ DecodeGraphs::DecodeGraphs(GPT2 model, KVCache& cache, bool use_graphs)
   const auto host = torch::dtype(torch::kLong).pinned_memory(device.is_cuda());
   ids_host_ = torch::zeros({rows_, 1}, host);
   positions_host_ = torch::zeros({rows_}, host);
-  greedy_host_ = torch::zeros({rows_}, host);
+  greedy_host_ = torch::zeros({2, rows_}, host);
   ids_ = torch::zeros({rows_, 1}, torch::dtype(torch::kLong).device(device));
   positions_ = torch::zeros({rows_}, torch::dtype(torch::kLong).device(device));
+  if (device.is_cuda()) {
+    copied_.emplace_back(device.type());
+    copied_.emplace_back(device.type());
+  }
   if (graphs_.on()) {
     logits_ = torch::empty({rows_, model_->config().vocab_size}, cache_.keys.front().options());
     greedy_ = torch::empty({rows_}, torch::dtype(torch::kLong).device(device));
   }
 }
 
-DecodeGraphs::~DecodeGraphs() = default;
+// Note [Greedy one step ahead]
+// step() waits for the device at its end, so the device then idles while the host takes the id,
+// hands it on and queues the next step: tens of microseconds a token at batch 1, a tenth of a
+// gpt2-124m step. A greedy decoder knows the next step's input before the host sees it: the
+// argmax is on the device and the position is the last one + 1. start_greedy() feeds them there
+// (a copy and an add on the step's stream, outside the graph: a graph that wrote its own inputs
+// would not survive the warm-ups before its capture), so the next step is queued before the host
+// waits for this one. Each queued step copies its ids to its own pinned host slot and records an
+// event there; finish() waits for the oldest event only. Two slots suffice: a third step is
+// queued only after the first is finished. The sums are the ones step() makes, on the same graphs.
+
+DecodeGraphs::~DecodeGraphs() {
+  try {
+    while (!queued_.empty()) finish();  // the copies to host slots freed with this object
+  } catch (const std::exception&) {     // a device error: nothing left to wait for
+  }
+}
 
 DecodeOutputs DecodeGraphs::step(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, int64_t attend,
                                  int64_t live) {
+  start(ids, positions, attend, live);
+  torch::Tensor greedy = finish();  // the step's one wait for the device
+  return {last_logits_, greedy};
+}
+
+void DecodeGraphs::start(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, int64_t attend,
+                         int64_t live) {
   TORCH_CHECK(static_cast<int64_t>(ids.size()) == rows_ && static_cast<int64_t>(positions.size()) == rows_,
               "DecodeGraphs::step expects ", rows_, " ids and positions, got ", ids.size(), " and ", positions.size());
   TORCH_CHECK(live >= 0 && live <= rows_, "DecodeGraphs::step: live rows ", live, " not in [0, ", rows_, "]");
-  torch::NoGradGuard no_grad;
-  if (attend <= 0) attend = cache_.capacity();  // one graph for 0 and the capacity
-  if (live == 0) live = rows_;
+  TORCH_CHECK(queued_.empty(), "DecodeGraphs::start: ", queued_.size(), " step(s) still queued; finish() them first");
   std::copy(ids.begin(), ids.end(), ids_host_.data_ptr<int64_t>());
   std::copy(positions.begin(), positions.end(), positions_host_.data_ptr<int64_t>());
-  // Asynchronous from pinned memory: the previous step's copy back waited for these copies too.
+  // Asynchronous from pinned memory: nothing queued, so no earlier copy still reads these buffers.
   ids_.copy_(ids_host_, /*non_blocking=*/true);
   positions_.copy_(positions_host_, /*non_blocking=*/true);
-  torch::Tensor logits, greedy;  // (live, V), (live) on the device
+  launch(attend, live == 0 ? rows_ : live);
+}
+
+void DecodeGraphs::start_greedy(int64_t attend) {
+  TORCH_CHECK(last_greedy_.defined(), "DecodeGraphs::start_greedy: no step before it to take the ids of");
+  TORCH_CHECK(queued_.size() < 2, "DecodeGraphs::start_greedy: two steps queued already; finish() one first");
+  const int64_t live = last_greedy_.size(0);
+  torch::NoGradGuard no_grad;
+  ids_.narrow(0, 0, live).copy_(last_greedy_.view({live, 1}));
+  positions_.narrow(0, 0, live).add_(1);
+  launch(attend, live);
+}
+
+torch::Tensor DecodeGraphs::finish() {
+  TORCH_CHECK(!queued_.empty(), "DecodeGraphs::finish: no step queued");
+  const Queued oldest = queued_.front();
+  queued_.pop_front();
+  if (!copied_.empty()) copied_[oldest.slot].synchronize();
+  return greedy_host_[oldest.slot].narrow(0, 0, oldest.live);
+}
+
+void DecodeGraphs::launch(int64_t attend, int64_t live) {
+  torch::NoGradGuard no_grad;
+  if (attend <= 0) attend = cache_.capacity();  // one graph for 0 and the capacity
   // One key per (attend, live): attend <= capacity, live <= rows.
   const int64_t key = attend * (rows_ + 1) + live;
   const bool replayed = graphs_.replay(key, [this, attend, live](int64_t) {
@@ -83,13 +133,18 @@ DecodeOutputs DecodeGraphs::step(const std::vector<int64_t>& ids, const std::vec
     greedy_.narrow(0, 0, live).copy_(g);
   });
   if (replayed) {
-    logits = logits_.narrow(0, 0, live), greedy = greedy_.narrow(0, 0, live);
+    last_logits_ = logits_.narrow(0, 0, live), last_greedy_ = greedy_.narrow(0, 0, live);
   } else {
-    std::tie(logits, greedy) = forward(attend, live);
+    std::tie(last_logits_, last_greedy_) = forward(attend, live);
   }
-  const auto greedy_host = greedy_host_.narrow(0, 0, live);
-  greedy_host.copy_(greedy);  // the step's one wait for the device
-  return {logits, greedy_host};
+  const int slot = next_slot_;
+  next_slot_ = 1 - next_slot_;
+  greedy_host_[slot].narrow(0, 0, live).copy_(last_greedy_, /*non_blocking=*/true);
+  if (!copied_.empty()) {
+    const torch::Device device = cache_.keys.front().device();
+    copied_[slot].record(c10::impl::VirtualGuardImpl(device.type()).getStream(device));
+  }
+  queued_.push_back({slot, live});
 }
 
 std::pair<torch::Tensor, torch::Tensor> DecodeGraphs::forward(int64_t attend, int64_t live) {

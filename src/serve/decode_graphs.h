@@ -6,6 +6,8 @@
 // default mode has one, --attend_block N up to capacity / N, the fused step (8 rows or fewer) one
 // per live row count. A graph runs the kernels the eager step runs, on the same shapes, so its
 // logits are the same bits (tests/serve/gpu_test.cpp).
+// Greedy decoding can keep the host one step behind the device (gpt2-generate): start() queues a
+// step and start_greedy() the next one on the device's argmax, before finish() waits for the first.
 // Contract: one thread at a time calls step(). The model and the cache outlive this object and the
 // cache's tensors keep their storage (graphs hold their addresses); between steps the caller may
 // write the cache (prefill) on the current stream. A failed capture logs one warning naming the
@@ -14,7 +16,10 @@
 // a StepGraphs keyed by both (step_graphs.h).
 #include <torch/torch.h>
 
+#include <c10/core/Event.h>
+
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -24,7 +29,7 @@
 
 namespace gpt2::serve {
 
-// One step's results; both are overwritten by the next step.
+// One step's results; both are overwritten by later steps.
 struct DecodeOutputs {
   torch::Tensor logits;  // (rows, V) on the model's device (contiguous or not): what sampled rows read
   torch::Tensor greedy;  // (rows) int64 on the host: each row's argmax
@@ -47,6 +52,17 @@ class DecodeGraphs {
   DecodeOutputs step(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, int64_t attend,
                      int64_t live = 0);
 
+  // The step split so that the device runs while the host reads ids (Note [Greedy one step
+  // ahead]). start(): step()'s arguments, queued without waiting; nothing may be queued.
+  // start_greedy(): the next step of the same rows, queued on the device alone: each row is fed
+  // the argmax of the step queued last, at its position + 1, attending to `attend` positions (0 =
+  // the capacity); at most two steps are queued. finish(): waits for the oldest queued step and
+  // returns its greedy ids (live, host), valid until the step after next is queued. A destroyed
+  // DecodeGraphs first waits for what is queued.
+  void start(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, int64_t attend, int64_t live = 0);
+  void start_greedy(int64_t attend);
+  torch::Tensor finish();
+
   // Whether steps replay graphs: asked for, a CUDA model, and no capture has failed.
   bool graphs_on() const { return graphs_.on(); }
   // Graphs captured so far (one per attend and live value met); 0 when graphs are off.
@@ -56,14 +72,24 @@ class DecodeGraphs {
   // The step's device work on the static inputs' first `live` rows, eagerly on the current
   // stream: what a graph captures. Returns the logits (live, V) and the greedy ids (live) on the device.
   std::pair<torch::Tensor, torch::Tensor> forward(int64_t attend, int64_t live);
+  // Queues the step on the device inputs (replayed or eager) and its greedy ids' copy to a host slot.
+  void launch(int64_t attend, int64_t live);
 
   GPT2 model_;
   KVCache& cache_;
   const int64_t rows_;
   torch::Tensor ids_host_, positions_host_;  // (rows, 1), (rows) int64 host, pinned on CUDA
   torch::Tensor ids_, positions_;            // the same on the model's device: the graphs' inputs
-  torch::Tensor greedy_host_;                // (rows) int64 host, pinned on CUDA
+  torch::Tensor greedy_host_;                // (2, rows) int64 host, pinned on CUDA: a slot per queued step
   torch::Tensor logits_, greedy_;            // (rows, V), (rows) on the device: what every graph writes
+  torch::Tensor last_logits_, last_greedy_;  // the last queued step's (live, V) and (live) on the device
+  struct Queued {
+    int slot;      // its row of greedy_host_
+    int64_t live;  // its rows
+  };
+  std::deque<Queued> queued_;  // oldest first, at most two
+  int next_slot_ = 0;
+  std::vector<c10::Event> copied_;  // CUDA: per slot, recorded after its greedy ids' copy to the host
   StepGraphs graphs_;
 };
 

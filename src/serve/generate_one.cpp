@@ -36,9 +36,10 @@ std::vector<int64_t> generate_one(GPT2& model, const std::vector<int64_t>& promp
   PromptPrefill::Result first = prefill.run({tokens.begin() + start, tokens.end()}, 0);
   torch::Tensor logits = first.logits;  // (1, V) on the model's device
   int64_t greedy = first.greedy;
+  const bool sampled = options.temperature != 0.0;
+  bool queued = false;  // greedy: the decode step of the id taken next is queued already
   for (int64_t step = 0;; ++step) {
-    const int64_t id =
-        options.temperature == 0.0 ? greedy : sample_next(logits[0].to(torch::kCPU, torch::kFloat), options, gen);
+    const int64_t id = sampled ? sample_next(logits[0].to(torch::kCPU, torch::kFloat), options, gen) : greedy;
     if (step == 0) {
       st.prefill_s = seconds_since(t0);
       t0 = SteadyClock::now();
@@ -48,7 +49,7 @@ std::vector<int64_t> generate_one(GPT2& model, const std::vector<int64_t>& promp
     output.push_back(id);
     ++st.new_tokens;
     if (on_tokens) on_tokens({id});
-    if (step + 1 == options.max_new_tokens || id == options.stop_token) break;
+    if (step + 1 == options.max_new_tokens || id == options.stop_token) break;  // ~decode waits for a queued step
 
     ++st.steps;
     if (length() - start > window) {  // the window is full: start again on its last `restart` tokens
@@ -57,15 +58,26 @@ std::vector<int64_t> generate_one(GPT2& model, const std::vector<int64_t>& promp
       const PromptPrefill::Result again = prefill.run({tokens.begin() + start, tokens.end()}, 0);
       logits = again.logits;
       greedy = again.greedy;
-    } else {
-      // `id` goes to the context's last position. On CUDA the slot attention reads the row's own
-      // positions whatever `attend` is (0: one shape, one graph, with or without graphs); on the
-      // CPU, attend to what is written.
-      const int64_t position = length() - start - 1;
-      const DecodeOutputs out = decode.step({id}, {position}, cuda ? 0 : position + 1);
+      continue;
+    }
+    // `id` goes to the context's last position. On CUDA the slot attention reads the row's own
+    // positions whatever `attend` is (0: one shape, one graph, with or without graphs); on the
+    // CPU, attend to what is written.
+    const int64_t position = length() - start - 1;
+    const auto attend = [&](int64_t at) { return cuda ? 0 : at + 1; };
+    if (sampled) {
+      const DecodeOutputs out = decode.step({id}, {position}, attend(position));
       logits = out.logits;
       greedy = out.greedy.data_ptr<int64_t>()[0];
+      continue;
     }
+    // Greedy: queue the step after this one too, on this one's argmax, before reading it (Note
+    // [Greedy one step ahead] in decode_graphs.cpp), where that step is a decode step that is
+    // wanted: the id it feeds is not the last one and leaves the window room.
+    if (!queued) decode.start({id}, {position}, attend(position));
+    queued = step + 2 < options.max_new_tokens && length() + 1 - start <= window;
+    if (queued) decode.start_greedy(attend(position + 1));
+    greedy = decode.finish().data_ptr<int64_t>()[0];
   }
   st.decode_s = seconds_since(t0);
   return output;

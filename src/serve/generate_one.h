@@ -4,7 +4,8 @@
 // decode step replays one CUDA graph instead of launching each of its kernels from the host.
 // The contract, checks and stats are gpt2::generate's for one prompt (src/model/generate.h): the
 // context window restarts on its last block_size / 2 tokens when it fills (a prefill again),
-// greedy takes the step's argmax, sampling brings the logits to the host (sample_next, the same
+// greedy takes the step's argmax (the next step queued on it before the host reads it: Note [Greedy
+// one step ahead] in decode_graphs.cpp), sampling brings the logits to the host (sample_next, the same
 // draws from the same seed). On the CPU (no graphs; each step attends to the positions written so
 // far) the ids are gpt2::generate's; on CUDA the padded prefill may differ from its unpadded one in
 // the last bits (prompt_prefill.h), so a near-tie may pick another id.

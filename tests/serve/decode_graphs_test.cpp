@@ -110,6 +110,36 @@ TEST(ServeDecodeGraphs, OnCpuAStepOverTheFirstRowsLeavesTheOthers) {
   EXPECT_THROW(reference.first_rows(0), c10::Error);
 }
 
+// Greedy one step ahead (start, start_greedy, finish) is step() fed its own argmax at the next
+// position: the same ids each step, the same cache bits, over the first two rows of three (the
+// third is left alone), with the host reading each step's ids after the next is queued.
+TEST(ServeDecodeGraphs, OnCpuGreedyAheadIsStepOnItsOwnArgmax) {
+  GPT2 model = random_model();
+  torch::NoGradGuard no_grad;
+  auto [ahead, stepped] = prefilled_caches(model, {{4, 5, 6, 7, 8}, {1, 2, 3}, {9, 9}});
+  DecodeGraphs queue(model, ahead, /*use_graphs=*/false), reference(model, stepped, /*use_graphs=*/false);
+  std::vector<int64_t> ids = {9, 8, 0}, positions = {5, 3, 0};
+  queue.start(ids, positions, 0, /*live=*/2);
+  for (int step = 0; step < 6; ++step) {
+    const DecodeOutputs want = reference.step(ids, positions, 0, /*live=*/2);
+    if (step < 5) queue.start_greedy(0);
+    const torch::Tensor got = queue.finish();
+    ASSERT_TRUE(torch::equal(got, want.greedy)) << "step " << step;
+    for (const int64_t r : {0, 1}) ids[r] = want.greedy[r].item<int64_t>(), ++positions[r];
+  }
+  for (size_t l = 0; l < ahead.keys.size(); ++l) {
+    EXPECT_TRUE(torch::equal(ahead.keys[l], stepped.keys[l])) << "layer " << l;
+    EXPECT_TRUE(torch::equal(ahead.values[l], stepped.values[l])) << "layer " << l;
+  }
+  EXPECT_THROW(queue.finish(), c10::Error);  // nothing queued
+  queue.start_greedy(0);
+  EXPECT_THROW(queue.start(ids, positions, 0), c10::Error);  // a step still queued
+  queue.start_greedy(0);
+  EXPECT_THROW(queue.start_greedy(0), c10::Error);  // two queued already
+  DecodeGraphs fresh(model, stepped, /*use_graphs=*/false);
+  EXPECT_THROW(fresh.start_greedy(0), c10::Error);  // no step to take ids from
+}
+
 // gpt2::generate for one prompt is the reference: the same ids greedy and sampled (the same draws
 // from the same seed), through window restarts (block_size 16: a 5-token prompt and 30 new tokens
 // restart twice; a 20-token prompt starts on its last 8), and the same counts.

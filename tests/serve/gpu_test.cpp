@@ -396,6 +396,34 @@ TEST(ServeGpuScheduler, StaggeredSequencesGetTheSameIdsWithAndWithoutGraphs) {
   }
 }
 
+// Greedy one step ahead (start, start_greedy, finish: gpt2-generate's decode) replays the graph
+// step() replays, its inputs fed on the device: the same ids as step() fed from the host, step by
+// step, and the same cache bits, at one row (the fused step) and at 4 rows (the step over every row).
+TEST(ServeGpuDecodeGraphs, GreedyAheadIsStepOnItsOwnArgmax) {
+  REQUIRE_CUDA();
+  NoCudnnAttention no_cudnn_attention;
+  GPT2 model = random_bf16_model(5);
+  for (const int64_t rows : {1, 4}) {
+    SlotRun ahead(model, rows, /*use_graphs=*/true), stepped(model, rows, /*use_graphs=*/true);
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::vector<int64_t> prompt = {17 + r, 4, 250, 999};
+      ahead.prefill(r, prompt);
+      stepped.prefill(r, prompt);
+    }
+    ahead.decode.start(ahead.last, ahead.position, 0);
+    for (int step = 0; step < 20; ++step) {
+      const DecodeOutputs want = stepped.step(0);
+      if (step < 19) ahead.decode.start_greedy(0);
+      ASSERT_TRUE(torch::equal(ahead.decode.finish(), want.greedy)) << rows << " rows, step " << step;
+    }
+    EXPECT_EQ(ahead.decode.graphs_captured(), 1) << rows << " rows";
+    for (size_t l = 0; l < ahead.cache.keys.size(); ++l) {
+      EXPECT_TRUE(torch::equal(ahead.cache.keys[l], stepped.cache.keys[l])) << rows << " rows, layer " << l;
+      EXPECT_TRUE(torch::equal(ahead.cache.values[l], stepped.cache.values[l])) << rows << " rows, layer " << l;
+    }
+  }
+}
+
 // Graphs replay the eager step's kernels on its shapes (attend 0 either way) and the prefill's
 // padded shapes: the same ids, greedy and sampled, with 60 new tokens over a 32-position window
 // (restarts: the prefill again, into the same cache).
