@@ -9,6 +9,7 @@
 # the first (the first captures the CUDA graphs; its ms is the first_ms field), the weights it holds
 # on the GPU, and per size the means and int8/bf16 ratios.
 #   source .device-deps/gpu-env.sh && bash bench/decode_gpu.sh     (logs under $OUT)
+# VARIANTS (names from the list below) runs part of them, e.g. VARIANTS="bf16 int8".
 # A CPU smoke run of the script itself: DEVICE=cpu SIZES=124m ROUNDS=1 NEW_TOKENS=8 GPT2_BIN=build/bin
 set -uo pipefail
 source bench/common.sh
@@ -31,6 +32,7 @@ for size in ${SIZES:-124m 1558m}; do
       "bf16-one-kernel|--quant none --one_kernel_decode true" "int8-one-kernel|--quant int8 --one_kernel_decode true" \
       "bf16-blocks-ops|--quant none --fused_decode false" "int8-blocks-ops|--quant int8 --fused_decode false"; do
       name="${variant%%|*}" args="${variant#*|}" log="$out/decode-$size-${variant%%|*}-$r.log"
+      [ -n "${VARIANTS:-}" ] && [[ " $VARIANTS " != *" $name "* ]] && continue
       # shellcheck disable=SC2086
       "$bin/gpt2-generate" "$model" --device "$device" --dtype bf16 $args --ids --temperature 0 --ignore_eot \
         --max_new_tokens "$new" --prompt "$prompt" >/dev/null 2>"$log" || { tail -3 "$log"; continue; }
