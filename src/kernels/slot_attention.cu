@@ -43,8 +43,13 @@ cudaError_t launch_typed(const SlotAttentionArgs& a, void* y, cudaStream_t strea
       return packed ? slot_attention_kernel<T, 2, true, false> : slot_attention_kernel<T, 2, false, false>;
     if (!packed) return slot_attention_kernel<T, 1, false, false>;
     if (!early) return slot_attention_kernel<T, 1, true, false>;
-    // GPT-2's head size (64 at every size) at batch 1 gets its key loads unrolled (attend_slot's HS).
-    return a.head_size == 64 ? slot_attention_kernel<T, 1, true, true, 64> : slot_attention_kernel<T, 1, true, true>;
+    // GPT-2's head size (64 at every size) at batch 1 gets its key loads unrolled and q held in
+    // registers (attend_slot's HS), where q's rows are 16-byte aligned.
+    const int64_t vec = 16 / sizeof(T);
+    if (a.head_size == 64 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && a.q_stride_b % vec == 0 &&
+        a.q_stride_h % vec == 0)
+      return slot_attention_kernel<T, 1, true, true, 64>;
+    return slot_attention_kernel<T, 1, true, true>;
   }();
   return launch_dependent(kernel, grid, dim3(kSlotWarps * 32), 0, stream, a, yt);
 }

@@ -63,7 +63,10 @@ __device__ __forceinline__ float warp_max(float v) {
 // multiple of 16 / sizeof(T), the cache 16-byte aligned), else a pair at a time; the dot product
 // sums the dims in the same order either way. EARLY (below) changes when values are read, not the sums.
 // HS: the head size when the caller knows it at compile time (0: a.head_size), so a lane's key loads
-// unroll fully and are in flight together; the sums are the same.
+// unroll fully and are in flight together. With PACKED, every lane then also holds q itself (16-byte
+// loads, the same addresses in every lane) requested with its keys, not staged in shared memory, so q
+// takes no round trip and no barrier of its own: the caller passes q 16-byte aligned. A T widens to
+// fp32 exactly, so the products and sums are the same either way.
 template <typename T, int PPL, bool PACKED, bool EARLY = false, int HS = 0>
 __device__ __forceinline__ void attend_slot(const SlotAttentionArgs& a, T* __restrict__ y, int64_t head, int64_t b,
                                             SlotAttentionShared& sh) {
@@ -73,12 +76,20 @@ __device__ __forceinline__ void attend_slot(const SlotAttentionArgs& a, T* __res
   // Requested before the barrier and q's staging, so its round trip overlaps theirs: every load
   // below depends on it.
   const int64_t pos = a.positions[b];
-  __syncthreads();  // sh may still be read by the block's previous call
   const T* q = static_cast<const T*>(a.q) + b * a.q_stride_b + head * a.q_stride_h;
-  for (int i = static_cast<int>(threadIdx.x); i < pairs; i += kSlotWarps * 32) {
-    sh.q[i] = make_float2(to_float(q[2 * i]), to_float(q[2 * i + 1]));
+  constexpr bool kQHeld = HS > 0 && PACKED;
+  constexpr int kQVec = 16 / sizeof(T);
+  Pack<T, kQVec> q_held[kQHeld ? HS / kQVec : 1];
+  if constexpr (kQHeld) {
+#pragma unroll
+    for (int i = 0; i < HS / kQVec; ++i) q_held[i] = reinterpret_cast<const Pack<T, kQVec>*>(q)[i];
+  } else {
+    __syncthreads();  // sh may still be read by the block's previous call
+    for (int i = static_cast<int>(threadIdx.x); i < pairs; i += kSlotWarps * 32) {
+      sh.q[i] = make_float2(to_float(q[2 * i]), to_float(q[2 * i + 1]));
+    }
+    __syncthreads();
   }
-  __syncthreads();
 
   const int64_t row = b * a.heads + head;  // (row, head) of the cache and of y
   const T2* k2 = reinterpret_cast<const T2*>(static_cast<const T*>(a.keys) + row * a.capacity * hs);
@@ -120,7 +131,10 @@ __device__ __forceinline__ void attend_slot(const SlotAttentionArgs& a, T* __res
         const auto add_chunk = [&](int i) {
           const Pack<T, kVec> kv = kj[i];
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) dot = fmaf(qf[i * kVec + e], to_float(kv.v[e]), dot);
+          for (int e = 0; e < kVec; ++e) {
+            const float qe = kQHeld ? to_float(q_held[kQHeld ? i : 0].v[e]) : qf[i * kVec + e];
+            dot = fmaf(qe, to_float(kv.v[e]), dot);
+          }
         };
         if constexpr (HS > 0) {
 #pragma unroll
