@@ -65,7 +65,8 @@ __device__ __forceinline__ float warp_max(float v) {
 // HS: the head size when the caller knows it at compile time (0: a.head_size), so a lane's key loads
 // unroll fully and are in flight together. With PACKED, every lane then also holds q itself (16-byte
 // loads, the same addresses in every lane) requested with its keys, not staged in shared memory, so q
-// takes no round trip and no barrier of its own: the caller passes q 16-byte aligned. A T widens to
+// takes no round trip and no barrier of its own: the caller passes q 16-byte aligned and calls it
+// once a block (no barrier then keeps sh from a previous call's merge). A T widens to
 // fp32 exactly, so the products and sums are the same either way.
 template <typename T, int PPL, bool PACKED, bool EARLY = false, int HS = 0>
 __device__ __forceinline__ void attend_slot(const SlotAttentionArgs& a, T* __restrict__ y, int64_t head, int64_t b,

@@ -49,7 +49,8 @@ std::vector<int64_t> generate_one(GPT2& model, const std::vector<int64_t>& promp
     output.push_back(id);
     ++st.new_tokens;
     if (on_tokens) on_tokens({id});
-    if (step + 1 == options.max_new_tokens || id == options.stop_token) break;  // ~decode waits for a queued step
+    // A step still queued here (after a stop token) is waited for by ~DecodeGraphs.
+    if (step + 1 == options.max_new_tokens || id == options.stop_token) break;
 
     ++st.steps;
     if (length() - start > window) {  // the window is full: start again on its last `restart` tokens
