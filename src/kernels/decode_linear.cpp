@@ -190,4 +190,56 @@ torch::Tensor decode_qkv(const torch::Tensor& x, const DecodeNorm& norm, const D
   return q;
 }
 
+torch::Tensor decode_embedding(const torch::Tensor& ids, const torch::Tensor& positions, const DecodeWeight& table,
+                               const torch::Tensor& wpe) {
+  const char* who = "decode_embedding";
+  if (!wpe.defined() || wpe.dim() != 2 || !wpe.is_contiguous() || !is_kernel_dtype(wpe.scalar_type()))
+    refuse(who, "wpe must be a contiguous (positions, C) fp32/bf16/fp16 tensor, got " + shape(wpe));
+  const int64_t c = wpe.size(1);
+  const auto on_device = [&](const torch::Tensor& t) { return t.defined() && t.device() == wpe.device(); };
+  for (const auto* t : {&ids, &positions})
+    if (!on_device(*t) || t->dim() != 1 || t->scalar_type() != torch::kLong || !t->is_contiguous() ||
+        t->size(0) != ids.size(0) || t->size(0) < 1)
+      refuse(who, "ids and positions must be (rows) int64 on wpe's device, rows >= 1, got " + shape(ids) + " and " +
+                      shape(positions));
+  const bool int8 = table.int8 != nullptr;
+  const torch::Tensor& rows = int8 ? table.int8->q : table.w;
+  if (!on_device(rows) || rows.dim() != 2 || rows.size(1) != c || !rows.is_contiguous() ||
+      (int8 ? rows.scalar_type() != torch::kChar || table.int8->scale.dim() != 2 ||
+                  table.int8->scale.size(0) != rows.size(0) || table.int8->scale.scalar_type() != torch::kFloat ||
+                  !table.int8->scale.is_contiguous() || !on_device(table.int8->scale) ||
+                  table.int8->scale.size(1) < 1 || c % table.int8->scale.size(1) != 0
+            : rows.scalar_type() != wpe.scalar_type()))
+    refuse(who, "the table must be (vocab, " + std::to_string(c) +
+                    ") in wpe's dtype, or int8 with (vocab, G) fp32 scales, on wpe's device, got " + shape(rows));
+  if (wpe.is_cpu()) {
+    const torch::Tensor e =
+        int8 ? int8_embedding(ids, *table.int8, wpe.scalar_type()) : table.w.index_select(0, ids);  // (rows, C)
+    return e + wpe.index_select(0, positions);
+  }
+  auto x = torch::empty({ids.size(0), c}, wpe.options());  // (rows, C)
+#ifdef GPT2_WITH_CUDA
+  DecodeEmbeddingArgs a{};
+  a.ids = ids.data_ptr<int64_t>();
+  a.positions = positions.data_ptr<int64_t>();
+  if (int8) {
+    a.q = table.int8->q.data_ptr<int8_t>();
+    a.scale = table.int8->scale.data_ptr<float>();
+    a.groups = table.int8->scale.size(1);
+  } else {
+    a.w = table.w.data_ptr();
+  }
+  a.wpe = wpe.data_ptr();
+  a.rows = ids.size(0);
+  a.c = c;
+  a.vocab = rows.size(0);
+  a.max_positions = wpe.size(0);
+  a.x = x.data_ptr();
+  CUDA_CHECK(launch_decode_embedding(dtype_of(wpe, who), a, stream_of(wpe)));
+#else
+  refuse(who, "wpe must be on the CPU in a build without CUDA");
+#endif
+  return x;
+}
+
 }  // namespace gpt2::kernels

@@ -95,6 +95,24 @@ cudaError_t launch_typed(const DecodeLinearArgs& a, cudaStream_t stream) {
   return norm ? launch_rows<T, T, true>(a, stream) : launch_rows<T, T, false>(a, stream);
 }
 
+// A block a row. The product and the sum round as the unfused ops store (no contraction into an FMA).
+template <typename T>
+__global__ void __launch_bounds__(256) decode_embedding_kernel(const DecodeEmbeddingArgs a) {
+  wait_for_previous_kernel();  // the ids and positions come from the work before
+  allow_next_kernel();         // the first projection may request its weights meanwhile
+  const int64_t r = blockIdx.x, id = a.ids[r], pos = a.positions[r];
+  const bool bad = id < 0 || id >= a.vocab || pos < 0 || pos >= a.max_positions;
+  const int64_t row = bad ? 0 : id, group = a.q != nullptr ? a.c / a.groups : 1;
+  const T* wpe = static_cast<const T*>(a.wpe) + (bad ? 0 : pos) * a.c;
+  T* x = static_cast<T*>(a.x) + r * a.c;
+  for (int64_t i = threadIdx.x; i < a.c; i += blockDim.x) {
+    const float e = a.q != nullptr ? to_float(from_float<T>(__fmul_rn(static_cast<float>(a.q[row * a.c + i]),
+                                                                      a.scale[row * a.groups + i / group])))
+                                   : to_float(static_cast<const T*>(a.w)[row * a.c + i]);
+    x[i] = from_float<T>(bad ? NAN : __fadd_rn(e, to_float(wpe[i])));
+  }
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
@@ -102,6 +120,16 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 bool decode_linear_supported(Dtype dtype, int64_t rows, int64_t k) {
   static const int64_t most = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) - 1024;  // red[] beside it
   return rows >= 1 && rows <= 8 && k >= 16 && k % 16 == 0 && staged_size(dtype, rows, k) <= most;
+}
+
+cudaError_t launch_decode_embedding(Dtype dtype, const DecodeEmbeddingArgs& a, cudaStream_t stream) {
+  if (a.rows < 1 || a.rows > 65535 || a.c < 1 || a.vocab < 1 || a.max_positions < 1 || a.x == nullptr ||
+      (a.q != nullptr ? a.scale == nullptr || a.groups < 1 || a.c % a.groups != 0 : a.w == nullptr))
+    return cudaErrorInvalidValue;
+  return with_storage_type(dtype, [&](auto t) {
+    return launch_dependent(decode_embedding_kernel<typename decltype(t)::type>, dim3(static_cast<unsigned>(a.rows)),
+                            dim3(256), 0, stream, a);
+  });
 }
 
 cudaError_t launch_decode_linear(Dtype dtype, const DecodeLinearArgs& a, cudaStream_t stream) {

@@ -8,6 +8,10 @@
 //   decode_linear_add_to: stream += round(a), in place (a residual add)            stream (rows, N)
 //   decode_qkv:           a = (q | k | v), N = 3C: returns q (rows, C); writes k and v into keys and
 //                         values (rows, heads, capacity, C / heads) at position positions[r] of row r.
+// And the step's input: decode_embedding(ids, positions, table, wpe) = table[ids] + wpe[positions]
+// (rows, C), the table a DecodeWeight (the tied head's: wte, or its int8 rows dequantized to wpe's
+// dtype as int8_embedding does), summed in fp32 and rounded once: the unfused ops' bits, in one
+// kernel on CUDA, where an id or position out of range makes its row NaN (the CPU throws).
 // CUDA: one kernel each (decode_linear.cu): the weight read once, 16 bytes a load, no host sync and
 // no allocation but the outputs (they run inside CUDA graphs); a position outside [0, capacity)
 // writes no key or value (the slot attention then gives that row NaN). CPU: ATen's ops in the same
@@ -48,5 +52,7 @@ torch::Tensor decode_linear(const torch::Tensor& x, const DecodeNorm& norm, cons
 void decode_linear_add_to(const torch::Tensor& x, const DecodeWeight& w, torch::Tensor& stream);
 torch::Tensor decode_qkv(const torch::Tensor& x, const DecodeNorm& norm, const DecodeWeight& w, torch::Tensor& keys,
                          torch::Tensor& values, const torch::Tensor& positions);
+torch::Tensor decode_embedding(const torch::Tensor& ids, const torch::Tensor& positions, const DecodeWeight& table,
+                               const torch::Tensor& wpe);
 
 }  // namespace gpt2::kernels

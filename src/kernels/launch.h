@@ -172,6 +172,24 @@ struct DecodeLinearArgs {
 bool decode_linear_supported(Dtype dtype, int64_t rows, int64_t k);
 cudaError_t launch_decode_linear(Dtype dtype, const DecodeLinearArgs& args, cudaStream_t stream);
 
+// Batch-few decoding's embedding (decode_linear.h): x[r] = E[ids[r]] + wpe[positions[r]] (c
+// elements), summed in fp32 and rounded to dtype once, where E is w (vocab, c) in dtype or q (vocab,
+// c) int8 with scale (vocab, groups) fp32, each element rounded to dtype after the product (as
+// dequantize_int8). An id outside [0, vocab) or a position outside [0, max_positions) makes the
+// row NaN. Launched as a programmatic dependent; no host sync (graph-safe).
+struct DecodeEmbeddingArgs {
+  const int64_t* ids;
+  const int64_t* positions;
+  const void* w;  // or nullptr with q
+  const int8_t* q;
+  const float* scale;
+  int64_t groups;
+  const void* wpe;
+  int64_t rows, c, vocab, max_positions;
+  void* x;
+};
+cudaError_t launch_decode_embedding(Dtype dtype, const DecodeEmbeddingArgs& args, cudaStream_t stream);
+
 // The whole decode step of a GPT-2 for rows <= 8 in one cooperative kernel (decode_step.h): every
 // layer's decode_linear phases (qkv with ln_1 and the cache write, attn proj added to x, c_fc with
 // ln_2 and GELU into h, mlp proj added to x) and its slot attention (q into y), a grid barrier

@@ -3,7 +3,6 @@
 
 #include "src/kernels/decode_linear.h"
 #include "src/kernels/decode_step.h"
-#include "src/kernels/int8_linear.h"
 #include "src/kernels/slot_attention.h"
 #include "src/model/gpt2_model.h"
 
@@ -105,11 +104,8 @@ torch::Tensor GPT2Impl::forward_slots_fused(const torch::Tensor& ids, const torc
   torch::NoGradGuard no_grad;
   auto& tr = *transformer_;
   const int64_t B = ids.size(0);
-  const auto flat = ids.view({B});
-  const auto dtype = tr.wpe->weight.scalar_type();
-  const auto embedded =
-      wte_int8_ ? kernels::int8_embedding(flat, *wte_int8_, dtype) : tr.wte->weight.index_select(0, flat);
-  torch::Tensor x = embedded + tr.wpe->weight.index_select(0, positions);  // (B, C): the stream, updated in place
+  // (B, C): the stream, updated in place; one kernel for the gathers and the add
+  torch::Tensor x = kernels::decode_embedding(ids.view({B}), positions, head_of(tr, wte_int8_), tr.wpe->weight);
   const auto one_kernel = one_kernel_decode_ ? kernels::OneKernel::kYes : kernels::OneKernel::kNo;
   return kernels::decode_step(x, decode_layers(tr, cache), norm_of(tr.ln_f), head_of(tr, wte_int8_), positions,
                               one_kernel)

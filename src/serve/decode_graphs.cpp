@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <string>
-#include <tuple>
 
 namespace gpt2::serve {
 
@@ -128,14 +127,16 @@ void DecodeGraphs::launch(int64_t attend, int64_t live) {
   // One key per (attend, live): attend <= capacity, live <= rows.
   const int64_t key = attend * (rows_ + 1) + live;
   const bool replayed = graphs_.replay(key, [this, attend, live](int64_t) {
-    const auto [l, g] = forward(attend, live);
-    logits_.narrow(0, 0, live).copy_(l);  // every graph ends in the same static outputs
-    greedy_.narrow(0, 0, live).copy_(g);
+    const torch::Tensor logits = forward(attend, live);
+    logits_.narrow(0, 0, live).copy_(logits);  // every graph ends in the same static outputs
+    auto greedy = greedy_.narrow(0, 0, live);
+    at::argmax_out(greedy, logits, 1);
   });
   if (replayed) {
     last_logits_ = logits_.narrow(0, 0, live), last_greedy_ = greedy_.narrow(0, 0, live);
   } else {
-    std::tie(last_logits_, last_greedy_) = forward(attend, live);
+    last_logits_ = forward(attend, live);
+    last_greedy_ = last_logits_.argmax(1);
   }
   const int slot = next_slot_;
   next_slot_ = 1 - next_slot_;
@@ -147,16 +148,10 @@ void DecodeGraphs::launch(int64_t attend, int64_t live) {
   queued_.push_back({slot, live});
 }
 
-std::pair<torch::Tensor, torch::Tensor> DecodeGraphs::forward(int64_t attend, int64_t live) {
-  torch::Tensor logits;  // (live, V)
-  if (live == rows_) {
-    logits = model_->forward_slots(ids_, positions_, cache_, attend);
-  } else {
-    KVCache first = cache_.first_rows(live);
-    logits = model_->forward_slots(ids_.narrow(0, 0, live), positions_.narrow(0, 0, live), first, attend);
-  }
-  auto greedy = logits.argmax(1);  // (live)
-  return {logits, greedy};
+torch::Tensor DecodeGraphs::forward(int64_t attend, int64_t live) {
+  if (live == rows_) return model_->forward_slots(ids_, positions_, cache_, attend);
+  KVCache first = cache_.first_rows(live);
+  return model_->forward_slots(ids_.narrow(0, 0, live), positions_.narrow(0, 0, live), first, attend);
 }
 
 }  // namespace gpt2::serve

@@ -21,7 +21,6 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <utility>
 #include <vector>
 
 #include "src/model/gpt2_model.h"
@@ -70,8 +69,8 @@ class DecodeGraphs {
 
  private:
   // The step's device work on the static inputs' first `live` rows, eagerly on the current
-  // stream: what a graph captures. Returns the logits (live, V) and the greedy ids (live) on the device.
-  std::pair<torch::Tensor, torch::Tensor> forward(int64_t attend, int64_t live);
+  // stream: what a graph captures, but the argmax. Returns the logits (live, V) on the device.
+  torch::Tensor forward(int64_t attend, int64_t live);
   // Queues the step on the device inputs (replayed or eager) and its greedy ids' copy to a host slot.
   void launch(int64_t attend, int64_t live);
 
