@@ -104,11 +104,11 @@ torch::Tensor GPT2Impl::forward_slots_fused(const torch::Tensor& ids, const torc
   torch::NoGradGuard no_grad;
   auto& tr = *transformer_;
   const int64_t B = ids.size(0);
+  const kernels::DecodeWeight wte = head_of(tr, wte_int8_);  // the embedding's table and the tied head
   // (B, C): the stream, updated in place; one kernel for the gathers and the add
-  torch::Tensor x = kernels::decode_embedding(ids.view({B}), positions, head_of(tr, wte_int8_), tr.wpe->weight);
+  torch::Tensor x = kernels::decode_embedding(ids.view({B}), positions, wte, tr.wpe->weight);
   const auto one_kernel = one_kernel_decode_ ? kernels::OneKernel::kYes : kernels::OneKernel::kNo;
-  return kernels::decode_step(x, decode_layers(tr, cache), norm_of(tr.ln_f), head_of(tr, wte_int8_), positions,
-                              one_kernel)
+  return kernels::decode_step(x, decode_layers(tr, cache), norm_of(tr.ln_f), wte, positions, one_kernel)
       .narrow(1, 0, cfg_.vocab_size);  // (B, V)
 }
 
