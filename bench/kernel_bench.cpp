@@ -6,13 +6,14 @@
 // GPU), with the bandwidth the bytes each call must move make (an H200 streams about 4.8 TB/s).
 // `fp8`: the blocks' GEMMs in FP8 (fp8_gemm.h: e4m3 x e4m3 forward, e5m2 x e4m3 backward) against
 // the tuned bf16 ones, and a per-tensor cast, the ceiling issue 40 works under.
+// `fp8_passes`: the FP8 training's memory-bound passes (GELU backward, q/k/v gradient, casts).
 // `decode`: one batch-1 decode step's pieces per layer (slot attention over a context, the four
 // linear layers in bf16 and int8, a LayerNorm), each against the time its bytes take at 4.8 TB/s:
 // where gpt2-generate's milliseconds a token go (issue 41). `decode_step`: the whole step as one
 // kernel against five kernels a block, and the one kernel's time per phase (its trace).
 // `decode_kernels`: what each of the five kernels a block adds to the step (Kineto's trace).
 // Correctness lives in tests/kernels and tests/optim.
-//   build-gpu/bin/kernel_bench [passes | fp8 | decode | decode_step | decode_rows | decode_kernels]
+//   build-gpu/bin/kernel_bench [passes | fp8 | fp8_passes | decode | decode_step | decode_rows | decode_kernels]
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -105,6 +106,80 @@ void gelu_backward(int64_t rows, int64_t cols) {
       20);
   std::printf("GELU backward + bias %6ld x %4ld: %7.1f us  %6.0f GB/s (dout, pre in; dpre out)\n",
               static_cast<long>(rows), static_cast<long>(cols), ms * 1e3, 3.0 * rows * cols * 2 / 1e9 / ms * 1e3);
+}
+
+// The FP8 training passes over gpt2's activations (bf16 in), each against the time its bytes take:
+// the GELU backward that writes dpre in e5m2 with its transpose and the bias gradient, keeping the
+// GELU output's FP8 transpose from forward or casting it again (memory.recompute_gelu); the q/k/v
+// gradient's pass over its three parts; and the delayed-scaling casts with their transposes.
+void fp8_passes(const char* name, int64_t rows, int64_t C) {
+  using namespace gpt2::kernels;
+  const auto opts = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
+  const auto f32 = torch::dtype(torch::kFloat).device(torch::kCUDA);
+  const auto u8 = torch::dtype(torch::kByte).device(torch::kCUDA);
+  const auto stream = c10::cuda::getCurrentCUDAStream().stream();
+  const int64_t H = 4 * C;
+  auto history = torch::full({16}, 4.0f, f32), amax = torch::zeros({1}, torch::dtype(torch::kInt).device(torch::kCUDA));
+  auto scale_inv = torch::empty({2}, f32);
+  auto cast = [&](const void* x, int64_t r, int64_t c, bool e5m2, void* out, void* out_t, bool gelu, bool record) {
+    return Fp8CastArgs{x,
+                       r,
+                       c,
+                       e5m2,
+                       e5m2 ? 57344.0f : 448.0f,
+                       nullptr,
+                       history.data_ptr<float>(),
+                       16,
+                       record ? reinterpret_cast<unsigned*>(amax.data_ptr<int>()) : nullptr,
+                       out,
+                       out_t,
+                       scale_inv.data_ptr<float>() + (gelu ? 1 : 0),
+                       gelu};
+  };
+  auto report = [&](const char* what, int64_t r, int64_t c, double bytes_per_elem, double ms) {
+    std::printf("%s %-34s %6ld x %4ld: %7.1f us  %6.0f GB/s\n", name, what, static_cast<long>(r), static_cast<long>(c),
+                ms * 1e3, bytes_per_elem * r * c / 1e9 / ms * 1e3);
+  };
+  {  // GELU backward: dout, pre in (2 + 2 bytes); dpre and its transpose out (1 + 1), gelu(pre)ᵀ (1) when recast
+    auto dout = torch::randn({rows, H}, opts) * 1e-3, pre = torch::randn({rows, H}, opts) * 2;
+    auto q = torch::empty({rows, H}, u8), qt = torch::empty({H, rows}, u8), gt = torch::empty({H, rows}, u8);
+    auto dbias = torch::empty({H}, opts), partial = torch::empty({column_sum_chunks(rows) * H}, f32);
+    for (const bool recast : {false, true}) {
+      const Fp8CastArgs c = cast(nullptr, rows, H, true, q.data_ptr(), qt.data_ptr(), false, true);
+      const Fp8CastArgs g = cast(nullptr, rows, H, false, nullptr, gt.data_ptr(), true, false);
+      const double ms = time_ms(
+          [&] {
+            CUDA_CHECK(launch_gelu_backward_fp8(Dtype::kBF16, dout.data_ptr(), pre.data_ptr(), rows, H, c,
+                                                partial.data_ptr<float>(), dbias.data_ptr(), stream,
+                                                recast ? &g : nullptr));
+          },
+          20);
+      report(recast ? "GELU backward -> e5m2, recast gelu" : "GELU backward -> e5m2", rows, H, recast ? 7 : 6, ms);
+    }
+  }
+  {  // the q/k/v gradient: three (rows, C) parts in (2 bytes), e5m2 and its transpose out (1 + 1)
+    auto parts = torch::randn({3, rows, C}, opts) * 1e-3;
+    auto q = torch::empty({rows, 3 * C}, u8), qt = torch::empty({3 * C, rows}, u8);
+    auto dbias = torch::empty({3 * C}, opts), partial = torch::empty({column_sum_chunks(rows) * 3 * C}, f32);
+    const void* ptrs[3] = {parts[0].data_ptr(), parts[1].data_ptr(), parts[2].data_ptr()};
+    const int64_t strides[3] = {C, C, C};
+    const Fp8CastArgs c = cast(nullptr, rows, 3 * C, true, q.data_ptr(), qt.data_ptr(), false, true);
+    const double ms = time_ms(
+        [&] {
+          CUDA_CHECK(launch_parts_fp8(Dtype::kBF16, ptrs, strides, rows, C, c, partial.data_ptr<float>(),
+                                      dbias.data_ptr(), stream));
+        },
+        20);
+    report("q/k/v gradient -> e5m2", rows, 3 * C, 4, ms);
+  }
+  for (const bool gelu : {false, true}) {  // forward casts from a history: x in (2), e4m3 and its transpose out (1 + 1)
+    const int64_t c = gelu ? H : C;
+    auto x = torch::randn({rows, c}, opts);
+    auto q = torch::empty({rows, c}, u8), qt = torch::empty({c, rows}, u8);
+    const Fp8CastArgs a = cast(x.data_ptr(), rows, c, false, q.data_ptr(), qt.data_ptr(), gelu, true);
+    const double ms = time_ms([&] { CUDA_CHECK(launch_fp8_cast(Dtype::kBF16, a, stream)); }, 20);
+    report(gelu ? "cast gelu(x) -> e4m3 + transpose" : "cast x -> e4m3 + transpose", rows, c, 4, ms);
+  }
 }
 
 // The loss kernels over (rows, 50304) bf16 logits (gpt2's padded vocabulary): forward reads them
@@ -571,8 +646,9 @@ void decode_rows(const char* name, int64_t layers, int64_t C, int64_t heads, boo
 
 }  // namespace
 
-// kernel_bench [passes | fp8 | decode | decode_step | decode_rows | decode_kernels]: "passes" leaves out the GEMMs and
-// times the memory-bound passes alone; "fp8" times the FP8 GEMMs alone; "decode" a batch-1 decode step's pieces.
+// kernel_bench [passes | fp8 | fp8_passes | decode | decode_step | decode_rows | decode_kernels]: "passes" leaves out
+// the GEMMs and times the memory-bound passes alone; "fp8" times the FP8 GEMMs alone; "decode" a batch-1 decode step's
+// pieces.
 int main(int argc, char** argv) try {
   if (!torch::cuda::is_available()) {
     std::printf("kernel_bench: needs a CUDA device\n");
@@ -581,6 +657,11 @@ int main(int argc, char** argv) try {
   if (argc > 1 && std::string(argv[1]) == "fp8") {
     fp8_gemms("gpt2-124m B=32", 32 * 1024, 768, 12);
     fp8_gemms("gpt2-1558m B=8", 8 * 1024, 1600, 48);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "fp8_passes") {
+    fp8_passes("gpt2-124m B=32", 32 * 1024, 768);
+    fp8_passes("gpt2-1558m B=8", 8 * 1024, 1600);
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "decode") {
