@@ -119,9 +119,12 @@ __global__ void __launch_bounds__(kTile * 8) cast_kernel(Fp8CastArgs a, __nv_fp8
 // columns 8·(l % 8) of the tile: eight 16-byte loads (one a row, all requested before any is used),
 // eight 8-byte row stores, and for out_t the block transposed in registers, eight 8-byte stores in
 // which four lanes write one 32-byte sector of an out_t row. One atomic a block for the recorded amax.
-constexpr int kCastWarps = 8, kCastTileRows = 32, kCastTileCols = 64;
+// The launcher starts kCastBlocksPerSm blocks an SM; the bound keeps the registers low enough for
+// them all to be resident at once (unbounded, the kernel took 80 and the grid ran in 1.33 waves).
+constexpr int kCastWarps = 8, kCastTileRows = 32, kCastTileCols = 64, kCastBlocksPerSm = 4;
 template <typename T, bool GELU>
-__global__ void __launch_bounds__(kCastWarps * 32) cast_packed_kernel(Fp8CastArgs a, __nv_fp8_interpretation_t format) {
+__global__ void __launch_bounds__(kCastWarps * 32, kCastBlocksPerSm)
+    cast_packed_kernel(Fp8CastArgs a, __nv_fp8_interpretation_t format) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const float s = cast_scale(a);  // every warp its own: no barrier
   if (blockIdx.x == 0 && threadIdx.x == 0) *a.scale_inv = 1.0f / s;
@@ -143,13 +146,13 @@ __global__ void __launch_bounds__(kCastWarps * 32) cast_packed_kernel(Fp8CastArg
     for (int i = 0; i < 8; ++i) {
       float f[8];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        f[e] = cast_input<T, GELU>(v[i].v[e]);
-        local = max(local, __float_as_uint(f[e]) & 0x7fffffffu);
-      }
-      lo[i] = cast_two(f[0], f[1], s, a.top, format) | cast_two(f[2], f[3], s, a.top, format) << 16;
-      hi[i] = cast_two(f[4], f[5], s, a.top, format) | cast_two(f[6], f[7], s, a.top, format) << 16;
-      if (out != nullptr) *reinterpret_cast<uint2*>(out + (r0 + i) * a.cols + c0) = make_uint2(lo[i], hi[i]);
+      for (int e = 0; e < 8; ++e) f[e] = cast_input<T, GELU>(v[i].v[e]);
+      const unsigned m = abs_max_bits(f);
+      local = max(local, m);
+      const uint2 q = cast_eight(f, m, s, a.top, format);
+      lo[i] = q.x;
+      hi[i] = q.y;
+      if (out != nullptr) *reinterpret_cast<uint2*>(out + (r0 + i) * a.cols + c0) = q;
     }
     if (out_t == nullptr) continue;
       // Column j of the block: byte j of each row. __byte_perm(p, q, sel) picks 4 of p's and q's 8 bytes.
@@ -205,9 +208,9 @@ cudaError_t launch_fp8_cast(Dtype dtype, const Fp8CastArgs& args, cudaStream_t s
     static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
     const int64_t tiles =
         (args.rows + kCastTileRows - 1) / kCastTileRows * ((args.cols + kCastTileCols - 1) / kCastTileCols);
-    // Enough blocks to fill the GPU (4 an SM at 8 warps each), each warp then taking tiles in turn.
-    const auto blocks = static_cast<unsigned>(
-        std::min<int64_t>((tiles + kCastWarps - 1) / kCastWarps, 4 * static_cast<int64_t>(sms > 0 ? sms : 132)));
+    // Enough blocks to fill the GPU (kCastBlocksPerSm an SM), each warp then taking tiles in turn.
+    const auto blocks = static_cast<unsigned>(std::min<int64_t>(
+        (tiles + kCastWarps - 1) / kCastWarps, kCastBlocksPerSm * static_cast<int64_t>(sms > 0 ? sms : 132)));
     return with_storage_type(dtype, [&](auto t) {
       using T = typename decltype(t)::type;
       if constexpr (sizeof(T) == 2) {

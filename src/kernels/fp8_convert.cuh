@@ -1,7 +1,7 @@
 #pragma once
 // Device helpers of the FP8 casts (fp8_cast.cu, linear.cu's FP8 GELU backward): the scale of a
-// cast, and one or two values scaled, saturated and rounded as the ATen composition rounds them
-// (fp8_gemm.h's quantize_fp8). For nvcc only.
+// cast, and one, two or eight values scaled, saturated and rounded as the ATen composition rounds
+// them (fp8_gemm.h's quantize_fp8). For nvcc only.
 #include <cuda_fp8.h>
 
 #include "src/kernels/convert.cuh"
@@ -47,6 +47,39 @@ __device__ __forceinline__ unsigned cast_two(float a, float b, float s, float to
   if (!isfinite(sa)) q = (q & 0xff00u) | non_finite_fp8(sa, format);
   if (!isfinite(sb)) q = (q & 0x00ffu) | (non_finite_fp8(sb, format) << 8);
   return q;
+}
+
+// The largest |v| of eight values as fp32 bits (sign cleared): bits order as |v| does, and a NaN's
+// lie above inf's, so a NaN among them wins (as ATen's amax propagates NaN).
+__device__ __forceinline__ unsigned abs_max_bits(const float (&v)[8]) {
+  unsigned m = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) m = max(m, __float_as_uint(v[k]) & 0x7fffffffu);
+  return m;
+}
+
+// Eight elements (a pack; byte k is v[k]'s) with the bits of cast_one on each; `abs_max` is
+// abs_max_bits(v). Where max |v| times s is at most top (fp32 multiplies are monotone, so every
+// product is), no product needs the clamp or the non-finite fix-up: the conversion alone rounds it,
+// in 4 pair instructions and one test for the pack instead of two clamps and a test an element.
+// An inf or NaN fails the test (NaN compares false) and takes cast_two's path.
+// The rare pack (a value saturates, or is inf or NaN) out of line, so its registers do not count
+// against the common path's.
+static __device__ __noinline__ uint2 cast_eight_slow(float v0, float v1, float v2, float v3, float v4, float v5,
+                                                     float v6, float v7, float s, float top,
+                                                     __nv_fp8_interpretation_t format) {
+  return make_uint2(cast_two(v0, v1, s, top, format) | cast_two(v2, v3, s, top, format) << 16,
+                    cast_two(v4, v5, s, top, format) | cast_two(v6, v7, s, top, format) << 16);
+}
+__device__ __forceinline__ uint2 cast_eight(const float (&v)[8], unsigned abs_max, float s, float top,
+                                            __nv_fp8_interpretation_t format) {
+  if (!(__uint_as_float(abs_max) * s <= top))
+    return cast_eight_slow(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], s, top, format);
+  unsigned q[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    q[k] = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * k] * s, v[2 * k + 1] * s), __NV_SATFINITE, format);
+  return make_uint2(q[0] | q[1] << 16, q[2] | q[3] << 16);
 }
 
 // The scale of a cast (scale_for), called by a whole warp: from the amax at amax_bits, or

@@ -14,6 +14,7 @@
 
 #include "src/base/errors.h"
 #include "src/kernels/dtype.h"
+#include "src/kernels/gemm.h"
 #include "src/kernels/linear.h"
 
 #ifdef GPT2_WITH_CUDA
@@ -122,9 +123,7 @@ torch::Tensor fp8_gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType
   // b (N, K) row-major is bᵀ (K, N) column-major: the layout _scaled_mm's second operand takes.
   // cuBLASLt adds a bias in the epilogue of a 16-bit output only; an fp32 output adds it after.
   const bool epilogue_bias = bias.defined() && out_dtype == at::kBFloat16;
-  at::Tensor y =
-      at::_scaled_mm(a.data, b.data.t(), a.scale_inv, b.scale_inv,
-                     epilogue_bias ? std::optional<at::Tensor>(bias) : std::nullopt, std::nullopt, out_dtype);
+  at::Tensor y = gemm_fp8_nt(a.data, a.scale_inv, b.data, b.scale_inv, epilogue_bias ? bias : at::Tensor(), out_dtype);
   if (bias.defined() && !epilogue_bias) y.add_(bias);
   return y;
 }

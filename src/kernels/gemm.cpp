@@ -71,6 +71,12 @@ bool lt_type(const torch::Tensor& t, cudaDataType_t* type) {
     case torch::kHalf:
       *type = CUDA_R_16F;
       return true;
+    case torch::kFloat8_e4m3fn:
+      *type = CUDA_R_8F_E4M3;
+      return true;
+    case torch::kFloat8_e5m2:
+      *type = CUDA_R_8F_E5M2;
+      return true;
     default:
       return false;
   }
@@ -105,10 +111,13 @@ int alignment_of(const void* p) {
   return align;
 }
 
-// One column-major product D (m, n) = op(A) (m, k) op(B) (k, n) [+ bias (m), GELU kept in aux].
+// One column-major product D (m, n) = op(A) (m, k) op(B) (k, n) [+ bias (m), GELU kept in aux]:
+// D and the bias of `type`; A and B of theirs (FP8, each with its scale pointer, or `type`).
 struct LtGemm {
-  cudaDataType_t type;
+  cudaDataType_t type, a_type, b_type;
   Operand a, b;
+  const void* a_scale = nullptr;  // FP8: the () fp32 value op(A) is multiplied by
+  const void* b_scale = nullptr;
   int64_t m, n, k;
   void* d;
   int64_t ldd;
@@ -121,7 +130,9 @@ struct LtGemm {
 // The row-major d (M, N) = a (M, K) b (K, N) as LtGemm: A = b's operand, B = a's.
 std::optional<LtGemm> describe(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& d) {
   LtGemm g{};
-  if (!lt_type(a, &g.type) || !d.is_contiguous() || !operand_of(b, &g.a) || !operand_of(a, &g.b)) return std::nullopt;
+  if (!lt_type(d, &g.type) || !lt_type(b, &g.a_type) || !lt_type(a, &g.b_type) || !d.is_contiguous() ||
+      !operand_of(b, &g.a) || !operand_of(a, &g.b))
+    return std::nullopt;
   g.m = b.size(1);
   g.n = a.size(0);
   g.k = a.size(1);
@@ -163,17 +174,29 @@ void build(const LtGemm& g, Descriptors* desc) {
     CUBLASLT_CHECK(
         cublasLtMatmulDescSetAttribute(desc->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g.ldd, sizeof(g.ldd)));
   }
+  if (g.a_scale != nullptr) {
+    CUBLASLT_CHECK(
+        cublasLtMatmulDescSetAttribute(desc->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.a_scale, sizeof(g.a_scale)));
+    CUBLASLT_CHECK(
+        cublasLtMatmulDescSetAttribute(desc->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.b_scale, sizeof(g.b_scale)));
+  }
   const bool ta = g.a.op == CUBLAS_OP_T, tb = g.b.op == CUBLAS_OP_T;
-  CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&desc->a, g.type, ta ? g.k : g.m, ta ? g.m : g.k, g.a.ld));
-  CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&desc->b, g.type, tb ? g.n : g.k, tb ? g.k : g.n, g.b.ld));
+  CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&desc->a, g.a_type, ta ? g.k : g.m, ta ? g.m : g.k, g.a.ld));
+  CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&desc->b, g.b_type, tb ? g.n : g.k, tb ? g.k : g.n, g.b.ld));
   CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&desc->d, g.type, g.m, g.n, g.ldd));
 }
 
-// What the heuristic sees of a product, so what its choice may depend on.
+// What the heuristic sees of a product, so what its choice may depend on. An FP8 product's
+// operand types share the type slot (bit 48 marks it), so 16-bit keys, and stored tables, are as
+// they were before FP8 products were tuned.
 using Key = std::array<int64_t, 14>;
 Key key_of(const LtGemm& g) {
+  const bool mixed = g.a_type != g.type || g.b_type != g.type;
+  const int64_t types = mixed ? static_cast<int64_t>(g.type) | static_cast<int64_t>(g.a_type) << 16 |
+                                    static_cast<int64_t>(g.b_type) << 32 | int64_t{1} << 48
+                              : static_cast<int64_t>(g.type);
   return {g.device,
-          static_cast<int64_t>(g.type),
+          types,
           g.m,
           g.n,
           g.k,
@@ -364,6 +387,17 @@ std::optional<LtGemm> describe_product(const torch::Tensor& a, const torch::Tens
   return g;
 }
 
+// d = a bᵀ [+ bias] of FP8 a (M, K) and b (N, K), with their scales, as cuBLASLt sees it.
+std::optional<LtGemm> describe_fp8(const torch::Tensor& a, const torch::Tensor& a_scale, const torch::Tensor& b,
+                                   const torch::Tensor& b_scale, const torch::Tensor& bias, torch::Tensor& d) {
+  auto g = describe_product(a, b.t(), bias, d);
+  if (g) {  // cuBLASLt's A is b, its B is a
+    g->a_scale = b_scale.data_ptr();
+    g->b_scale = a_scale.data_ptr();
+  }
+  return g;
+}
+
 // The same product by ATen's GEMM.
 void aten_product(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& bias, torch::Tensor& d) {
   bias.defined() ? at::addmm_out(d, bias, a, b) : at::mm_out(d, a, b);
@@ -406,6 +440,29 @@ torch::Tensor gemm_bias(const torch::Tensor& x, const torch::Tensor& w, const to
   }
 #endif
   return at::linear(x, w, bias);
+}
+
+torch::Tensor gemm_fp8_nt(const torch::Tensor& a, const torch::Tensor& a_scale, const torch::Tensor& b,
+                          const torch::Tensor& b_scale, const torch::Tensor& bias, at::ScalarType out_dtype) {
+  auto d = torch::empty({a.size(0), b.size(0)}, a.options().dtype(out_dtype));
+  const std::optional<at::Tensor> bias_or = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
+  const auto aten = [&] { at::_scaled_mm_out(d, a, b.t(), a_scale, b_scale, bias_or, std::nullopt, out_dtype); };
+#ifdef GPT2_WITH_CUDA
+  if (tuning_on && a.is_cuda() && (out_dtype == at::kBFloat16 || out_dtype == at::kHalf)) {
+    const auto g = describe_fp8(a, a_scale, b, b_scale, bias, d);
+    if (g) {
+      const auto choice = choose(*g, aten);
+      if (!choice->aten) {
+        Descriptors desc;
+        build(*g, &desc);
+        check_run(run_algo(*g, desc, choice->algo));
+        return d;
+      }
+    }
+  }
+#endif
+  aten();
+  return d;
 }
 
 bool gemm_bias_gelu(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, torch::Tensor& out,

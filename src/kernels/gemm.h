@@ -12,6 +12,10 @@
 //   Returns false, having written nothing, when cuBLASLt has no algorithm (the caller then runs
 //   the separate kernels). The backward epilogues (DGELU_BGRAD, BGRADB) were measured on an H200
 //   and left out: slower than linear.cu's kernels (bench/results/2026-12-01-fused-kernels-h200.log).
+// - gemm_fp8_nt: FP8 d (M, N) = (a (M, K) a_scale) (b (N, K) b_scale)^T [+ bias (N)], fp32
+//   accumulation (no fast accumulation), d in out_dtype: ATen's _scaled_mm, or with tuning on and a
+//   16-bit output on CUDA, timed as the 16-bit products are (split-K partials summed in fp32). The
+//   caller (fp8_gemm.h's fp8_gemm_nt) checks the operands.
 // A failing cuBLASLt call throws gpt2::Error naming it. Without CUDA: ATen, and gemm_bias_gelu false.
 #include <torch/types.h>
 
@@ -27,6 +31,9 @@ bool gemm_tuning();
 torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b);  // a b
 // x (M, K) w (N, K)^T + bias (N)
 torch::Tensor gemm_bias(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias);
+
+torch::Tensor gemm_fp8_nt(const torch::Tensor& a, const torch::Tensor& a_scale, const torch::Tensor& b,
+                          const torch::Tensor& b_scale, const torch::Tensor& bias, at::ScalarType out_dtype);
 
 // pre = x W^T + b, out = gelu(pre); x (M, K), w (N, K), b (N), out and pre (M, N), contiguous.
 bool gemm_bias_gelu(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, torch::Tensor& out,

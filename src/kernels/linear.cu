@@ -85,7 +85,8 @@ __global__ void __launch_bounds__(kPacks* kLanes)
 constexpr int kFp8TileRows = 32;
 
 // One column of a tile of kFp8TileRows rows' FP8 bytes (the block's thread `tid` = its column)
-// written to out_t's row `col` from row `base` on, 32 bytes at a time (`valid` rows, a multiple of 8).
+// written to out_t's row `col` from row `base` on, 16 bytes at a time (`valid` rows: 32, or 16 at the
+// end of a chunk, since the passes take rows % 16 == 0).
 template <int W>
 __device__ __forceinline__ void store_tile_column(const unsigned char (&tile)[kFp8TileRows][W], int tid,
                                                   unsigned char* out_t, int64_t col, int64_t rows, int64_t base,
@@ -97,110 +98,154 @@ __device__ __forceinline__ void store_tile_column(const unsigned char (&tile)[kF
            static_cast<unsigned>(tile[4 * j + 3][tid]) << 24;
   }
   unsigned char* dst = out_t + col * rows + base;  // 16-byte aligned: rows % 16 == 0, base % 32 == 0
-  if (valid == kFp8TileRows) {
-    reinterpret_cast<uint4*>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
-    reinterpret_cast<uint4*>(dst)[1] = make_uint4(w[4], w[5], w[6], w[7]);
-  } else {
-    for (int g = 0; g < valid / 8; ++g) reinterpret_cast<uint2*>(dst)[g] = make_uint2(w[2 * g], w[2 * g + 1]);
-  }
+  reinterpret_cast<uint4*>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+  if (valid == kFp8TileRows) reinterpret_cast<uint4*>(dst)[1] = make_uint4(w[4], w[5], w[6], w[7]);
 }
 
-// The rows an FP8 column pass casts, 8 values (a 16-byte pack of T) of row r at pack p at a time:
-// the GELU backward's dpre from its output gradient and input (rounded to T as stored), also giving
-// gelu(pre) as a cast reads it (fp8_mlp's recomputed GELU output) ...
+// The rows an FP8 column pass casts, 8 values (a 16-byte pack of T) at a time. A thread's Reader
+// walks one pack column kLanes rows at a time by pointer steps: load(i) is the pack i steps on,
+// advance(n) moves n steps; convert gives the values. Either the GELU backward's dpre from its
+// output gradient and input (rounded to T as stored), with GELU_OUT also gelu(pre) as a cast reads
+// it (fp8_mlp's recomputed GELU output) ...
 template <typename T>
 struct GeluGradRows {
+  using P = Pack<T, 8>;
+  static constexpr bool kMayWriteGelu = true;
   const T* a;
   const T* pre;
   int64_t cols;
-  __device__ __forceinline__ void load(int64_t r, int64_t p, bool with_gelu, float (&f)[8], float (&h)[8]) const {
-    using P = Pack<T, 8>;
-    const P av = reinterpret_cast<const P*>(a + r * cols)[p];
-    const P pv = reinterpret_cast<const P*>(pre + r * cols)[p];
+  struct Loaded {
+    P a, pre;
+  };
+  struct Reader {
+    const P* a;
+    const P* pre;
+    int64_t step;  // packs from a row to the row kLanes on
+    __device__ __forceinline__ Loaded load(int i) const { return {a[i * step], pre[i * step]}; }
+    __device__ __forceinline__ void advance(int n) {
+      a += n * step;
+      pre += n * step;
+    }
+  };
+  __device__ __forceinline__ Reader reader(int64_t r, int64_t p) const {
+    const int64_t packs = cols / 8;
+    return {reinterpret_cast<const P*>(a) + r * packs + p, reinterpret_cast<const P*>(pre) + r * packs + p,
+            kLanes * packs};
+  }
+  template <bool GELU_OUT>
+  __device__ __forceinline__ static void convert(const Loaded& v, float (&f)[8], float (&h)[8]) {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) f[k] = to_float(gelu_input_grad(av.v[k], pv.v[k]));
-    if (with_gelu) {
+    for (int k = 0; k < 8; ++k) f[k] = to_float(gelu_input_grad(v.a.v[k], v.pre.v[k]));
+    if constexpr (GELU_OUT) {
 #pragma unroll
-      for (int k = 0; k < 8; ++k) h[k] = cast_input<T, true>(pv.v[k]);
+      for (int k = 0; k < 8; ++k) h[k] = cast_input<T, true>(v.pre.v[k]);
     }
   }
 };
 // ... or a matrix given as three column blocks of part_cols, each its own rows at its own row
-// stride (the q/k/v projection's output gradient, never concatenated).
+// stride (the q/k/v projection's output gradient, never concatenated). A thread's pack lies in
+// one part (part_cols % 8 == 0), picked once: indexing the parameter arrays by a computed part at
+// every load put them on the stack.
 template <typename T>
 struct PartRows {
+  using P = Pack<T, 8>;
+  static constexpr bool kMayWriteGelu = false;
   const T* part[3];
   int64_t stride[3];
   int64_t part_cols;
-  __device__ __forceinline__ void load(int64_t r, int64_t p, bool, float (&f)[8], float (&)[8]) const {
-    using P = Pack<T, 8>;
+  struct Loaded {
+    P v;
+  };
+  struct Reader {
+    const T* row;
+    int64_t step;  // elements from a row to the row kLanes on
+    __device__ __forceinline__ Loaded load(int i) const { return {*reinterpret_cast<const P*>(row + i * step)}; }
+    __device__ __forceinline__ void advance(int n) { row += n * step; }
+  };
+  __device__ __forceinline__ Reader reader(int64_t r, int64_t p) const {
     const int64_t col = p * 8, which = col / part_cols;
-    const P v = *reinterpret_cast<const P*>(part[which] + r * stride[which] + (col - which * part_cols));
+    const T* base = part[0];
+    int64_t row_stride = stride[0];
+    if (which == 1) base = part[1], row_stride = stride[1];
+    if (which == 2) base = part[2], row_stride = stride[2];
+    return {base + r * row_stride + (col - which * part_cols), kLanes * row_stride};
+  }
+  template <bool GELU_OUT>
+  __device__ __forceinline__ static void convert(const Loaded& v, float (&f)[8], float (&)[8]) {
+    static_assert(!GELU_OUT, "the q/k/v parts have no GELU output");
 #pragma unroll
-    for (int k = 0; k < 8; ++k) f[k] = to_float(v.v[k]);
+    for (int k = 0; k < 8; ++k) f[k] = to_float(v.v.v[k]);
   }
 };
 
 // A column pass whose rows (Rows) go to FP8 (Fp8CastArgs c: scale, out, out_t, the recorded amax)
 // instead of T, with their column sums: each lane takes the rows bias_grad_kernel gives it, in the
 // same order, so the sums are that kernel's; each kFp8TileRows rows' bytes gather in a shared tile
-// and a thread writes one column of it to out_t, 32 bytes at a time. With g.out_t (GeluGradRows
+// and a thread writes one column of it to out_t, 16 bytes a store. A thread requests its rows of a
+// tile before it converts any (one round trip a tile, not one a row). With GELU_OUT (GeluGradRows
 // only), the same pass also casts gelu_tanh(pre) into g.out_t, transposed, as launch_fp8_cast with
-// gelu would (its scale from g's history; not recorded). 16-bit T, 8-element packs.
-template <typename T, typename Rows>
-__global__ void __launch_bounds__(kPacks* kLanes)
+// gelu would (its scale from g's history; not recorded). 16-bit T, 8-element packs. Two blocks an
+// SM: 128 registers hold the tile's loads of a thread.
+template <typename T, typename Rows, bool GELU_OUT>
+__global__ void __launch_bounds__(kPacks* kLanes, 2)
     fp8_column_pass_kernel(Rows src, int64_t rows, int64_t cols, Fp8CastArgs c, Fp8CastArgs g,
                            float* __restrict__ partial) {
-  constexpr int VEC = 8, W = kPacks * VEC + 16;
+  constexpr int VEC = 8, W = kPacks * VEC + 16, kSteps = kFp8TileRows / kLanes;
   const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * kPacks + tx;
   const __nv_fp8_interpretation_t format = c.e5m2 ? __NV_E5M2 : __NV_E4M3;
-  const bool with_gelu = g.out_t != nullptr;
   const float s = cast_scale(c);  // a warp is one row lane's kPacks threads: each its own
-  const float sg = with_gelu ? cast_scale(g) : 1.0f;
+  const float sg = GELU_OUT ? cast_scale(g) : 1.0f;
   if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
     *c.scale_inv = 1.0f / s;
-    if (with_gelu) *g.scale_inv = 1.0f / sg;
+    if (GELU_OUT) *g.scale_inv = 1.0f / sg;
   }
   auto* out = static_cast<unsigned char*>(c.out);
   auto* out_t = static_cast<unsigned char*>(c.out_t);
   const int64_t packs = cols / VEC;
   const int64_t p = static_cast<int64_t>(blockIdx.x) * kPacks + tx;
+  const bool active = p < packs;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRowsPerChunk;
   const int64_t r1 = r0 + kRowsPerChunk < rows ? r0 + kRowsPerChunk : rows;
   __shared__ __align__(16) unsigned char tile[kFp8TileRows][W];
-  __shared__ __align__(16) unsigned char tile_g[kFp8TileRows][W];
-  auto pack = [](const float(&v)[VEC], float scale, float top, __nv_fp8_interpretation_t fmt) {
-    return make_uint2(cast_two(v[0], v[1], scale, top, fmt) | cast_two(v[2], v[3], scale, top, fmt) << 16,
-                      cast_two(v[4], v[5], scale, top, fmt) | cast_two(v[6], v[7], scale, top, fmt) << 16);
-  };
+  __shared__ __align__(16) unsigned char tile_g[GELU_OUT ? kFp8TileRows : 1][W];
+  typename Rows::Reader reader = src.reader(r0 + ty, active ? p : 0);
+  unsigned char* out_row = out != nullptr ? out + (r0 + ty) * cols + p * VEC : nullptr;
   float acc[VEC];
 #pragma unroll
   for (int k = 0; k < VEC; ++k) acc[k] = 0.0f;
   unsigned local = 0;
   for (int64_t base = r0; base < r1; base += kFp8TileRows) {
+    const int valid = static_cast<int>(r1 - base < kFp8TileRows ? r1 - base : kFp8TileRows);  // 32 or 16
+    if (active) {
+      typename Rows::Loaded v[kSteps];
 #pragma unroll
-    for (int i = 0; i < kFp8TileRows / kLanes; ++i) {
-      const int64_t r = base + i * kLanes + ty;
-      if (p < packs && r < r1) {
+      for (int i = 0; i < kSteps; ++i)
+        if (i * kLanes + ty < valid) v[i] = reader.load(i);
+#pragma unroll
+      for (int i = 0; i < kSteps; ++i) {
+        if (i * kLanes + ty >= valid) continue;
         float f[VEC], h[VEC];
-        src.load(r, p, with_gelu, f, h);
+        Rows::template convert<GELU_OUT>(v[i], f, h);
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          acc[k] += f[k];
-          local = max(local, __float_as_uint(f[k]) & 0x7fffffffu);
-        }
-        const uint2 q = pack(f, s, c.top, format);
-        if (out != nullptr) *reinterpret_cast<uint2*>(out + r * cols + p * VEC) = q;
+        for (int k = 0; k < VEC; ++k) acc[k] += f[k];
+        const unsigned m = abs_max_bits(f);
+        local = max(local, m);
+        const uint2 q = cast_eight(f, m, s, c.top, format);
+        if (out_row != nullptr) *reinterpret_cast<uint2*>(out_row + i * kLanes * cols) = q;
         *reinterpret_cast<uint2*>(&tile[i * kLanes + ty][tx * VEC]) = q;
-        if (with_gelu) *reinterpret_cast<uint2*>(&tile_g[i * kLanes + ty][tx * VEC]) = pack(h, sg, g.top, __NV_E4M3);
+        if constexpr (GELU_OUT)
+          *reinterpret_cast<uint2*>(&tile_g[i * kLanes + ty][tx * VEC]) =
+              cast_eight(h, abs_max_bits(h), sg, g.top, __NV_E4M3);
       }
+      reader.advance(kSteps);
+      if (out_row != nullptr) out_row += kFp8TileRows * cols;
     }
     __syncthreads();
     const int64_t col = static_cast<int64_t>(blockIdx.x) * kPacks * VEC + tid;  // the block's threads = its columns
-    const int64_t valid = r1 - base < kFp8TileRows ? r1 - base : kFp8TileRows;  // rows % 8 == 0
     if (col < cols) {
       if (out_t != nullptr) store_tile_column(tile, tid, out_t, col, rows, base, valid);
-      if (with_gelu) store_tile_column(tile_g, tid, static_cast<unsigned char*>(g.out_t), col, rows, base, valid);
+      if constexpr (GELU_OUT)
+        store_tile_column(tile_g, tid, static_cast<unsigned char*>(g.out_t), col, rows, base, valid);
     }
     __syncthreads();  // the next rows rewrite the tiles
   }
@@ -276,8 +321,9 @@ cudaError_t run_fp8_column_pass(Dtype dtype, int64_t rows, int64_t cols, bool in
   return with_storage_type(dtype, [&](auto t) {
     using T = typename decltype(t)::type;
     if constexpr (sizeof(T) == 2) {
-      fp8_column_pass_kernel<T, Rows<T>>
-          <<<grid, dim3(kPacks, kLanes), 0, stream>>>(make_rows(t), rows, cols, cast, g, partial);
+      const auto kernel = gelu_out != nullptr ? fp8_column_pass_kernel<T, Rows<T>, Rows<T>::kMayWriteGelu>
+                                              : fp8_column_pass_kernel<T, Rows<T>, false>;
+      kernel<<<grid, dim3(kPacks, kLanes), 0, stream>>>(make_rows(t), rows, cols, cast, g, partial);
       launch_finish_column_sums<T>(partial, chunks, cols, dbias, nullptr, stream);
       return cudaGetLastError();
     }

@@ -88,8 +88,8 @@ OptionList bind_options(Config& c) {
         "fused head + cross-entropy (CPU and CUDA), LayerNorm and linear kernels (CUDA) (src/kernels); false = "
         "LibTorch's ops");
   o.add("train.gemm_tuning", &c.train.gemm_tuning,
-        "CUDA bf16/fp16: time ATen's and cuBLASLt's algorithms for each GEMM shape in the first step and keep the "
-        "fastest (src/kernels/gemm.h); false = ATen's GEMMs");
+        "CUDA bf16/fp16 and FP8: time ATen's and cuBLASLt's algorithms for each GEMM shape in the first step and "
+        "keep the fastest (src/kernels/gemm.h); false = ATen's GEMMs");
   o.add("train.deterministic", &c.train.deterministic,
         "CUDA: bitwise-reproducible runs (deterministic attention backward and ATen ops, cuBLAS workspace and NCCL "
         "ring pinned, tuned GEMM choices shared through GPT2_CACHE_DIR); the CPU always is");

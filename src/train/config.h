@@ -64,7 +64,7 @@ struct TrainConfig {
   int64_t sample_tokens = 64;                 // tokens per sample
   DeviceChoice device = DeviceChoice::kAuto;  // auto | cpu | cuda
   bool fused_kernels = true;                  // CUDA: src/kernels' cross-entropy and LayerNorm instead of LibTorch's
-  bool gemm_tuning = true;     // CUDA bf16/fp16: time each GEMM shape's algorithms once, keep the fastest
+  bool gemm_tuning = true;     // CUDA bf16/fp16/FP8: time each GEMM shape's algorithms once, keep the fastest
   bool deterministic = false;  // CUDA: the same bits from run to run and across a resume (Note [Deterministic mode])
   std::string init_from;  // weights to start from (model_weights.h): checkpoint, model file, HF dir; "" = GPT-2 init
 };

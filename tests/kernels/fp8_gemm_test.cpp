@@ -15,6 +15,7 @@
 
 #include "src/base/errors.h"
 #include "src/kernels/fp8_gemm.h"
+#include "src/kernels/gemm.h"
 #include "src/kernels/linear.h"
 #include "tests/kernels/compare.h"  // allocated_bytes
 
@@ -37,6 +38,25 @@ std::vector<torch::Device> devices() {
   if (torch::cuda::is_available() && fp8_supported(torch::Device(torch::kCUDA))) out.emplace_back(torch::kCUDA);
   return out;
 }
+
+bool has_fp8_gpu() { return torch::cuda::is_available() && fp8_supported(torch::Device(torch::kCUDA)); }
+
+// Every device, and on CUDA also with GEMM tuning on (train.gemm_tuning: the FP8 products run the
+// fastest of cuBLASLt's candidates, split-K ones among them, instead of ATen's _scaled_mm).
+std::vector<std::pair<torch::Device, bool>> devices_and_tuning() {
+  std::vector<std::pair<torch::Device, bool>> out;
+  for (const auto& device : devices()) {
+    out.emplace_back(device, false);
+    if (device.is_cuda()) out.emplace_back(device, true);
+  }
+  return out;
+}
+
+// GEMM tuning as asked for one scope, off again after it.
+struct TuningFor {
+  explicit TuningFor(bool on) { set_gemm_tuning(on); }
+  ~TuningFor() { set_gemm_tuning(false); }
+};
 
 // Activations or gradients with a heavy tail and values across many binades, as training has.
 torch::Tensor values(int64_t rows, int64_t cols, uint64_t seed, const torch::Device& device) {
@@ -155,11 +175,13 @@ double accumulation_gamma(const torch::Device& device, int64_t k) {
 // An fp32 output is then the exact product bit for bit; a bf16 one is rounded once, or twice if
 // the bias is added after the output's rounding: within 2^-8 (|a·b| + |y|) (1 + 2^-8).
 TEST(Fp8Gemm, SumsSmallIntegersExactly) {
-  for (const auto& device : devices()) {
+  for (const auto& [device, tuned] : devices_and_tuning()) {
+    TuningFor tuning(tuned);
     for (const auto out_dtype : {at::kFloat, at::kBFloat16}) {
       for (const auto& [m, n, k, top] :
            std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{{64, 96, 768, 4}, {16, 32, 3072, 2}}) {
-        const std::string what = device.str() + " " + c10::toString(out_dtype) + " K=" + std::to_string(k);
+        const std::string what =
+            device.str() + (tuned ? " tuned " : " ") + c10::toString(out_dtype) + " K=" + std::to_string(k);
         ASSERT_LT(k * top * top, 1 << 14) << what;
         torch::manual_seed(7);
         const auto opt = torch::TensorOptions(device).dtype(torch::kFloat);
@@ -185,11 +207,13 @@ TEST(Fp8Gemm, SumsSmallIntegersExactly) {
 // The GEMM's own error on values across many binades: fp8 values multiplied exactly and summed as
 // the note's accumulation model allows, against fp64 on the same values.
 TEST(Fp8Gemm, SumsTheFp8ProductsWithinTheAccumulationBound) {
-  for (const auto& device : devices()) {
+  for (const auto& [device, tuned] : devices_and_tuning()) {
+    TuningFor tuning(tuned);
     for (const auto out_dtype : {at::kFloat, at::kBFloat16}) {
       for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{64, 96, 768}, {8, 32, 3072}}) {
-        const std::string what = device.str() + " " + c10::toString(out_dtype) + " " + std::to_string(m) + "x" +
-                                 std::to_string(k) + " . (" + std::to_string(n) + "x" + std::to_string(k) + ")T";
+        const std::string what = device.str() + (tuned ? " tuned " : " ") + c10::toString(out_dtype) + " " +
+                                 std::to_string(m) + "x" + std::to_string(k) + " . (" + std::to_string(n) + "x" +
+                                 std::to_string(k) + ")T";
         const auto x = values(m, k, 2, device), w = values(n, k, 3, device);
         const Fp8Tensor a = quantize_fp8(x, at::kFloat8_e4m3fn, fp8_scale_for(x.abs().max(), at::kFloat8_e4m3fn));
         const Fp8Tensor b = quantize_fp8(w, at::kFloat8_e5m2, fp8_scale_for(w.abs().max(), at::kFloat8_e5m2));
@@ -556,7 +580,7 @@ TEST(Fp8QkvLinear, IsFp8LinearSplitBitForBit) {
 // FP8 transpose only when it keeps it, rows x hidden bytes (sizes the caching allocator's 512-byte
 // rounding leaves exact). CUDA only: the CPU allocator keeps no counts.
 TEST(Fp8Mlp, CastingTheGeluOutputAgainHoldsItsFp8TransposeLess) {
-  if (!torch::cuda::is_available() || !fp8_supported(torch::Device(torch::kCUDA))) {
+  if (!has_fp8_gpu()) {
     GTEST_SKIP() << "needs a CUDA GPU with FP8 tensor cores (runs on the GPU machine)";
   }
   const auto opts = torch::TensorOptions(torch::kCUDA).dtype(torch::kBFloat16);
@@ -575,6 +599,39 @@ TEST(Fp8Mlp, CastingTheGeluOutputAgainHoldsItsFp8TransposeLess) {
   }
   EXPECT_EQ(held[true] - held[false], rows * hidden)
       << "kept " << held[true] << " bytes, casting again " << held[false];
+}
+
+// Tuned FP8 products enter the tuning table a resumed run loads (Note [GEMM tuning]): saved, forgotten
+// and loaded, the same shapes run their stored algorithms again, bit for bit, without timing. The
+// shapes are a linear layer's forward (e4m3 x e4m3, bias) and its weight gradient (e5m2 x e4m3, a
+// long K that split-K candidates suit).
+TEST(Fp8Gemm, TunedShapesRoundTripThroughTheTuningTable) {
+  if (!has_fp8_gpu()) {
+    GTEST_SKIP() << "needs a CUDA GPU with FP8 tensor cores (runs on the GPU machine)";
+  }
+  TuningFor tuning(true);
+  clear_gemm_choices();
+  const auto opts = torch::TensorOptions(torch::kCUDA).dtype(torch::kFloat);
+  const auto x = values(4096, 768, 11, torch::kCUDA), w = values(3072, 768, 12, torch::kCUDA);
+  const auto g = values(3072, 4096, 13, torch::kCUDA), xt = values(768, 4096, 14, torch::kCUDA);
+  auto fp8 = [&](const torch::Tensor& t, at::ScalarType f) {
+    return quantize_fp8(t, f, fp8_scale_for(t.abs().max(), f));
+  };
+  const Fp8Tensor x8 = fp8(x, at::kFloat8_e4m3fn), w8 = fp8(w, at::kFloat8_e4m3fn);
+  const Fp8Tensor g8 = fp8(g, at::kFloat8_e5m2), xt8 = fp8(xt, at::kFloat8_e4m3fn);
+  const auto bias = torch::randn({3072}, opts).to(at::kBFloat16);
+  auto products = [&] {
+    return std::vector<torch::Tensor>{fp8_gemm_nt(x8, w8, at::kBFloat16, bias), fp8_gemm_nt(g8, xt8, at::kBFloat16)};
+  };
+  const auto first = products();
+  ASSERT_EQ(gemm_choices_count(), 2) << "each FP8 shape is tuned once";
+  const std::string bytes = gemm_choices_bytes();
+  clear_gemm_choices();
+  EXPECT_EQ(load_gemm_choices(bytes, "table"), 2);
+  const auto again = products();
+  for (size_t i = 0; i < first.size(); ++i) EXPECT_TRUE(torch::equal(again[i], first[i])) << "product " << i;
+  EXPECT_EQ(gemm_choices_bytes(), bytes) << "a loaded FP8 shape was timed again";
+  clear_gemm_choices();
 }
 
 TEST(Fp8Gemm, ShapesAndFormatsOutsideTheContractAreNamedErrors) {
