@@ -403,18 +403,23 @@ void aten_product(const torch::Tensor& a, const torch::Tensor& b, const torch::T
   bias.defined() ? at::addmm_out(d, bias, a, b) : at::mm_out(d, a, b);
 }
 
+// g by the algorithm choose() picks for it: `aten`, the same product by ATen, or cuBLASLt's.
+void run_chosen(const LtGemm& g, const std::function<void()>& aten) {
+  const auto choice = choose(g, aten);
+  if (choice->aten) {
+    aten();
+    return;
+  }
+  Descriptors desc;
+  build(g, &desc);
+  check_run(run_algo(g, desc, choice->algo));
+}
+
 // d = a b [+ bias] by the chosen algorithm; false when a or b is not a plain or transposed matrix.
 bool tuned_product(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& bias, torch::Tensor& d) {
   const auto g = describe_product(a, b, bias, d);
   if (!g) return false;
-  const auto choice = choose(*g, [&] { aten_product(a, b, bias, d); });
-  if (choice->aten) {
-    aten_product(a, b, bias, d);
-    return true;
-  }
-  Descriptors desc;
-  build(*g, &desc);
-  check_run(run_algo(*g, desc, choice->algo));
+  run_chosen(*g, [&] { aten_product(a, b, bias, d); });
   return true;
 }
 
@@ -449,15 +454,9 @@ torch::Tensor gemm_fp8_nt(const torch::Tensor& a, const torch::Tensor& a_scale, 
   const auto aten = [&] { at::_scaled_mm_out(d, a, b.t(), a_scale, b_scale, bias_or, std::nullopt, out_dtype); };
 #ifdef GPT2_WITH_CUDA
   if (tuning_on && a.is_cuda() && (out_dtype == at::kBFloat16 || out_dtype == at::kHalf)) {
-    const auto g = describe_fp8(a, a_scale, b, b_scale, bias, d);
-    if (g) {
-      const auto choice = choose(*g, aten);
-      if (!choice->aten) {
-        Descriptors desc;
-        build(*g, &desc);
-        check_run(run_algo(*g, desc, choice->algo));
-        return d;
-      }
+    if (const auto g = describe_fp8(a, a_scale, b, b_scale, bias, d)) {
+      run_chosen(*g, aten);
+      return d;
     }
   }
 #endif
