@@ -58,11 +58,6 @@ __device__ __forceinline__ unsigned abs_max_bits(const float (&v)[8]) {
   return m;
 }
 
-// Eight elements (a pack; byte k is v[k]'s) with the bits of cast_one on each; `abs_max` is
-// abs_max_bits(v). Where max |v| times s is at most top (fp32 multiplies are monotone, so every
-// product is), no product needs the clamp or the non-finite fix-up: the conversion alone rounds it,
-// in 4 pair instructions and one test for the pack instead of two clamps and a test an element.
-// An inf or NaN fails the test (NaN compares false) and takes cast_two's path.
 // The rare pack (a value saturates, or is inf or NaN) out of line, so its registers do not count
 // against the common path's.
 static __device__ __noinline__ uint2 cast_eight_slow(float v0, float v1, float v2, float v3, float v4, float v5,
@@ -71,6 +66,12 @@ static __device__ __noinline__ uint2 cast_eight_slow(float v0, float v1, float v
   return make_uint2(cast_two(v0, v1, s, top, format) | cast_two(v2, v3, s, top, format) << 16,
                     cast_two(v4, v5, s, top, format) | cast_two(v6, v7, s, top, format) << 16);
 }
+
+// Eight elements (a pack; byte k is v[k]'s) with the bits of cast_one on each; `abs_max` is
+// abs_max_bits(v). Where max |v| times s is at most top (fp32 multiplies are monotone, so every
+// product is), no product needs the clamp or the non-finite fix-up: the conversion alone rounds it,
+// in 4 pair instructions and one test for the pack instead of two clamps and a test an element.
+// An inf or NaN fails the test (NaN compares false) and takes cast_two's path.
 __device__ __forceinline__ uint2 cast_eight(const float (&v)[8], unsigned abs_max, float s, float top,
                                             __nv_fp8_interpretation_t format) {
   if (!(__uint_as_float(abs_max) * s <= top))
